@@ -1,0 +1,68 @@
+/* cg/engine.h - runs resolved problems on oneDNN.
+ *
+ * An engine owns a oneDNN CPU engine and stream, a bounded LRU cache of
+ * primitives and reorders keyed by everything that defines them, and a
+ * user-managed scratchpad. One engine is used by one thread at a time
+ * (each server worker owns one); different engines may run concurrently
+ * from different threads. */
+#ifndef CG_ENGINE_H
+#define CG_ENGINE_H
+
+#include <stddef.h>
+
+#include "cg/problem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cg_engine cg_engine;
+
+typedef struct cg_engine_config {
+  int threads;           /* OpenMP threads per run; 0 = omp_get_max_threads() */
+  size_t cache_capacity; /* distinct problems kept; 0 = default (64) */
+} cg_engine_config;
+
+/* How a run was computed. */
+typedef enum {
+  CG_PATH_NATIVE = 0,     /* oneDNN kernel in the request's dtype */
+  CG_PATH_F32_CONVERT = 1 /* converted to f32, computed, rounded back */
+} cg_compute_path;
+
+typedef struct cg_run_info {
+  cg_compute_path path;
+  int cache_hit;        /* 1 when the primitives came from the cache */
+  const char *impl;     /* oneDNN implementation name; static string */
+  double compute_ms;    /* wall time of the run, reorders included */
+} cg_run_info;
+
+/* Creates an engine. Returns 0, CG_ENOMEM or CG_EBACKEND. *out is owned
+ * by the caller and released with cg_engine_free(). */
+CG_EXPORT int cg_engine_new(cg_engine **out, const cg_engine_config *cfg,
+                            char *err, size_t errlen);
+/* Frees e and everything it cached; NULL is fine. */
+CG_EXPORT void cg_engine_free(cg_engine *e);
+
+/* Computes geom on oneDNN. in0/in1 hold geom->in_bytes[0/1] bytes in the
+ * caller's layouts, out receives geom->out_bytes. info may be NULL.
+ * Returns 0, CG_ENOMEM, CG_EUNSUPPORTED or CG_EBACKEND (message carries
+ * oneDNN's status). Not thread-safe for one e. */
+CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
+                            const void *in1, void *out, cg_run_info *info,
+                            char *err, size_t errlen);
+
+/* Number of problems cached in e. */
+CG_EXPORT size_t cg_engine_cache_size(const cg_engine *e);
+
+/* 1 when dt runs natively on this CPU in oneDNN, 0 when it goes through
+ * f32. Thread-safe. */
+CG_EXPORT int cg_backend_dtype_native(cg_dtype dt);
+/* oneDNN version ("2.6.3") and the CPU ISA oneDNN dispatches to
+ * ("avx512_core_amx"); static strings, thread-safe. */
+CG_EXPORT const char *cg_backend_version(void);
+CG_EXPORT const char *cg_backend_isa(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
