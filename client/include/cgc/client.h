@@ -1,0 +1,297 @@
+/* cgc/client.h - libcgclient: the C client of the convgrad service.
+ *
+ * A cgc_channel is a connection (gRPC C core, insecure transport) to one
+ * server or to several replicas balanced by gRPC's own round_robin policy.
+ * Each op call uploads the input tensors in chunks straight from the
+ * caller's memory, and reassembles the streamed result into one owned
+ * allocation (cgc_tensor). Failed calls are retried on UNAVAILABLE with
+ * exponential backoff inside the call's deadline: the ops are pure
+ * functions of their inputs, so repeating one is always safe.
+ *
+ * Conventions (every function below):
+ * - Returns 0 on success or a negative code: a CG_E* code from cg/error.h
+ *   for a problem detected locally (bad argument, out of memory), or one of
+ *   the CGC_E* codes below. cgc_strerror() names any of them.
+ * - A cgc_status *st (may be NULL) receives the gRPC status code and the
+ *   server's message when a call fails; for local failures code is
+ *   GRPC_STATUS_INVALID_ARGUMENT / RESOURCE_EXHAUSTED / INTERNAL and the
+ *   message says what was wrong. On success st->code is GRPC_STATUS_OK and
+ *   st->message is empty.
+ * - Pointers passed in are borrowed for the duration of the call only.
+ *
+ * Thread-safety: a cgc_channel may be shared by any number of threads and
+ * used for concurrent calls (grpc_channel is thread-safe and every call
+ * uses its own completion queue). Everything else (cgc_tensor,
+ * cgc_server_info, option structs) is plain data owned by one thread. */
+#ifndef CGC_CLIENT_H
+#define CGC_CLIENT_H
+
+#include <grpc/status.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cg/error.h"
+#include "cg/problem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CGC_EXPORT __attribute__((visibility("default")))
+
+/* Client-side codes; they do not overlap the CG_E* table. */
+#define CGC_ERRNO_MAP(X)                                                       \
+  X(RPC, -20, "the server answered with an error status")                      \
+  X(PROTO, -21, "malformed response from the server")
+
+typedef enum {
+#define CGC__ERR_ENUM(name, value, msg) CGC_E##name = (value),
+  CGC_ERRNO_MAP(CGC__ERR_ENUM)
+#undef CGC__ERR_ENUM
+} cgc_errno;
+
+/* Static string for any CG_E* or CGC_E* code; never NULL. */
+CGC_EXPORT const char *cgc_strerror(int err);
+/* "OK", "INVALID_ARGUMENT", ... for a gRPC status code; never NULL. */
+CGC_EXPORT const char *cgc_status_code_name(grpc_status_code code);
+
+#define CGC_MESSAGE_MAX 512
+typedef struct cgc_status {
+  grpc_status_code code;
+  char message[CGC_MESSAGE_MAX]; /* the server's message, NUL-terminated */
+} cgc_status;
+
+/* ------------------------------------------------------------------ */
+/* Channel */
+
+typedef struct cgc_options {
+  /* Default deadline of one call, retries and backoff included. */
+  int64_t deadline_ms; /* default 60000 */
+  /* Largest single gRPC message sent or received (both directions). Chunks
+   * keep messages small, so this only bounds what a server may send. */
+  int64_t max_message_bytes; /* default 16 MiB */
+  /* Bytes of tensor data per uploaded message (header message included). */
+  size_t upload_chunk_bytes; /* default 1 MiB; 0 = default */
+  /* Largest response chunk asked of the server; 0 = server default. */
+  uint32_t download_chunk_bytes;
+  /* Largest result this client accepts (checked before allocating). */
+  uint64_t max_output_bytes; /* default 4 GiB */
+  /* Retries after an UNAVAILABLE answer; each waits backoff_initial_ms,
+   * then multiplied by backoff_multiplier up to backoff_max_ms, with
+   * +-20% jitter, never past the call's deadline. 0 = no retry. */
+  int retries;                /* default 5 */
+  int64_t backoff_initial_ms; /* default 50 */
+  int64_t backoff_max_ms;     /* default 2000; also caps gRPC reconnects */
+  double backoff_multiplier;  /* default 2.0 */
+  /* Reserved for TLS: a PEM root certificate bundle. Only insecure
+   * channels exist today; cgc_channel_new rejects a non-NULL value. */
+  const char *tls_root_certs;
+} cgc_options;
+
+/* Fills o with the defaults above. Thread-safe. */
+CGC_EXPORT void cgc_options_init(cgc_options *o);
+
+typedef struct cgc_channel cgc_channel;
+
+/* Creates a channel to target. Accepted targets:
+ *   "HOST:PORT"                  one server (gRPC's default resolver);
+ *   "dns:///NAME:PORT"           every address NAME resolves to;
+ *   "ipv4:A:P,B:P" / "ipv6:..."  an explicit address list;
+ *   "HOST:PORT,HOST:PORT,..."    turned into an ipv4:/ipv6: list (host
+ *                                names resolved once, here);
+ *   "unix:PATH".
+ * Calls are balanced across addresses by gRPC's round_robin policy. opts
+ * may be NULL (defaults). Connecting is lazy: an unreachable server shows up
+ * as UNAVAILABLE on the first call, not here. On success *out is owned by
+ * the caller (cgc_channel_free). Returns 0, CG_EINVAL (bad target or
+ * option, message in err) or CG_ENOMEM. Thread-safe. */
+CGC_EXPORT int cgc_channel_new(cgc_channel **out, const char *target,
+                               const cgc_options *opts, char *err,
+                               size_t errlen);
+/* Closes the channel; calls still running on it must have returned. NULL
+ * is accepted. */
+CGC_EXPORT void cgc_channel_free(cgc_channel *ch);
+/* The gRPC target string the channel was created with (after rewriting a
+ * HOST:PORT list). Owned by ch. */
+CGC_EXPORT const char *cgc_channel_target(const cgc_channel *ch);
+
+/* ------------------------------------------------------------------ */
+/* Tensors */
+
+/* Mirrors the wire Layout enum (convgrad.proto). */
+typedef enum {
+  CGC_LAYOUT_DEFAULT = 0, /* take it from the attributes */
+  CGC_LAYOUT_NCX = 1,
+  CGC_LAYOUT_NXC = 2,
+  CGC_LAYOUT_OIX = 3,
+  CGC_LAYOUT_XIO = 4,
+  CGC_LAYOUT_IOX = 5,
+  CGC_LAYOUT_XOI = 6
+} cgc_layout;
+
+/* Canonical names ("NCX", ...; "default" for 0, "?" out of range). */
+CGC_EXPORT const char *cgc_layout_name(cgc_layout l);
+
+/* A borrowed input tensor: dense little-endian elements of dtype in the
+ * named layout, nbytes = product(dims) * cg_dtype_size(dtype). The data is
+ * read directly while the call runs (not copied as a whole) and must stay
+ * valid and unchanged until the call returns. */
+typedef struct cgc_tensor_view {
+  cg_dtype dtype;
+  int rank; /* 1 .. CG_MAX_RANK */
+  int64_t dims[CG_MAX_RANK];
+  cgc_layout layout; /* DEFAULT: from the attributes */
+  const void *data;
+  size_t nbytes;
+} cgc_tensor_view;
+
+/* A result tensor owned by the caller; free it with cgc_tensor_free. The
+ * data is 64-byte aligned. */
+typedef struct cgc_tensor {
+  cg_dtype dtype;
+  int rank;
+  int64_t dims[CG_MAX_RANK];
+  cgc_layout layout;
+  void *data;
+  size_t nbytes;
+} cgc_tensor;
+
+/* Frees t and its data; NULL is accepted. */
+CGC_EXPORT void cgc_tensor_free(cgc_tensor *t);
+
+/* ------------------------------------------------------------------ */
+/* Compute */
+
+/* Everything the server told about one call besides the tensor. */
+typedef struct cgc_result {
+  double queue_ms;       /* server: waiting for a worker */
+  double compute_ms;     /* server: oneDNN execution, reorders included */
+  double total_ms;       /* client: wall time of the successful attempt */
+  char compute_path[16]; /* "native" or "f32_convert" */
+  char worker[64];       /* the server worker that ran it */
+  int npads;             /* entries in pads_begin / pads_end */
+  int64_t pads_begin[CG_MAX_SPATIAL], pads_end[CG_MAX_SPATIAL];
+  int attempts;          /* 1 + retries that were needed */
+  uint64_t bytes_sent;   /* tensor bytes uploaded (last attempt) */
+  uint64_t bytes_received;
+} cgc_result;
+
+/* One request. The attributes are the kernels' cg_attrs (same meaning as
+ * the wire Attributes; lists borrowed). */
+typedef struct cgc_request {
+  cg_op op;
+  cg_attrs attrs;
+  /* The op's two inputs in op order (see cg/problem.h). */
+  cgc_tensor_view inputs[2];
+  /* Optional third input: dst_shape / weights_shape as a tensor (sent as
+   * s64). It wins over the attribute on the server. */
+  int has_shape_input;
+  cg_ints shape_input;
+  cgc_layout output_layout; /* DEFAULT: the matching input's layout */
+  int64_t deadline_ms;      /* 0: the channel's default */
+} cgc_request;
+
+/* Zeroes r and initialises its attributes (cg_attrs_init). */
+CGC_EXPORT void cgc_request_init(cgc_request *r);
+
+/* Runs one op on the server. On success *out is a new tensor owned by the
+ * caller and res (may be NULL) is filled. On failure *out is NULL and the
+ * return value is CGC_ERPC (st has the server's status), CGC_EPROTO (the
+ * server broke the wire contract), CG_EINVAL (the request is malformed
+ * locally, e.g. nbytes disagrees with dims), CG_ERANGE or CG_ENOMEM.
+ * Thread-safe (concurrent calls on one channel are fine). Blocks until the
+ * call ends or its deadline passes. */
+CGC_EXPORT int cgc_compute(cgc_channel *ch, const cgc_request *req,
+                           cgc_tensor **out, cgc_result *res, cgc_status *st);
+
+/* The four ops; shorthands for cgc_compute with the channel's default
+ * deadline. Same return values, ownership and thread-safety.
+ *   ConvolutionBackwardData:      diff_dst, weights     -> diff_src
+ *   ConvolutionBackwardWeights:   src, diff_dst         -> diff_weights
+ *   ConvTransposeBackwardData:    diff_dst, weights     -> diff_src
+ *   ConvTransposeBackwardWeights: src, diff_dst         -> diff_weights */
+CGC_EXPORT int cgc_conv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,
+                                 const cgc_tensor_view *diff_dst,
+                                 const cgc_tensor_view *weights,
+                                 cgc_tensor **diff_src, cgc_result *res,
+                                 cgc_status *st);
+CGC_EXPORT int cgc_conv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
+                                    const cgc_tensor_view *src,
+                                    const cgc_tensor_view *diff_dst,
+                                    cgc_tensor **diff_weights, cgc_result *res,
+                                    cgc_status *st);
+CGC_EXPORT int cgc_deconv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,
+                                   const cgc_tensor_view *diff_dst,
+                                   const cgc_tensor_view *weights,
+                                   cgc_tensor **diff_src, cgc_result *res,
+                                   cgc_status *st);
+CGC_EXPORT int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
+                                      const cgc_tensor_view *src,
+                                      const cgc_tensor_view *diff_dst,
+                                      cgc_tensor **diff_weights,
+                                      cgc_result *res, cgc_status *st);
+
+/* ------------------------------------------------------------------ */
+/* Health and server info */
+
+/* Mirrors grpc.health.v1.HealthCheckResponse.ServingStatus. */
+typedef enum {
+  CGC_HEALTH_UNKNOWN = 0,
+  CGC_HEALTH_SERVING = 1,
+  CGC_HEALTH_NOT_SERVING = 2,
+  CGC_HEALTH_SERVICE_UNKNOWN = 3
+} cgc_health_status;
+
+CGC_EXPORT const char *cgc_health_status_name(cgc_health_status s);
+
+/* grpc.health.v1.Health/Check for service ("" or NULL: the whole server).
+ * deadline_ms 0 means the channel default. Returns 0 with *out set,
+ * CGC_ERPC (st says why: UNAVAILABLE when nobody answers, NOT_FOUND for an
+ * unknown service) or CGC_EPROTO. Retries like cgc_compute. Thread-safe. */
+CGC_EXPORT int cgc_health(cgc_channel *ch, const char *service,
+                          int64_t deadline_ms, cgc_health_status *out,
+                          cgc_status *st);
+
+typedef struct cgc_op_info {
+  cg_op op;
+  const char *const *names; /* accepted names, canonical first */
+  size_t n_names;
+  const char *const *inputs;
+  size_t n_inputs;
+  const char *output;
+} cgc_op_info;
+
+typedef struct cgc_dtype_info {
+  int dtype; /* wire DType: cg_dtype values, 4 = s32, 5 = s64 */
+  int native; /* 0: computed in f32 and converted */
+} cgc_dtype_info;
+
+/* convgrad.v1.ServerInfo. Every pointer points into storage owned by the
+ * struct itself and lives until cgc_server_info_free. */
+typedef struct cgc_server_info {
+  const char *version;
+  const cgc_op_info *ops;
+  size_t n_ops;
+  const cgc_dtype_info *dtypes;
+  size_t n_dtypes;
+  const char *onednn_version;
+  const char *cpu_isa;
+  uint32_t workers, threads_per_worker;
+  const int32_t *cpus;
+  size_t n_cpus;
+  uint64_t max_request_bytes, max_tensor_elements, max_inflight_bytes;
+  uint32_t queue_depth, default_chunk_bytes;
+  void *priv_; /* library-owned storage behind the pointers above */
+} cgc_server_info;
+
+/* convgrad.v1.ConvGrad/GetServerInfo. On success *out is owned by the
+ * caller (cgc_server_info_free). Returns like cgc_health. Thread-safe. */
+CGC_EXPORT int cgc_server_info_get(cgc_channel *ch, int64_t deadline_ms,
+                                   cgc_server_info **out, cgc_status *st);
+/* Frees info; NULL is accepted. */
+CGC_EXPORT void cgc_server_info_free(cgc_server_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

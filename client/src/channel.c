@@ -1,0 +1,317 @@
+/* channel.c - cgc_channel: options, target rewriting (HOST:PORT lists to
+ * gRPC ipv4:/ipv6: address lists), the round_robin service config, the
+ * deadline helpers and the retry-with-backoff loop every call goes through. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/grpc_security.h>
+
+#include "internal.h"
+
+#define CGC__MIB ((size_t)1 << 20)
+
+/* Balancing is gRPC's own: every resolved address becomes a subchannel and
+ * calls rotate over the READY ones. */
+static const char cgc__service_config[] =
+    "{\"loadBalancingConfig\":[{\"round_robin\":{}}]}";
+
+void cgc_options_init(cgc_options *o) {
+  memset(o, 0, sizeof *o);
+  o->deadline_ms = 60000;
+  o->max_message_bytes = 16 * (int64_t)CGC__MIB;
+  o->upload_chunk_bytes = CGC__MIB;
+  o->download_chunk_bytes = 0;
+  o->max_output_bytes = (uint64_t)4 << 30;
+  o->retries = 5;
+  o->backoff_initial_ms = 50;
+  o->backoff_max_ms = 2000;
+  o->backoff_multiplier = 2.0;
+  o->tls_root_certs = NULL;
+}
+
+static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
+  if (o->deadline_ms <= 0)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "deadline_ms: must be > 0, got %lld",
+                     (long long)o->deadline_ms);
+  /* gRPC takes an int for the message caps. */
+  if (o->max_message_bytes < 1024 || o->max_message_bytes > 0x7fffffff)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "max_message_bytes: must be in [1024, 2^31-1], got %lld",
+                     (long long)o->max_message_bytes);
+  /* An upload chunk plus its framing must fit one message. */
+  if (o->upload_chunk_bytes > (size_t)o->max_message_bytes - 256)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "upload_chunk_bytes: %zu does not fit max_message_bytes "
+                     "%lld",
+                     o->upload_chunk_bytes, (long long)o->max_message_bytes);
+  if (o->retries < 0 || o->backoff_initial_ms < 0 || o->backoff_max_ms < 0 ||
+      o->backoff_multiplier < 1.0)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "retries/backoff: counts and times must be >= 0 and the "
+                     "multiplier >= 1");
+  if (o->tls_root_certs)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "tls_root_certs: TLS is not available; only insecure "
+                     "channels are supported");
+  return 0;
+}
+
+static int cgc__has_scheme(const char *t) {
+  static const char *const schemes[] = {"dns:", "ipv4:", "ipv6:", "unix:",
+                                        "unix-abstract:", "vsock:"};
+  for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+    if (strncmp(t, schemes[i], strlen(schemes[i])) == 0)
+      return 1;
+  return 0;
+}
+
+/* Resolves one "HOST:PORT" or "[V6]:PORT" into "a.b.c.d:p" / "[v6]:p"
+ * appended to out; *family receives AF_INET or AF_INET6. */
+static int cgc__resolve_item(const char *item, size_t len, char *out,
+                             size_t outsz, int *family, char *err,
+                             size_t errlen) {
+  char buf[300], host[256], port[16];
+  if (len == 0 || len >= sizeof buf)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "target: empty or overlong entry in address list");
+  memcpy(buf, item, len);
+  buf[len] = '\0';
+  const char *hs = buf, *colon;
+  size_t hl;
+  if (buf[0] == '[') {
+    const char *rb = strchr(buf, ']');
+    if (!rb || rb[1] != ':')
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "target: '%s': expected [IPV6]:PORT", buf);
+    hs = buf + 1;
+    hl = (size_t)(rb - hs);
+    colon = rb + 1;
+  } else {
+    colon = strrchr(buf, ':');
+    if (!colon || strchr(buf, ':') != colon)
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "target: '%s': expected HOST:PORT (IPv6 as [ADDR]:PORT)",
+                       buf);
+    hl = (size_t)(colon - buf);
+  }
+  if (hl == 0 || hl >= sizeof host || strlen(colon + 1) == 0 ||
+      strlen(colon + 1) >= sizeof port ||
+      strspn(colon + 1, "0123456789") != strlen(colon + 1))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "target: '%s': expected HOST:PORT with a numeric port",
+                     buf);
+  memcpy(host, hs, hl);
+  host[hl] = '\0';
+  strcpy(port, colon + 1);
+  long p = strtol(port, NULL, 10);
+  if (p < 1 || p > 65535)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "target: '%s': port must be in 1..65535", buf);
+
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  int gai = getaddrinfo(host, port, &hints, &res);
+  if (gai != 0)
+    return cg_errorf(err, errlen, CG_EINVAL, "target: cannot resolve '%s': %s",
+                     host, gai_strerror(gai));
+  char addr[INET6_ADDRSTRLEN];
+  int fam = res->ai_family, rc = 0;
+  const void *src = fam == AF_INET
+                        ? (const void *)&((struct sockaddr_in *)res->ai_addr)
+                              ->sin_addr
+                        : (const void *)&((struct sockaddr_in6 *)res->ai_addr)
+                              ->sin6_addr;
+  if ((fam != AF_INET && fam != AF_INET6) ||
+      !inet_ntop(fam, src, addr, sizeof addr)) {
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "target: '%s' has no IPv4 or IPv6 address", host);
+    goto done;
+  }
+  if (*family && *family != fam) {
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "target: the address list mixes IPv4 and IPv6 (use "
+                   "dns:/// or one family)");
+    goto done;
+  }
+  *family = fam;
+  size_t used = strlen(out);
+  int n = snprintf(out + used, outsz - used, "%s%s%s%s:%ld",
+                   used && out[used - 1] != ':' ? "," : "",
+                   fam == AF_INET6 ? "[" : "", addr,
+                   fam == AF_INET6 ? "]" : "", p);
+  if (n < 0 || (size_t)n >= outsz - used)
+    rc = cg_errorf(err, errlen, CG_EINVAL, "target: address list too long");
+done:
+  freeaddrinfo(res);
+  return rc;
+}
+
+/* "h1:p1,h2:p2" -> "ipv4:a1:p1,a2:p2" (or ipv6:). Other targets are
+ * copied as they are. *out is malloc'ed. */
+static int cgc__rewrite_target(const char *target, char **out, char *err,
+                               size_t errlen) {
+  if (!target || !*target)
+    return cg_errorf(err, errlen, CG_EINVAL, "target: empty");
+  if (cgc__has_scheme(target) || !strchr(target, ',')) {
+    *out = strdup(target);
+    return *out ? 0 : CG_ENOMEM;
+  }
+  size_t outsz = strlen(target) * 4 + 64;
+  char *list = calloc(1, outsz);
+  if (!list)
+    return CG_ENOMEM;
+  strcpy(list, "ipv4:"); /* fixed below if the family is IPv6 */
+  int family = 0, rc = 0;
+  for (const char *p = target; *p;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    rc = cgc__resolve_item(p, len, list, outsz, &family, err, errlen);
+    if (rc)
+      goto fail;
+    p += len;
+    if (*p == ',')
+      p++;
+  }
+  if (family == AF_INET6)
+    memcpy(list, "ipv6", 4);
+  *out = list;
+  return 0;
+fail:
+  free(list);
+  return rc;
+}
+
+int cgc_channel_new(cgc_channel **out, const char *target,
+                    const cgc_options *opts, char *err, size_t errlen) {
+  int rc = 0;
+  cgc_channel *ch = NULL;
+  grpc_channel_credentials *creds = NULL;
+  *out = NULL;
+
+  ch = calloc(1, sizeof *ch);
+  if (!ch)
+    return CG_ENOMEM;
+  if (opts)
+    ch->opts = *opts;
+  else
+    cgc_options_init(&ch->opts);
+  if (ch->opts.upload_chunk_bytes == 0)
+    ch->opts.upload_chunk_bytes = CGC__MIB;
+  rc = cgc__check_options(&ch->opts, err, errlen);
+  if (rc)
+    goto fail_opts;
+  rc = cgc__rewrite_target(target, &ch->target, err, errlen);
+  if (rc)
+    goto fail_opts;
+
+  grpc_init();
+  int reconnect_max = (int)(ch->opts.backoff_max_ms > 100
+                                ? (ch->opts.backoff_max_ms < 120000
+                                       ? ch->opts.backoff_max_ms
+                                       : 120000)
+                                : 100);
+  grpc_arg args[] = {
+      {GRPC_ARG_STRING, GRPC_ARG_SERVICE_CONFIG,
+       {.string = (char *)cgc__service_config}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+       {.integer = (int)ch->opts.max_message_bytes}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+       {.integer = (int)ch->opts.max_message_bytes}},
+      /* gRPC's own reconnect backoff starts at 1 s and grows to 120 s;
+       * bounding it by our retry backoff lets a server that starts late be
+       * reached by the retries of the call that is waiting for it. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+       {.integer = 100}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 100}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+       {.integer = reconnect_max}},
+  };
+  grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
+  creds = grpc_insecure_credentials_create();
+  if (!creds) {
+    rc = cg_errorf(err, errlen, CG_ENOMEM, "cannot create credentials");
+    goto fail_grpc;
+  }
+  ch->chan = grpc_channel_create(ch->target, creds, &cargs);
+  grpc_channel_credentials_release(creds);
+  if (!ch->chan) {
+    rc = cg_errorf(err, errlen, CG_EINVAL, "target: cannot create channel to '%s'",
+                   ch->target);
+    goto fail_grpc;
+  }
+  *out = ch;
+  return 0;
+
+fail_grpc:
+  grpc_shutdown();
+  free(ch->target);
+fail_opts:
+  free(ch);
+  return rc;
+}
+
+void cgc_channel_free(cgc_channel *ch) {
+  if (!ch)
+    return;
+  grpc_channel_destroy(ch->chan);
+  free(ch->target);
+  free(ch);
+  grpc_shutdown();
+}
+
+const char *cgc_channel_target(const cgc_channel *ch) { return ch->target; }
+
+gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms) {
+  if (deadline_ms <= 0)
+    deadline_ms = ch->opts.deadline_ms;
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_millis(deadline_ms, GPR_TIMESPAN));
+}
+
+double cgc__now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
+                    cgc__attempt_fn attempt, void *ctx, int *attempts,
+                    cgc_status *st) {
+  const cgc_options *o = &ch->opts;
+  double backoff = (double)o->backoff_initial_ms;
+  /* Jitter spreads the retries of many clients; a per-call xorshift
+   * state keeps this thread-safe without a shared generator. */
+  uint64_t seed = (uint64_t)(cgc__now_ms() * 1e6) ^ (uint64_t)(uintptr_t)&seed;
+  int rc, n = 0;
+  for (;;) {
+    n++;
+    rc = attempt(ch, ctx, deadline, st);
+    if (rc != CGC_ERPC || !st || st->code != GRPC_STATUS_UNAVAILABLE ||
+        n > o->retries)
+      break;
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    double jitter = 0.8 + 0.4 * (double)(seed % 1000) / 1000.0;
+    int64_t wait_ms = (int64_t)(backoff * jitter);
+    gpr_timespec wake = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                     gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+    if (gpr_time_cmp(wake, deadline) >= 0)
+      break;
+    gpr_sleep_until(wake);
+    backoff *= o->backoff_multiplier;
+    if (backoff > (double)o->backoff_max_ms)
+      backoff = (double)o->backoff_max_ms;
+  }
+  if (attempts)
+    *attempts = n;
+  return rc;
+}

@@ -1,0 +1,782 @@
+/* compute.c - convgrad.v1.ConvGrad/Compute from the client side: encodes
+ * the request stream (a ComputeHeader carrying the first bytes, then
+ * DataChunk messages whose data slices point straight at the caller's
+ * tensors), and decodes the response stream into one output allocation,
+ * parsing the two-field ComputeResponse wire format slice by slice so each
+ * received byte is copied exactly once. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/support/alloc.h>
+
+#include "convgrad/v1/convgrad.pb-c.h"
+#include "internal.h"
+
+/* Keeps count of the gRPC slices that still point into caller memory.
+ * The call may end (e.g. the server rejects the header) while the
+ * transport still holds queued chunks; cgc_compute must not return before
+ * gRPC has dropped every reference to the caller's buffers. */
+typedef struct cgc__pin {
+  atomic_long refs; /* 1 for the attempt + 1 per live slice */
+} cgc__pin;
+
+static void cgc__pin_unref(void *p) {
+  cgc__pin *pin = p;
+  if (atomic_fetch_sub(&pin->refs, 1) == 1)
+    free(pin);
+}
+
+/* Longest ResultHeader accepted: a handful of ints and two short strings. */
+#define CGC__MAX_HEADER_BYTES 65536
+/* How long to wait for gRPC to release the caller's buffers after a call
+ * ended; writes already handed to the socket finish quickly, queued ones
+ * are dropped when the stream closes. */
+#define CGC__PIN_WAIT_MS 30000
+
+enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
+
+/* Response parser states: reading a field tag, a length, a body, or
+ * skipping an unknown field. */
+enum {
+  CGC__P_TAG,
+  CGC__P_LEN,
+  CGC__P_HEADER,
+  CGC__P_CHUNK,
+  CGC__P_SKIP_BYTES,
+  CGC__P_SKIP_VARINT
+};
+
+typedef struct cgc__attempt {
+  const cgc_request *req;
+  const cgc_options *opts;
+  /* upload cursor */
+  size_t inline_len[2]; /* bytes sent inside the header message */
+  int cur;              /* input being chunked; 2 = done */
+  size_t off;           /* offset into inputs[cur] */
+  cgc__pin *pin;
+  /* download */
+  int phase;
+  uint64_t varint;
+  int vshift;
+  uint32_t field, wiretype;
+  uint64_t remaining;
+  uint8_t *hbuf;
+  size_t hlen;
+  int have_header;
+  cgc_tensor *out;
+  uint64_t received;
+  cgc_result res;
+  char perr[256]; /* protocol error found while parsing */
+} cgc__attempt;
+
+static size_t cgc__varint_put(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+static size_t cgc__varint_len(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+/* Same numbering on the wire except weights formats, which share the wire
+ * Layout enum with the data formats. */
+static Convgrad__V1__Layout cgc__wire_weights(cg_weights_format f) {
+  return f == CG_WEIGHTS_DEFAULT ? CONVGRAD__V1__LAYOUT__LAYOUT_UNSPECIFIED
+                                 : (Convgrad__V1__Layout)(f + 2);
+}
+
+/* Element sizes of the data dtypes (wire and cg_dtype share values). */
+static size_t cgc__esize(cg_dtype dt) {
+  return dt == CG_DTYPE_F32 ? 4
+         : (dt == CG_DTYPE_BF16 || dt == CG_DTYPE_F16) ? 2
+                                                        : 0;
+}
+
+static int cgc__check_view(const cgc_tensor_view *v, int index,
+                           cgc_status *st) {
+  size_t es = cgc__esize(v->dtype), n = 1;
+  if (es == 0) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "inputs[%d].dtype: invalid (%d)", index, (int)v->dtype);
+    return CG_EINVAL;
+  }
+  if (v->rank < 1 || v->rank > CG_MAX_RANK) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "inputs[%d].rank: must be 1..%d, got %d", index,
+                    CG_MAX_RANK, v->rank);
+    return CG_EINVAL;
+  }
+  if ((int)v->layout < 0 || v->layout > CGC_LAYOUT_XOI) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "inputs[%d].layout: invalid (%d)", index, (int)v->layout);
+    return CG_EINVAL;
+  }
+  for (int i = 0; i < v->rank; i++) {
+    if (v->dims[i] < 0 ||
+        __builtin_mul_overflow(n, (size_t)v->dims[i], &n)) {
+      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                      "inputs[%d].dims[%d]: negative or overflowing (%lld)",
+                      index, i, (long long)v->dims[i]);
+      return CG_ERANGE;
+    }
+  }
+  if (__builtin_mul_overflow(n, es, &n) || n != v->nbytes) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "inputs[%d].nbytes: dims x %zu-byte elements need %zu "
+                    "bytes, got %zu",
+                    index, es, n, v->nbytes);
+    return CG_EINVAL;
+  }
+  if (v->nbytes && !v->data) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "inputs[%d].data: NULL", index);
+    return CG_EINVAL;
+  }
+  return 0;
+}
+
+/* Packs the first message: the header with as many leading tensor bytes
+ * as one upload chunk holds. Bytes are inlined only while every earlier
+ * input fits entirely, so the server sees them in input order. */
+static int cgc__encode_header(cgc__attempt *a, grpc_byte_buffer **bb) {
+  const cgc_request *r = a->req;
+  const cg_attrs *at = &r->attrs;
+  Convgrad__V1__ComputeRequest msg = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  Convgrad__V1__ComputeHeader hdr = CONVGRAD__V1__COMPUTE_HEADER__INIT;
+  Convgrad__V1__Attributes attrs = CONVGRAD__V1__ATTRIBUTES__INIT;
+  Convgrad__V1__Tensor t[3] = {CONVGRAD__V1__TENSOR__INIT,
+                               CONVGRAD__V1__TENSOR__INIT,
+                               CONVGRAD__V1__TENSOR__INIT};
+  Convgrad__V1__Tensor *tp[3] = {&t[0], &t[1], &t[2]};
+  int64_t dims[2][CG_MAX_RANK];
+
+#define CGC__LIST(name)                                                        \
+  attrs.n_##name = at->name.len;                                               \
+  attrs.name = (int64_t *)at->name.v
+  CGC__LIST(strides);
+  CGC__LIST(pads_begin);
+  CGC__LIST(pads_end);
+  CGC__LIST(dilations);
+  CGC__LIST(output_padding);
+  CGC__LIST(dst_shape);
+  CGC__LIST(weights_shape);
+#undef CGC__LIST
+  attrs.groups = at->groups;
+  attrs.auto_pad = (Convgrad__V1__AutoPad)at->auto_pad;
+  attrs.data_format = (Convgrad__V1__Layout)at->data_format;
+  attrs.weights_format = cgc__wire_weights(at->weights_format);
+
+  size_t budget = a->opts->upload_chunk_bytes;
+  int all_inline = 1;
+  for (int i = 0; i < 2; i++) {
+    const cgc_tensor_view *v = &r->inputs[i];
+    memcpy(dims[i], v->dims, sizeof dims[i]);
+    t[i].dtype = (Convgrad__V1__DType)v->dtype;
+    t[i].n_shape = (size_t)v->rank;
+    t[i].shape = dims[i];
+    t[i].layout = (Convgrad__V1__Layout)v->layout;
+    size_t n = all_inline ? (v->nbytes < budget ? v->nbytes : budget) : 0;
+    t[i].data.len = n;
+    t[i].data.data = (uint8_t *)v->data;
+    a->inline_len[i] = n;
+    budget -= n;
+    if (n < v->nbytes)
+      all_inline = 0;
+  }
+  int64_t shape_dims[1];
+  if (r->has_shape_input) {
+    /* Tiny, so always inline: a prefix of nothing but itself. */
+    shape_dims[0] = (int64_t)r->shape_input.len;
+    t[2].dtype = CONVGRAD__V1__DTYPE__S64;
+    t[2].n_shape = 1;
+    t[2].shape = shape_dims;
+    t[2].data.len = r->shape_input.len * sizeof(int64_t);
+    t[2].data.data = (uint8_t *)r->shape_input.v;
+  }
+  hdr.op = (Convgrad__V1__Op)r->op;
+  hdr.attrs = &attrs;
+  hdr.n_inputs = r->has_shape_input ? 3 : 2;
+  hdr.inputs = tp;
+  hdr.output_layout = (Convgrad__V1__Layout)r->output_layout;
+  hdr.response_chunk_bytes = a->opts->download_chunk_bytes;
+  msg.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  msg.header = &hdr;
+
+  size_t len = convgrad__v1__compute_request__get_packed_size(&msg);
+  uint8_t *buf = malloc(len ? len : 1);
+  if (!buf)
+    return CG_ENOMEM;
+  convgrad__v1__compute_request__pack(&msg, buf);
+  grpc_slice s = grpc_slice_new(buf, len, free);
+  *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+
+  a->cur = 0;
+  a->off = a->inline_len[0];
+  return 0;
+}
+
+/* Moves the upload cursor past finished inputs; returns 1 if bytes remain. */
+static int cgc__upload_left(cgc__attempt *a) {
+  while (a->cur < 2 && a->off >= a->req->inputs[a->cur].nbytes) {
+    a->cur++;
+    if (a->cur < 2)
+      a->off = a->inline_len[a->cur];
+  }
+  return a->cur < 2;
+}
+
+/* Builds the next ComputeRequest{chunk: DataChunk{input, data}} as two
+ * slices: a few bytes of framing, and the data itself in place. */
+static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
+  const cgc_tensor_view *v = &a->req->inputs[a->cur];
+  size_t left = v->nbytes - a->off;
+  size_t n = left < a->opts->upload_chunk_bytes ? left
+                                                : a->opts->upload_chunk_bytes;
+  uint32_t idx = (uint32_t)a->cur;
+  /* proto3 omits a zero input index. */
+  uint64_t dc_len = (idx ? 1 + cgc__varint_len(idx) : 0) + 1 +
+                    cgc__varint_len(n) + n;
+  uint8_t pre[32];
+  size_t p = 0;
+  pre[p++] = 0x12; /* ComputeRequest.chunk, length-delimited */
+  p += cgc__varint_put(pre + p, dc_len);
+  if (idx) {
+    pre[p++] = 0x08; /* DataChunk.input, varint */
+    p += cgc__varint_put(pre + p, idx);
+  }
+  pre[p++] = 0x12; /* DataChunk.data, length-delimited */
+  p += cgc__varint_put(pre + p, n);
+
+  grpc_slice s[2];
+  s[0] = grpc_slice_from_copied_buffer((const char *)pre, p);
+  atomic_fetch_add(&a->pin->refs, 1);
+  s[1] = grpc_slice_new_with_user_data((char *)v->data + a->off, n,
+                                       cgc__pin_unref, a->pin);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, 2);
+  grpc_slice_unref(s[0]);
+  grpc_slice_unref(s[1]);
+  a->off += n;
+  a->res.bytes_sent += n;
+  return bb;
+}
+
+static int cgc__perr(cgc__attempt *a, const char *msg) {
+  if (!a->perr[0])
+    snprintf(a->perr, sizeof a->perr, "malformed response: %s", msg);
+  return CGC_EPROTO;
+}
+
+/* The ResultHeader arrived: check it and allocate the output. */
+static int cgc__on_header(cgc__attempt *a) {
+  Convgrad__V1__ResultHeader *h =
+      convgrad__v1__result_header__unpack(NULL, a->hlen, a->hbuf);
+  int rc = 0;
+  if (!h)
+    return cgc__perr(a, "undecodable ResultHeader");
+  cg_dtype dt = (cg_dtype)h->dtype;
+  size_t es = cgc__esize(dt), n = 1;
+  if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16) {
+    rc = cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
+    goto out;
+  }
+  if (h->n_shape < 1 || h->n_shape > CG_MAX_RANK) {
+    rc = cgc__perr(a, "ResultHeader.shape has a bad rank");
+    goto out;
+  }
+  for (size_t i = 0; i < h->n_shape; i++)
+    if (h->shape[i] < 0 ||
+        __builtin_mul_overflow(n, (size_t)h->shape[i], &n)) {
+      rc = cgc__perr(a, "ResultHeader.shape overflows");
+      goto out;
+    }
+  if (__builtin_mul_overflow(n, es, &n) || n != h->total_bytes) {
+    rc = cgc__perr(a, "ResultHeader.total_bytes disagrees with the shape");
+    goto out;
+  }
+  if (h->total_bytes > a->opts->max_output_bytes) {
+    snprintf(a->perr, sizeof a->perr,
+             "result of %llu bytes exceeds max_output_bytes %llu",
+             (unsigned long long)h->total_bytes,
+             (unsigned long long)a->opts->max_output_bytes);
+    rc = CG_ELIMIT;
+    goto out;
+  }
+  if (h->n_pads_begin > CG_MAX_SPATIAL || h->n_pads_end != h->n_pads_begin) {
+    rc = cgc__perr(a, "ResultHeader pads have a bad length");
+    goto out;
+  }
+  cgc_tensor *t = calloc(1, sizeof *t);
+  void *data = NULL;
+  size_t alloc = (n + 63) & ~(size_t)63;
+  if (!t || posix_memalign(&data, 64, alloc ? alloc : 64) != 0) {
+    free(t);
+    snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result",
+             n);
+    rc = CG_ENOMEM;
+    goto out;
+  }
+  t->dtype = dt;
+  t->rank = (int)h->n_shape;
+  for (size_t i = 0; i < h->n_shape; i++)
+    t->dims[i] = h->shape[i];
+  t->layout = (h->layout >= 0 && h->layout <= CONVGRAD__V1__LAYOUT__XOI)
+                  ? (cgc_layout)h->layout
+                  : CGC_LAYOUT_DEFAULT;
+  t->data = data;
+  t->nbytes = n;
+  a->out = t;
+  a->have_header = 1;
+  a->res.queue_ms = h->queue_ms;
+  a->res.compute_ms = h->compute_ms;
+  snprintf(a->res.compute_path, sizeof a->res.compute_path, "%s",
+           h->compute_path ? h->compute_path : "");
+  snprintf(a->res.worker, sizeof a->res.worker, "%s",
+           h->worker ? h->worker : "");
+  a->res.npads = (int)h->n_pads_begin;
+  for (size_t i = 0; i < h->n_pads_begin; i++) {
+    a->res.pads_begin[i] = h->pads_begin[i];
+    a->res.pads_end[i] = h->pads_end[i];
+  }
+out:
+  convgrad__v1__result_header__free_unpacked(h, NULL);
+  return rc;
+}
+
+/* Feeds bytes of one ComputeResponse message to the parser. Only tags and
+ * lengths go through byte-by-byte; bodies are copied in bulk. */
+static int cgc__feed(cgc__attempt *a, const uint8_t *p, size_t n) {
+  int rc;
+  while (n > 0) {
+    switch (a->phase) {
+    case CGC__P_TAG:
+    case CGC__P_LEN:
+    case CGC__P_SKIP_VARINT: {
+      uint8_t b = *p++;
+      n--;
+      if (a->vshift >= 64)
+        return cgc__perr(a, "varint too long");
+      a->varint |= (uint64_t)(b & 0x7f) << a->vshift;
+      a->vshift += 7;
+      if (b & 0x80)
+        break;
+      uint64_t v = a->varint;
+      a->varint = 0;
+      a->vshift = 0;
+      if (a->phase == CGC__P_SKIP_VARINT) {
+        a->phase = CGC__P_TAG;
+      } else if (a->phase == CGC__P_TAG) {
+        a->field = (uint32_t)(v >> 3);
+        a->wiretype = (uint32_t)(v & 7);
+        if ((a->field == 1 || a->field == 2) && a->wiretype != 2)
+          return cgc__perr(a, "ComputeResponse field has the wrong wire type");
+        if (a->wiretype == 0) {
+          a->phase = CGC__P_SKIP_VARINT;
+        } else if (a->wiretype == 1 || a->wiretype == 5) {
+          a->remaining = a->wiretype == 1 ? 8 : 4;
+          a->phase = CGC__P_SKIP_BYTES;
+        } else if (a->wiretype == 2) {
+          a->phase = CGC__P_LEN;
+        } else {
+          return cgc__perr(a, "unsupported wire type");
+        }
+      } else { /* length of a length-delimited field */
+        a->remaining = v;
+        if (a->field == 1) {
+          if (a->have_header)
+            return cgc__perr(a, "a second ResultHeader");
+          if (v > CGC__MAX_HEADER_BYTES)
+            return cgc__perr(a, "ResultHeader too large");
+          free(a->hbuf);
+          a->hbuf = malloc(v ? v : 1);
+          if (!a->hbuf)
+            return cgc__perr(a, "out of memory");
+          a->hlen = 0;
+          a->phase = CGC__P_HEADER;
+        } else if (a->field == 2) {
+          if (!a->have_header)
+            return cgc__perr(a, "data chunk before the ResultHeader");
+          if (v > a->out->nbytes - a->received)
+            return cgc__perr(a, "more data than ResultHeader.total_bytes");
+          a->phase = CGC__P_CHUNK;
+        } else {
+          a->phase = CGC__P_SKIP_BYTES;
+        }
+        /* A zero-length body ends at once. */
+        if (v == 0 && a->phase == CGC__P_HEADER) {
+          if ((rc = cgc__on_header(a)) != 0)
+            return rc;
+          a->phase = CGC__P_TAG;
+        } else if (v == 0) {
+          a->phase = CGC__P_TAG;
+        }
+      }
+      break;
+    }
+    default: {
+      size_t take = a->remaining < n ? (size_t)a->remaining : n;
+      if (a->phase == CGC__P_HEADER) {
+        memcpy(a->hbuf + a->hlen, p, take);
+        a->hlen += take;
+      } else if (a->phase == CGC__P_CHUNK) {
+        memcpy((uint8_t *)a->out->data + a->received, p, take);
+        a->received += take;
+      }
+      p += take;
+      n -= take;
+      a->remaining -= take;
+      if (a->remaining == 0) {
+        if (a->phase == CGC__P_HEADER && (rc = cgc__on_header(a)) != 0)
+          return rc;
+        a->phase = CGC__P_TAG;
+      }
+      break;
+    }
+    }
+  }
+  return 0;
+}
+
+static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader reader;
+  grpc_slice s;
+  int rc = 0;
+  if (!grpc_byte_buffer_reader_init(&reader, bb))
+    return cgc__perr(a, "unreadable message");
+  a->phase = CGC__P_TAG;
+  a->varint = 0;
+  a->vshift = 0;
+  while (grpc_byte_buffer_reader_next(&reader, &s)) {
+    if (!rc)
+      rc = cgc__feed(a, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
+    grpc_slice_unref(s);
+  }
+  grpc_byte_buffer_reader_destroy(&reader);
+  if (!rc && a->phase != CGC__P_TAG)
+    rc = cgc__perr(a, "truncated ComputeResponse");
+  if (!rc && a->vshift != 0)
+    rc = cgc__perr(a, "truncated field tag");
+  return rc;
+}
+
+static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
+  return grpc_call_start_batch(call, ops, n, (void *)tag, NULL) == GRPC_CALL_OK
+             ? 0
+             : CGC_ERPC;
+}
+
+/* One Compute call: a per-call completion queue and three kinds of batches
+ * (sends, one receive at a time, the final status) driven until all three
+ * have completed. */
+static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
+                                gpr_timespec deadline, cgc_status *st) {
+  cgc__attempt *a = vctx;
+  int rc = 0;
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_call *call = NULL;
+  grpc_byte_buffer *send_bb = NULL, *recv_bb = NULL;
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_status_code code = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  const char *error_string = NULL;
+  int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 1;
+  int local_rc = 0;
+  grpc_op ops[3];
+  double t0 = cgc__now_ms();
+
+  grpc_metadata_array_init(&initial_md);
+  grpc_metadata_array_init(&trailing_md);
+  /* Reset what a previous attempt left. */
+  cgc_tensor_free(a->out);
+  a->out = NULL;
+  a->have_header = 0;
+  a->received = 0;
+  a->perr[0] = '\0';
+  memset(&a->res, 0, sizeof a->res);
+  a->pin = calloc(1, sizeof *a->pin);
+  if (!a->pin) {
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    rc = CG_ENOMEM;
+    goto out;
+  }
+  atomic_init(&a->pin->refs, 1);
+  if ((rc = cgc__encode_header(a, &send_bb)) != 0) {
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    goto out;
+  }
+  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+
+  call = grpc_channel_create_call(
+      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
+      deadline, NULL);
+  if (!call) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
+    rc = CGC_ERPC;
+    goto out;
+  }
+
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[0].data.recv_status_on_client.trailing_metadata = &trailing_md;
+  ops[0].data.recv_status_on_client.status = &code;
+  ops[0].data.recv_status_on_client.status_details = &details;
+  ops[0].data.recv_status_on_client.error_string = &error_string;
+  if (cgc__start(call, ops, 1, CGC__TAG_STATUS))
+    goto start_failed;
+  status_busy = 1;
+
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send_bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  /* A request that fits the header message goes out in one batch. */
+  int more = cgc__upload_left(a);
+  if (cgc__start(call, ops, more ? 2 : 3, CGC__TAG_SEND))
+    goto start_failed;
+  send_busy = 1;
+  sending = more;
+
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+  ops[1].op = GRPC_OP_RECV_MESSAGE;
+  ops[1].data.recv_message.recv_message = &recv_bb;
+  if (cgc__start(call, ops, 2, CGC__TAG_RECV))
+    goto start_failed;
+  recv_busy = 1;
+
+  while (send_busy || recv_busy || status_busy) {
+    /* The call's deadline bounds every pending batch. */
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+      break;
+    switch ((intptr_t)ev.tag) {
+    case CGC__TAG_SEND:
+      send_busy = 0;
+      grpc_byte_buffer_destroy(send_bb);
+      send_bb = NULL;
+      if (!ev.success)
+        sending = 0; /* the call is over; the status says why */
+      if (sending) {
+        send_bb = cgc__encode_chunk(a);
+        more = cgc__upload_left(a);
+        memset(ops, 0, sizeof ops);
+        ops[0].op = GRPC_OP_SEND_MESSAGE;
+        ops[0].data.send_message.send_message = send_bb;
+        ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+        if (cgc__start(call, ops, more ? 1 : 2, CGC__TAG_SEND) == 0)
+          send_busy = 1;
+        else
+          grpc_call_cancel(call, NULL);
+        sending = more;
+      }
+      break;
+    case CGC__TAG_RECV:
+      recv_busy = 0;
+      if (!recv_bb)
+        break; /* end of the response stream */
+      if (!local_rc)
+        local_rc = cgc__on_message(a, recv_bb);
+      grpc_byte_buffer_destroy(recv_bb);
+      recv_bb = NULL;
+      if (local_rc) {
+        grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
+                                     "client rejected the response", NULL);
+        break;
+      }
+      memset(ops, 0, sizeof ops);
+      ops[0].op = GRPC_OP_RECV_MESSAGE;
+      ops[0].data.recv_message.recv_message = &recv_bb;
+      if (cgc__start(call, ops, 1, CGC__TAG_RECV) == 0)
+        recv_busy = 1;
+      else
+        grpc_call_cancel(call, NULL);
+      break;
+    case CGC__TAG_STATUS:
+      status_busy = 0;
+      break;
+    }
+  }
+
+  if (local_rc) {
+    cgc__status_set(st,
+                    local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
+                                           : GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "%s", a->perr);
+    rc = local_rc;
+  } else if (code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, code, details);
+    rc = CGC_ERPC;
+  } else if (!a->have_header || a->received != a->out->nbytes) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL,
+                    "malformed response: %s",
+                    a->have_header ? "the stream ended before all data"
+                                   : "no ResultHeader");
+    rc = CGC_EPROTO;
+  } else {
+    a->res.total_ms = cgc__now_ms() - t0;
+    a->res.bytes_received = a->received;
+    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+  }
+  goto out;
+
+start_failed:
+  cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+  rc = CGC_ERPC;
+  grpc_call_cancel(call, NULL);
+  while (send_busy || recv_busy || status_busy) {
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type != GRPC_OP_COMPLETE)
+      break;
+    if ((intptr_t)ev.tag == CGC__TAG_SEND)
+      send_busy = 0;
+    else if ((intptr_t)ev.tag == CGC__TAG_RECV)
+      recv_busy = 0;
+    else
+      status_busy = 0;
+  }
+out:
+  if (call)
+    grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                    NULL)
+             .type != GRPC_QUEUE_SHUTDOWN)
+    ;
+  grpc_completion_queue_destroy(cq);
+  if (send_bb)
+    grpc_byte_buffer_destroy(send_bb);
+  if (recv_bb)
+    grpc_byte_buffer_destroy(recv_bb);
+  grpc_slice_unref(details);
+  gpr_free((void *)error_string);
+  grpc_metadata_array_destroy(&initial_md);
+  grpc_metadata_array_destroy(&trailing_md);
+  free(a->hbuf);
+  a->hbuf = NULL;
+  if (a->pin) {
+    /* Only return once gRPC holds no slice of the caller's tensors. */
+    double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
+    while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
+      struct timespec ts = {0, 200000};
+      nanosleep(&ts, NULL);
+    }
+    cgc__pin_unref(a->pin);
+    a->pin = NULL;
+  }
+  if (rc) {
+    cgc_tensor_free(a->out);
+    a->out = NULL;
+  }
+  return rc;
+}
+
+void cgc_request_init(cgc_request *r) {
+  memset(r, 0, sizeof *r);
+  r->attrs.groups = 1;
+}
+
+void cgc_tensor_free(cgc_tensor *t) {
+  if (!t)
+    return;
+  free(t->data);
+  free(t);
+}
+
+int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
+                cgc_result *res, cgc_status *st) {
+  cgc__attempt a;
+  int rc, attempts = 0;
+  *out = NULL;
+  if (req->op < CG_OP_CONV_BWD_DATA || req->op > CG_OP_DECONV_BWD_WEIGHTS) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "op: invalid (%d)",
+                    (int)req->op);
+    return CG_EINVAL;
+  }
+  for (int i = 0; i < 2; i++)
+    if ((rc = cgc__check_view(&req->inputs[i], i, st)) != 0)
+      return rc;
+  if (req->has_shape_input &&
+      (req->shape_input.len == 0 || req->shape_input.len > CG_MAX_RANK ||
+       !req->shape_input.v)) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "shape_input: must have 1..%d values", CG_MAX_RANK);
+    return CG_EINVAL;
+  }
+  memset(&a, 0, sizeof a);
+  a.req = req;
+  a.opts = &ch->opts;
+  rc = cgc__with_retry(ch, cgc__deadline(ch, req->deadline_ms),
+                       cgc__compute_attempt, &a, &attempts, st);
+  a.res.attempts = attempts;
+  if (res)
+    *res = a.res;
+  if (!rc)
+    *out = a.out;
+  return rc;
+}
+
+static int cgc__op(cgc_channel *ch, cg_op op, const cg_attrs *attrs,
+                   const cgc_tensor_view *in0, const cgc_tensor_view *in1,
+                   cgc_tensor **out, cgc_result *res, cgc_status *st) {
+  cgc_request r;
+  cgc_request_init(&r);
+  r.op = op;
+  if (attrs)
+    r.attrs = *attrs;
+  r.inputs[0] = *in0;
+  r.inputs[1] = *in1;
+  return cgc_compute(ch, &r, out, res, st);
+}
+
+int cgc_conv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,
+                      const cgc_tensor_view *diff_dst,
+                      const cgc_tensor_view *weights, cgc_tensor **diff_src,
+                      cgc_result *res, cgc_status *st) {
+  return cgc__op(ch, CG_OP_CONV_BWD_DATA, attrs, diff_dst, weights, diff_src,
+                 res, st);
+}
+
+int cgc_conv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
+                         const cgc_tensor_view *src,
+                         const cgc_tensor_view *diff_dst,
+                         cgc_tensor **diff_weights, cgc_result *res,
+                         cgc_status *st) {
+  return cgc__op(ch, CG_OP_CONV_BWD_WEIGHTS, attrs, src, diff_dst,
+                 diff_weights, res, st);
+}
+
+int cgc_deconv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,
+                        const cgc_tensor_view *diff_dst,
+                        const cgc_tensor_view *weights, cgc_tensor **diff_src,
+                        cgc_result *res, cgc_status *st) {
+  return cgc__op(ch, CG_OP_DECONV_BWD_DATA, attrs, diff_dst, weights, diff_src,
+                 res, st);
+}
+
+int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
+                           const cgc_tensor_view *src,
+                           const cgc_tensor_view *diff_dst,
+                           cgc_tensor **diff_weights, cgc_result *res,
+                           cgc_status *st) {
+  return cgc__op(ch, CG_OP_DECONV_BWD_WEIGHTS, attrs, src, diff_dst,
+                 diff_weights, res, st);
+}

@@ -1,0 +1,51 @@
+/* internal.h - what the libcgclient sources share: the channel struct, the
+ * retry loop and the unary-call helper. Not installed. */
+#ifndef CGC_INTERNAL_H
+#define CGC_INTERNAL_H
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/support/time.h>
+
+#include "cgc/client.h"
+
+struct cgc_channel {
+  grpc_channel *chan;
+  cgc_options opts; /* immutable after cgc_channel_new */
+  char *target;
+};
+
+/* Writes code and a printf-style message into st (may be NULL). */
+void cgc__status_set(cgc_status *st, grpc_status_code code, const char *fmt,
+                     ...) __attribute__((format(printf, 3, 4)));
+/* Copies a gRPC status (details slice) into st. */
+void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
+                           grpc_slice details);
+
+/* Absolute monotonic deadline deadline_ms from now (0: channel default). */
+gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms);
+/* Milliseconds since an arbitrary monotonic origin. */
+double cgc__now_ms(void);
+
+/* One attempt of a call: returns 0 or a negative code with st filled. */
+typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx,
+                               gpr_timespec deadline, cgc_status *st);
+/* Runs attempt until it succeeds, fails with something other than
+ * UNAVAILABLE, runs out of retries or the next backoff would pass the
+ * deadline. *attempts (may be NULL) receives how many were made. */
+int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
+                    cgc__attempt_fn attempt, void *ctx, int *attempts,
+                    cgc_status *st);
+
+/* One unary call of method with the serialized request req. On success
+ * *resp holds the serialized response (caller frees). Returns 0, CGC_ERPC
+ * or CG_ENOMEM. */
+int cgc__unary(cgc_channel *ch, const char *method, const void *req,
+               size_t reqlen, gpr_timespec deadline, void **resp,
+               size_t *resplen, cgc_status *st);
+
+/* Copies every byte of bb into one malloc'ed buffer (small messages only).
+ * Returns 0 or CG_ENOMEM. */
+int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len);
+
+#endif
