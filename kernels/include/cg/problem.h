@@ -26,6 +26,10 @@ extern "C" {
  * pads/output_padding (oneDNN graph JSON writes 12 zeros); anything longer
  * than this is rejected before it is looked at. */
 #define CG_MAX_ATTR_LEN 16
+/* Largest accepted dim or attribute value. Keeping every value below 2^31
+ * makes all the shape arithmetic of cg_problem_resolve exact in int64_t;
+ * larger values are rejected with CG_ERANGE. */
+#define CG_MAX_DIM ((int64_t)2147483647)
 
 typedef enum {
   CG_OP_INVALID = 0,
@@ -169,7 +173,10 @@ CG_EXPORT const char *const *cg_op_aliases(cg_op op);
 /* Bytes per element; 0 for an invalid dtype. */
 CG_EXPORT size_t cg_dtype_size(cg_dtype dt);
 
-/* The op's input names in order ("diff_dst", "weights") and output name. */
+/* The op's input names in order ("diff_dst", "weights"); index 2 names the
+ * optional shape input ("dst_shape", "weights_shape"). NULL for an index
+ * the op does not have. The output name is "diff_src" or "diff_weights"
+ * (NULL for an invalid op). */
 CG_EXPORT const char *cg_op_input_name(cg_op op, int index);
 CG_EXPORT const char *cg_op_output_name(cg_op op);
 /* 1 when the op's output is a weights tensor. */
@@ -185,6 +192,14 @@ CG_EXPORT void cg_geom_data_strides(const cg_geom *g, cg_data_format fmt,
                                     int64_t strides[CG_MAX_RANK]);
 CG_EXPORT void cg_geom_weights_strides(const cg_geom *g, cg_weights_format fmt,
                                        int64_t strides[CG_MAX_RANK + 1]);
+
+/* Checks that a buffer received for input `index` (0 or 1, op input order)
+ * holds exactly geom->in_bytes[index] bytes. Returns 0 or CG_EINVAL with a
+ * message such as "diff_dst: expected 1024 bytes (256 x f32), got 1000".
+ * Thread-safe. */
+CG_EXPORT int cg_geom_check_input_bytes(const cg_geom *g, int index,
+                                        size_t nbytes, char *err,
+                                        size_t errlen);
 
 #ifdef __cplusplus
 }
