@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# docker/test.sh - verifies the container deployment on a host without a
+# Docker engine or a container registry: builds a Debian 12 base image with
+# debootstrap from the host's apt mirror, builds docker/Dockerfile on it
+# with podman, runs docker/compose.yaml with podman-compose (server
+# replicas + the smoke client), checks that every replica served calls,
+# and tears it all down. Exits 0 only if every step passed.
+#
+# Needs root (podman rootful, debootstrap). Installs its tools from Debian
+# when missing and writes /etc/containers/containers.conf.
+#
+# Environment:
+#   CONVGRAD_BASE_IMAGE   base image name (default localhost/debian-bookworm-base);
+#                         built once, then reused: `podman rmi` it to rebuild
+#   CONVGRAD_IMAGE        project image tag (default convgrad:latest)
+#   CONVGRAD_REPLICAS     server replicas (default 2)
+#   CONVGRAD_DEBIAN_MIRROR  override the mirror taken from apt's sources
+#   CONVGRAD_TEST_TIMEOUT seconds the compose run may take (default 300)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(dirname "$here")
+compose_file="$here/compose.yaml"
+base_image=${CONVGRAD_BASE_IMAGE:-localhost/debian-bookworm-base}
+export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
+export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
+export BASE_IMAGE=$base_image
+run_timeout=${CONVGRAD_TEST_TIMEOUT:-300}
+project=convgrad-test
+t_start=$(date +%s)
+
+log() { printf 'docker/test.sh: %s\n' "$*" >&2; }
+die() { log "FAIL: $*"; exit 1; }
+step_time() { log "$1 done at +$(($(date +%s) - t_start)) s"; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (rootful podman, debootstrap)"
+
+# --- tools -----------------------------------------------------------------
+need_apt_update=1
+apt_install() {
+  if [ "$need_apt_update" = 1 ]; then
+    apt-get update -q >/dev/null
+    need_apt_update=0
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+}
+missing=()
+for pkg in podman runc netavark aardvark-dns debootstrap podman-compose; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' ||
+    missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing ${missing[*]}"
+  apt_install "${missing[@]}"
+fi
+# Only for `config -q`; without recommends it does not pull in a Docker daemon.
+if ! command -v docker-compose >/dev/null; then
+  log "installing docker-compose"
+  apt_install --no-install-recommends docker-compose
+fi
+
+# --- podman configuration --------------------------------------------------
+# crun fails on this kind of host and there is no systemd: runc, cgroupfs
+# and a file events log. The nofile/nproc defaults keep gRPC and OpenMP
+# threads within limits inside containers.
+conf=/etc/containers/containers.conf
+conf_text='# Written by convgrad docker/test.sh.
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+
+[network]
+network_backend = "netavark"'
+if [ "$(cat "$conf" 2>/dev/null)" != "$conf_text" ]; then
+  if [ -e "$conf" ] && ! grep -q 'convgrad docker/test.sh' "$conf"; then
+    cp "$conf" "$conf.convgrad-backup"
+    log "saved the previous $conf as $conf.convgrad-backup"
+  fi
+  mkdir -p /etc/containers
+  printf '%s\n' "$conf_text" >"$conf"
+fi
+
+# --- teardown --------------------------------------------------------------
+compose() {
+  podman-compose -p "$project" -f "$compose_file" "$@"
+}
+rootfs=
+cleanup() {
+  local rc=$?
+  set +e
+  if [ -n "$rootfs" ]; then rm -rf "$rootfs"; fi
+  compose down >/dev/null 2>&1
+  podman network rm -f "${project}_default" >/dev/null 2>&1
+  if [ "$rc" = 0 ]; then
+    log "PASS in $(($(date +%s) - t_start)) s"
+  else
+    log "FAIL (exit $rc) after $(($(date +%s) - t_start)) s"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+docker-compose -f "$compose_file" config -q || die "docker-compose config rejected $compose_file"
+
+# --- 1. base image -----------------------------------------------------------
+# The first URI of apt's sources (deb822 or one-line) that serves Debian
+# itself, and the matching security archive if apt has one.
+apt_uris() {
+  {
+    cat /etc/apt/sources.list.d/*.sources 2>/dev/null |
+      awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }'
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+      sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p'
+  } | sed 's:/*$::'
+}
+if podman image exists "$base_image"; then
+  log "base image $base_image exists, reused"
+else
+  mirror=${CONVGRAD_DEBIAN_MIRROR:-$(apt_uris | grep -m1 '/debian$' || true)}
+  mirror=${mirror:-http://deb.debian.org/debian}
+  security=$(apt_uris | grep -m1 '/debian-security$' || true)
+  log "debootstrap bookworm from $mirror"
+  rootfs=$(mktemp -d /var/tmp/convgrad-rootfs.XXXXXX)
+  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$rootfs.log" 2>&1 ||
+    { tail -20 "$rootfs.log" >&2; rm -f "$rootfs.log"; die "debootstrap failed"; }
+  rm -f "$rootfs.log"
+  # Same archives as the host, in the deb822 form of Debian's own images.
+  rm -f "$rootfs/etc/apt/sources.list"
+  {
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\n' "$mirror"
+    printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+    if [ -n "$security" ]; then
+      printf '\nTypes: deb\nURIs: %s\nSuites: bookworm-security\nComponents: main\n' "$security"
+      printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+    fi
+  } >"$rootfs/etc/apt/sources.list.d/debian.sources"
+  # Like debian:bookworm-slim: no docs, manuals or translations in later
+  # installs, and no package cache or lists left in the image.
+  cat >"$rootfs/etc/dpkg/dpkg.cfg.d/slim" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+EOF
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  tar -C "$rootfs" -c . | podman import --change 'CMD ["/bin/bash"]' - "$base_image" >/dev/null
+  rm -rf "$rootfs"
+  rootfs=
+fi
+step_time "base image"
+
+# --- 2. project image ----------------------------------------------------------
+# docker format: the OCI format has no HEALTHCHECK.
+podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+  -f "$here/Dockerfile" -t "$CONVGRAD_IMAGE" "$root" ||
+  die "podman build failed"
+step_time "image build"
+
+# --- 3. compose stack ------------------------------------------------------------
+compose down >/dev/null 2>&1 || true
+# --exit-code-from implies --abort-on-container-exit: the run ends with the
+# client and returns its exit code (-1, i.e. 255, if a server exits first).
+set +e
+timeout "$run_timeout" podman-compose -p "$project" -f "$compose_file" \
+  up --no-build --exit-code-from client
+client_rc=$?
+set -e
+[ "$client_rc" = 124 ] && die "compose run exceeded ${run_timeout} s"
+[ "$client_rc" = 0 ] || die "client exited with $client_rc"
+step_time "compose run"
