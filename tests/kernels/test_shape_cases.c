@@ -185,9 +185,89 @@ static void onednn_shape_cases(void **state) {
   assert_int_equal(counts[0] + counts[1] + counts[2] + counts[3], 78);
 }
 
+/* Rewrites forward case j as gradient op `op`: the forward output becomes
+ * diff_dst, the forward input src / dst_shape, the weights weights /
+ * weights_shape. Returns a new tree (caller frees). */
+static cJSON *as_gradient(const cJSON *j, cg_op op) {
+  cJSON *c = cJSON_Duplicate(j, 1);
+  cJSON *attrs = cJSON_GetObjectItemCaseSensitive(c, "attrs");
+  cJSON *exp = cJSON_GetObjectItemCaseSensitive(c, "expected");
+  cJSON *out = cJSON_Duplicate(
+      cJSON_GetObjectItemCaseSensitive(exp, "output_shape"), 1);
+  cJSON_ReplaceItemInObjectCaseSensitive(c, "op",
+                                         cJSON_CreateString(cg_op_name(op)));
+  cJSON_AddItemToObject(c, "diff_dst_shape", out);
+  if (op == CG_OP_CONV_BWD_DATA)
+    cJSON_AddItemToObject(
+        attrs, "dst_shape",
+        cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(c, "src_shape"), 1));
+  if (cg_op_outputs_weights(op))
+    cJSON_AddItemToObject(
+        attrs, "weights_shape",
+        cJSON_Duplicate(
+            cJSON_GetObjectItemCaseSensitive(c, "weights_input_shape"), 1));
+  return c;
+}
+
+/* The forward Convolution / ConvTranspose cases pin the forward shape
+ * relation and the pads: each one, restated as its two gradient ops, must
+ * be accepted with oneDNN's forward pads and give back the forward input
+ * (data ops) or the weights shape (weights ops). */
+static void onednn_forward_cases(void **state) {
+  (void)state;
+  cJSON *root = kt_load_json("onednn-shape-cases.json");
+  int checked = 0, forward = 0;
+  const cJSON *j;
+  cJSON_ArrayForEach(j, root) {
+    const char *opname =
+        cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "op"));
+    int conv = strcmp(opname, "Convolution") == 0;
+    if (!conv && strcmp(opname, "ConvTranspose") != 0)
+      continue;
+    forward++;
+    const cJSON *exp = cJSON_GetObjectItemCaseSensitive(j, "expected");
+    for (int k = 0; k < 2; k++) {
+      cg_op op = conv ? (k ? CG_OP_CONV_BWD_WEIGHTS : CG_OP_CONV_BWD_DATA)
+                      : (k ? CG_OP_DECONV_BWD_WEIGHTS : CG_OP_DECONV_BWD_DATA);
+      cJSON *c = as_gradient(j, op);
+      kt_case kc;
+      cg_geom g;
+      char err[256] = "";
+      int rc = kt_case_build(c, &kc, err, sizeof(err));
+      if (rc == 0)
+        rc = cg_problem_resolve(&kc.p, &g, err, sizeof(err));
+      const cJSON *want = cJSON_GetObjectItemCaseSensitive(
+          c, k ? "weights_input_shape" : "src_shape");
+      const char *problem = NULL;
+      if (rc != 0)
+        problem = err;
+      else if (!list_equal(want, g.out_dims, g.in_rank))
+        problem = "output shape differs from the forward input";
+      else if (!list_equal(cJSON_GetObjectItemCaseSensitive(exp, "pads_begin"),
+                           g.pad_begin, g.nsp) ||
+               !list_equal(cJSON_GetObjectItemCaseSensitive(exp, "pads_end"),
+                           g.pad_end, g.nsp))
+        problem = "pads differ from the forward op's";
+      cJSON_Delete(c);
+      if (problem != NULL) {
+        cJSON_Delete(root);
+        fail_msg("%s case restated as %s: %s", opname, cg_op_name(op),
+                 problem);
+      }
+      checked++;
+    }
+  }
+  cJSON_Delete(root);
+  printf("%d forward cases restated as %d gradient problems, all accepted "
+         "with the forward pads\n",
+         forward, checked);
+  assert_int_equal(forward, 33);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(onednn_shape_cases),
+      cmocka_unit_test(onednn_forward_cases),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
