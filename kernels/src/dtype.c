@@ -30,7 +30,9 @@ uint16_t cg_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
-float cg_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float cg_bf16_to_f32(uint16_t h) {
+  return bits_f32((uint32_t)h << 16);
+}
 
 uint16_t cg_f32_to_f16(float f) {
   uint32_t u = f32_bits(f);

@@ -25,8 +25,8 @@ static const char *const dtype_names[] = {NULL, "f32", "bf16", "f16"};
 static const char *const data_format_names[] = {NULL, "NCX", "NXC"};
 static const char *const weights_format_names[] = {NULL, "OIX", "XIO", "IOX",
                                                    "XOI"};
-static const char *const auto_pad_names[] = {"none", "same_upper",
-                                             "same_lower", "valid"};
+static const char *const auto_pad_names[] = {"none", "same_upper", "same_lower",
+                                             "valid"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -100,7 +100,7 @@ const char *cg_dtype_name(cg_dtype dt) {
 
 const char *cg_data_format_name(cg_data_format f) {
   return f >= 1 && (int)f < COUNT(data_format_names) ? data_format_names[f]
-                                                      : "?";
+                                                     : "?";
 }
 
 const char *cg_weights_format_name(cg_weights_format f) {
@@ -134,7 +134,7 @@ size_t cg_dtype_size(cg_dtype dt) {
 const char *cg_op_input_name(cg_op op, int index) {
   switch (op) {
   case CG_OP_CONV_BWD_DATA:
-    return index == 0 ? "diff_dst"
+    return index == 0   ? "diff_dst"
            : index == 1 ? "weights"
            : index == 2 ? "dst_shape"
                         : NULL;
@@ -142,7 +142,7 @@ const char *cg_op_input_name(cg_op op, int index) {
     return index == 0 ? "diff_dst" : index == 1 ? "weights" : NULL;
   case CG_OP_CONV_BWD_WEIGHTS:
   case CG_OP_DECONV_BWD_WEIGHTS:
-    return index == 0 ? "src"
+    return index == 0   ? "src"
            : index == 1 ? "diff_dst"
            : index == 2 ? "weights_shape"
                         : NULL;

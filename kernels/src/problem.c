@@ -226,8 +226,7 @@ static int all_zero(cg_ints l) {
  * spatial dim (an all-zero list of another length is the serialised
  * default, not a request). */
 static int attr_list(ctx *c, const char *name, cg_ints l, int64_t min,
-                     int zeros_any_len, int64_t def, int64_t *out,
-                     int *given) {
+                     int zeros_any_len, int64_t def, int64_t *out, int *given) {
   if (given != NULL)
     *given = 0;
   for (int d = 0; d < c->nsp; d++)
@@ -365,16 +364,15 @@ static int check_attr_lists(ctx *c) {
   cg_geom *g = c->g;
   int rc;
   if ((rc = attr_list(c, "strides", a->strides, 1, 0, 1, g->stride, NULL)) ||
-      (rc = attr_list(c, "dilations", a->dilations, 1, 0, 1, g->dilation,
-                      NULL)))
+      (rc =
+           attr_list(c, "dilations", a->dilations, 1, 0, 1, g->dilation, NULL)))
     return rc;
   /* With auto_pad set the pads are computed, and the spec says the given
    * lists are ignored, not validated. */
   if (a->auto_pad == CG_AUTO_PAD_NONE &&
       ((rc = attr_list(c, "pads_begin", a->pads_begin, 0, 1, 0, g->pad_begin,
                        NULL)) ||
-       (rc = attr_list(c, "pads_end", a->pads_end, 0, 1, 0, g->pad_end,
-                       NULL))))
+       (rc = attr_list(c, "pads_end", a->pads_end, 0, 1, 0, g->pad_end, NULL))))
     return rc;
   if ((rc = attr_list(c, "output_padding", a->output_padding, 0, 1, 0, c->op,
                       &c->has_op)))
@@ -470,13 +468,13 @@ static int check_deconv_relation(ctx *c, const char *in_name) {
         s * (g->in_sp[d] - 1) + c->ek[d] - g->pad_begin[d] - g->pad_end[d];
     int64_t implied = g->out_sp[d] - base;
     if (implied < 0 || implied >= lim)
-      return cg_errorf(
-          c->err, c->errlen, CG_EINVAL,
-          "diff_dst[%d]: must be %" LLD " + output_padding in [0, %" LLD
-          ") for %s size %" LLD " (stride %" LLD ", effective kernel %" LLD
-          ", pads %" LLD "+%" LLD "), got %" LLD,
-          data_sp_index(f, d), base, lim, in_name, g->in_sp[d], s, c->ek[d],
-          g->pad_begin[d], g->pad_end[d], g->out_sp[d]);
+      return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                       "diff_dst[%d]: must be %" LLD
+                       " + output_padding in [0, %" LLD ") for %s size %" LLD
+                       " (stride %" LLD ", effective kernel %" LLD
+                       ", pads %" LLD "+%" LLD "), got %" LLD,
+                       data_sp_index(f, d), base, lim, in_name, g->in_sp[d], s,
+                       c->ek[d], g->pad_begin[d], g->pad_end[d], g->out_sp[d]);
     if (c->has_op && c->op[d] != implied)
       return cg_errorf(c->err, c->errlen, CG_EINVAL,
                        "output_padding[%d]: the shapes imply %" LLD
@@ -519,8 +517,7 @@ static int resolve_conv_bwd_data(ctx *c) {
   const cg_problem *p = c->p;
   int64_t n, wo, wi;
   int rc;
-  data_split(g->data_format, c->nsp, p->input_dims[0].v, &n, &g->oc,
-             g->out_sp);
+  data_split(g->data_format, c->nsp, p->input_dims[0].v, &n, &g->oc, g->out_sp);
   read_weights(c, p->input_dims[1].v, &wo, &wi);
   g->mb = n;
   if (wo != g->oc)
@@ -662,8 +659,8 @@ static int resolve_deconv_bwd_data(ctx *c) {
                        "diff_dst[%d]: size %" LLD " is smaller than the "
                        "effective kernel %" LLD " - pads (%" LLD "+%" LLD
                        ") + output_padding %" LLD,
-                       data_sp_index(g->data_format, d), g->out_sp[d],
-                       c->ek[d], g->pad_begin[d], g->pad_end[d], c->op[d]);
+                       data_sp_index(g->data_format, d), g->out_sp[d], c->ek[d],
+                       g->pad_begin[d], g->pad_end[d], c->op[d]);
     /* Given output_padding must make the division exact; without it the
      * floor picks the one diff_src size whose implied padding is < S. */
     if (c->has_op && num % s != 0)
@@ -774,8 +771,9 @@ int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
     goto out;
   c.rank = (int)p->input_dims[0].len;
   if (c.rank < 3 || c.rank > CG_MAX_RANK) {
-    rc = cg_errorf(err, errlen, CG_EINVAL, "%s: rank must be 3, 4 or 5, got %zu",
-                   cg_op_input_name(p->op, 0), p->input_dims[0].len);
+    rc =
+        cg_errorf(err, errlen, CG_EINVAL, "%s: rank must be 3, 4 or 5, got %zu",
+                  cg_op_input_name(p->op, 0), p->input_dims[0].len);
     goto out;
   }
   c.nsp = c.rank - 2;

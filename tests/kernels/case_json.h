@@ -87,10 +87,10 @@ static inline int kt_case_build(const cJSON *j, kt_case *c, char *err,
   if (cg_op_parse(opname, &p->op) != 0)
     return cg_errorf(err, errlen, CG_EINVAL, "op: unknown value \"%s\"",
                      opname ? opname : "(null)");
-  const char *in0 = cg_op_outputs_weights(p->op) ? "src_shape"
-                                                 : "diff_dst_shape";
-  const char *in1 = cg_op_outputs_weights(p->op) ? "diff_dst_shape"
-                                                 : "weights_input_shape";
+  const char *in0 =
+      cg_op_outputs_weights(p->op) ? "src_shape" : "diff_dst_shape";
+  const char *in1 =
+      cg_op_outputs_weights(p->op) ? "diff_dst_shape" : "weights_input_shape";
   p->input_dims[0] = kt_json_ints(cJSON_GetObjectItemCaseSensitive(j, in0),
                                   c->in[0], CG_MAX_RANK + 2);
   p->input_dims[1] = kt_json_ints(cJSON_GetObjectItemCaseSensitive(j, in1),

@@ -48,8 +48,8 @@ static inline void kt_resolve_fails(const cg_problem *p, int code,
   char err[256];
   int rc = cg_problem_resolve(p, &g, err, sizeof(err));
   if (rc != code)
-    fail_msg("expected %s containing \"%s\", got %s: \"%s\"",
-             cg_err_name(code), want, cg_err_name(rc), rc ? err : "");
+    fail_msg("expected %s containing \"%s\", got %s: \"%s\"", cg_err_name(code),
+             want, cg_err_name(rc), rc ? err : "");
   if (strstr(err, want) == NULL)
     fail_msg("message \"%s\" lacks \"%s\"", err, want);
 }

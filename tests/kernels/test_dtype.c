@@ -154,8 +154,7 @@ static void f16_rounding(void **state) {
       continue;
     uint16_t got = cg_f32_to_f16(f), want = f16_oracle_bits(f);
     if (got != want)
-      fail_msg("f16(0x%08x): got 0x%04x, want 0x%04x", (unsigned)u, got,
-               want);
+      fail_msg("f16(0x%08x): got 0x%04x, want 0x%04x", (unsigned)u, got, want);
   }
   for (int i = 0; i < (1 << 20); i++) {
     /* Concentrate on the f16 range (2^-31 .. 2^17), where the rounding
@@ -206,8 +205,8 @@ static void load_store_convert(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(bf16_all_patterns), cmocka_unit_test(bf16_rounding),
-      cmocka_unit_test(f16_all_patterns),  cmocka_unit_test(f16_rounding),
+      cmocka_unit_test(bf16_all_patterns),  cmocka_unit_test(bf16_rounding),
+      cmocka_unit_test(f16_all_patterns),   cmocka_unit_test(f16_rounding),
       cmocka_unit_test(load_store_convert),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,8 +23,7 @@ static void same_odd_total_conv(void **state) {
   assert_int_equal(g.pad_end[0], 1);
 
   /* ConvolutionBackwardData: the reference size is dst_shape's. */
-  cg_problem q = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 1, 6, 6),
-                            L(1, 1, 4, 4));
+  cg_problem q = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 1, 6, 6), L(1, 1, 4, 4));
   q.attrs.data_format = CG_DATA_NCX;
   q.attrs.weights_format = CG_WEIGHTS_OIX;
   q.attrs.dst_shape = L(1, 1, 6, 6);
@@ -42,8 +41,8 @@ static void same_odd_total_conv(void **state) {
 /* ConvTranspose ops use T = max(0, EK - S) whatever the sizes. */
 static void same_odd_total_deconv(void **state) {
   (void)state;
-  cg_problem p = kt_problem(CG_OP_DECONV_BWD_DATA, L(1, 1, 6, 6),
-                            L(1, 1, 4, 4));
+  cg_problem p =
+      kt_problem(CG_OP_DECONV_BWD_DATA, L(1, 1, 6, 6), L(1, 1, 4, 4));
   p.attrs.data_format = CG_DATA_NCX;
   p.attrs.weights_format = CG_WEIGHTS_IOX;
   p.attrs.auto_pad = CG_AUTO_PAD_SAME_UPPER;
@@ -108,8 +107,7 @@ static void dilation_and_stride(void **state) {
 /* A negative SAME total is clamped to 0 (1x1 kernel, stride 2, even size). */
 static void negative_total_clamped(void **state) {
   (void)state;
-  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 7, 7, 8),
-                            L(1, 1, 4, 8));
+  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 7, 7, 8), L(1, 1, 4, 8));
   p.attrs.strides = L(2, 2);
   p.attrs.dst_shape = L(1, 14, 14, 4);
   p.attrs.auto_pad = CG_AUTO_PAD_SAME_UPPER;
@@ -131,8 +129,7 @@ static void negative_total_clamped(void **state) {
 static void missing_shapes(void **state) {
   (void)state;
   /* groups 2, XIO (K, ICg=4, OC=8): IC = 8; 2*(7-1) + 3 - 1 - 1 = 13. */
-  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(2, 7, 7, 8),
-                            L(3, 3, 4, 8));
+  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(2, 7, 7, 8), L(3, 3, 4, 8));
   p.attrs.groups = 2;
   p.attrs.strides = L(2, 2);
   p.attrs.pads_begin = L(1, 1);
@@ -158,8 +155,7 @@ static void missing_shapes(void **state) {
 
 static void shape_input_wins(void **state) {
   (void)state;
-  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 1, 6, 6),
-                            L(1, 1, 3, 3));
+  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(1, 1, 6, 6), L(1, 1, 3, 3));
   p.attrs.data_format = CG_DATA_NCX;
   p.attrs.weights_format = CG_WEIGHTS_OIX;
   p.attrs.dst_shape = L(1, 1, 9, 9); /* inconsistent on its own */
@@ -409,23 +405,22 @@ static void check_weights_format(const cg_geom *g, cg_weights_format asked,
           } else { /* O holds all OC; group = O / OCg */
             grp = O / OCg, o = O % OCg, i = I;
           }
-          int64_t off = grp * st[0] + o * st[1] + i * st[2] + kh * st[3] +
-                        kw * st[4];
+          int64_t off =
+              grp * st[0] + o * st[1] + i * st[2] + kh * st[3] + kw * st[4];
           if (off != pos)
             fail_msg("%s %s: (g%lld o%lld i%lld kh%lld kw%lld) -> %lld, "
                      "expected %lld",
                      deconv ? "deconv" : "conv", cg_weights_format_name(f),
-                     (long long)grp, (long long)o, (long long)i,
-                     (long long)kh, (long long)kw, (long long)off,
-                     (long long)pos);
+                     (long long)grp, (long long)o, (long long)i, (long long)kh,
+                     (long long)kw, (long long)off, (long long)pos);
         }
   assert_int_equal(pos, G * OCg * ICg * KH * KW);
 }
 
 static void weights_strides(void **state) {
   (void)state;
-  cg_problem c = kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(1, 5, 5, 4),
-                            L(1, 3, 4, 6));
+  cg_problem c =
+      kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(1, 5, 5, 4), L(1, 3, 4, 6));
   c.attrs.groups = 2;
   c.attrs.weights_shape = L(3, 2, 2, 6);
   cg_geom g = kt_resolve_ok(&c);
@@ -433,8 +428,8 @@ static void weights_strides(void **state) {
   check_weights_format(&g, CG_WEIGHTS_XIO, CG_WEIGHTS_XIO, 0);
   check_weights_format(&g, CG_WEIGHTS_DEFAULT, CG_WEIGHTS_XIO, 0);
 
-  cg_problem d = kt_problem(CG_OP_DECONV_BWD_WEIGHTS, L(1, 3, 4, 4),
-                            L(1, 5, 5, 6));
+  cg_problem d =
+      kt_problem(CG_OP_DECONV_BWD_WEIGHTS, L(1, 3, 4, 4), L(1, 5, 5, 6));
   d.attrs.groups = 2;
   d.attrs.weights_shape = L(3, 2, 3, 4); /* XOI: (K, OCg, IC) */
   g = kt_resolve_ok(&d);
@@ -448,8 +443,8 @@ static void weights_strides(void **state) {
 /* Data strides: [n][c][x...] for NCX and NXC, checked on a 3D tensor. */
 static void data_strides(void **state) {
   (void)state;
-  cg_problem p = kt_problem(CG_OP_CONV_BWD_DATA, L(2, 3, 4, 5, 6),
-                            L(1, 1, 1, 3, 6));
+  cg_problem p =
+      kt_problem(CG_OP_CONV_BWD_DATA, L(2, 3, 4, 5, 6), L(1, 1, 1, 3, 6));
   cg_geom g = kt_resolve_ok(&p);
   const int64_t sp[3] = {3, 4, 5};
   int64_t st[CG_MAX_RANK];

@@ -16,9 +16,8 @@ typedef enum {
   V_BOTH_REJECT
 } verdict;
 
-static const char *const verdict_names[] = {"match", "stricter (rejected)",
-                                            "lenient (accepted)",
-                                            "rejected by both"};
+static const char *const verdict_names[] = {
+    "match", "stricter (rejected)", "lenient (accepted)", "rejected by both"};
 
 /* Every case that is not V_MATCH, with the reason from the case's note. */
 static const struct {
@@ -192,8 +191,8 @@ static cJSON *as_gradient(const cJSON *j, cg_op op) {
   cJSON *c = cJSON_Duplicate(j, 1);
   cJSON *attrs = cJSON_GetObjectItemCaseSensitive(c, "attrs");
   cJSON *exp = cJSON_GetObjectItemCaseSensitive(c, "expected");
-  cJSON *out = cJSON_Duplicate(
-      cJSON_GetObjectItemCaseSensitive(exp, "output_shape"), 1);
+  cJSON *out =
+      cJSON_Duplicate(cJSON_GetObjectItemCaseSensitive(exp, "output_shape"), 1);
   cJSON_ReplaceItemInObjectCaseSensitive(c, "op",
                                          cJSON_CreateString(cg_op_name(op)));
   cJSON_AddItemToObject(c, "diff_dst_shape", out);
@@ -251,8 +250,7 @@ static void onednn_forward_cases(void **state) {
       cJSON_Delete(c);
       if (problem != NULL) {
         cJSON_Delete(root);
-        fail_msg("%s case restated as %s: %s", opname, cg_op_name(op),
-                 problem);
+        fail_msg("%s case restated as %s: %s", opname, cg_op_name(op), problem);
       }
       checked++;
     }
