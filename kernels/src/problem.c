@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cg/problem.h"
+#include "layout.h"
 
 #define LLD PRId64
 
@@ -78,30 +79,26 @@ static cg_weights_format default_weights_format(cg_op op) {
 
 /* Sizes of the O and I dims: Convolution weights hold (OC, IC/g), all
  * ConvTranspose spellings hold (OC/g, IC). */
-static void weights_oi(const cg_geom *g, int64_t *o, int64_t *i) {
-  if (is_deconv(g->op)) {
-    *o = g->oc / g->groups;
-    *i = g->ic;
-  } else {
-    *o = g->oc;
-    *i = g->ic / g->groups;
-  }
+void cg__weights_dims(cg_op op, cg_weights_format f, int nsp, int64_t oc,
+                      int64_t ic, int64_t g, const int64_t *k,
+                      int64_t dims[CG_MAX_RANK]) {
+  int po, pi, pk;
+  if (f == CG_WEIGHTS_DEFAULT)
+    f = default_weights_format(op);
+  weights_positions(f, nsp, &po, &pi, &pk);
+  dims[po] = is_deconv(op) ? oc / g : oc;
+  dims[pi] = is_deconv(op) ? ic : ic / g;
+  for (int d = 0; d < nsp; d++)
+    dims[pk + d] = k[d];
 }
 
 static void weights_dims(const cg_geom *g, cg_weights_format f,
                          int64_t dims[CG_MAX_RANK]) {
-  int po, pi, pk;
-  int64_t o, i;
-  weights_positions(f, g->nsp, &po, &pi, &pk);
-  weights_oi(g, &o, &i);
-  dims[po] = o;
-  dims[pi] = i;
-  for (int d = 0; d < g->nsp; d++)
-    dims[pk + d] = g->kernel[d];
+  cg__weights_dims(g->op, f, g->nsp, g->oc, g->ic, g->groups, g->kernel, dims);
 }
 
-static void data_dims(cg_data_format f, int nsp, int64_t n, int64_t c,
-                      const int64_t *sp, int64_t dims[CG_MAX_RANK]) {
+void cg__data_dims(cg_data_format f, int nsp, int64_t n, int64_t c,
+                   const int64_t *sp, int64_t dims[CG_MAX_RANK]) {
   dims[0] = n;
   if (f == CG_DATA_NCX) {
     dims[1] = c;
@@ -730,7 +727,8 @@ static int fill_sizes(ctx *c) {
   if (cg_op_outputs_weights(p->op))
     weights_dims(g, g->out_weights_format, g->out_dims);
   else
-    data_dims(g->out_data_format, c->nsp, g->mb, g->ic, g->in_sp, g->out_dims);
+    cg__data_dims(g->out_data_format, c->nsp, g->mb, g->ic, g->in_sp,
+                  g->out_dims);
   if ((rc = count(c, cg_op_output_name(p->op), g->out_dims, &g->out_elems,
                   &g->out_bytes)))
     return rc;

@@ -1,0 +1,19 @@
+/* layout.h - internal: the dims of a data or weights tensor in a given
+ * layout, shared by problem.c (output dims, strides) and bdesc.c (building
+ * problems from descriptors). Defined in problem.c. */
+#ifndef CG_SRC_LAYOUT_H
+#define CG_SRC_LAYOUT_H
+
+#include "cg/problem.h"
+
+/* Data tensor (n, c, sp[nsp]) in format f (DEFAULT = NXC). */
+void cg__data_dims(cg_data_format f, int nsp, int64_t n, int64_t c,
+                   const int64_t *sp, int64_t dims[CG_MAX_RANK]);
+/* Weights of op with forward channels oc, ic, groups g and kernel k[nsp]
+ * in format f (DEFAULT = the op's default): Convolution (OC, IC/g, K),
+ * ConvTranspose (IC, OC/g, K) in IOX terms, letters placed per f. */
+void cg__weights_dims(cg_op op, cg_weights_format f, int nsp, int64_t oc,
+                      int64_t ic, int64_t g, const int64_t *k,
+                      int64_t dims[CG_MAX_RANK]);
+
+#endif
