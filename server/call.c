@@ -1,0 +1,936 @@
+/* call.c - owns the Compute call state machine: admission (validation,
+ * limits, in-flight reservation), receiving tensors chunk by chunk into
+ * preallocated buffers, handing the job to the pool, streaming the result
+ * back without copying it, deadlines, cancellation and the request log. */
+#include "cgs_call.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "cg/error.h"
+#include "cg/problem.h"
+#include "cgs_log.h"
+#include "cgs_wire.h"
+#include "convgrad/v1/convgrad.pb-c.h"
+
+/* Largest response chunk we send, whatever the client asks for: stays
+ * under gRPC's default 4 MiB receive limit with room for framing. */
+#define MAX_CHUNK_BYTES (4u * 1024 * 1024 - 1024)
+
+typedef enum {
+  ST_RECV_HEADER, /* waiting for the first message */
+  ST_RECV_DATA,   /* filling input tensors from chunks */
+  ST_QUEUED,      /* job handed to the pool (waiting or running) */
+  ST_SENDING,     /* streaming the result */
+  ST_DONE         /* final status batch started */
+} call_state;
+
+static const char *const state_names[] = {"receiving the header",
+                                          "receiving data", "queued/running",
+                                          "sending", "done"};
+
+/* The output tensor, shared with grpc slices that reference it. */
+typedef struct outbuf {
+  atomic_int refs;
+  void *data;
+} outbuf;
+
+struct cgs_call {
+  cgs_server *s;
+  grpc_call *call;
+  uint64_t id;
+  char *peer;
+  cgs_tag tag_recv, tag_send, tag_close;
+  uv_timer_t timer; /* deadline */
+  cgs_call *prev, *next;
+  call_state st;
+
+  /* grpc side */
+  int recv_pending, send_pending;
+  int close_received, cancelled;
+  int half_closed;   /* client sent END_STREAM */
+  int md_sent;       /* initial metadata went out */
+  int finished;      /* final status decided; nothing more to send */
+  int grpc_released; /* grpc_call_unref done */
+  int closing;       /* uv_close(timer) started */
+  int job_busy;      /* the pool holds job */
+  grpc_byte_buffer *recv_bb, *send_bb;
+  grpc_slice status_slice;
+  int status_slice_set;
+  grpc_status_code status;
+  char msg[512];
+  uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
+
+  /* request */
+  Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
+  cg_problem prob;
+  int64_t shape_in[CG_MAX_RANK];
+  int ninputs;
+  size_t in_len[3], in_fill[3];
+  unsigned char *in_buf[3];
+  int cur; /* input being filled */
+  int resolved;
+  cg_geom geom;
+  uint64_t reserved; /* bytes counted in s->inflight_bytes */
+  size_t chunk_bytes;
+  uint64_t bytes_in;
+
+  /* result */
+  cgs_job job;
+  outbuf *out;
+  size_t sent;
+  char shapes[160];
+};
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static const char *layout_name(int l) {
+  static const char *const names[] = {"UNSPECIFIED", "NCX", "NXC", "OIX",
+                                      "XIO",         "IOX", "XOI"};
+  return l >= 0 && l <= 6 ? names[l] : "?";
+}
+
+static int is_data_layout(int l) {
+  return l == CONVGRAD__V1__LAYOUT__NCX || l == CONVGRAD__V1__LAYOUT__NXC;
+}
+
+static int is_weights_layout(int l) {
+  return l >= CONVGRAD__V1__LAYOUT__OIX && l <= CONVGRAD__V1__LAYOUT__XOI;
+}
+
+/* Wire Layout <-> kernels enums (values line up but are not the same). */
+static cg_data_format to_data_format(int l) { return (cg_data_format)l; }
+static cg_weights_format to_weights_format(int l) {
+  return l ? (cg_weights_format)(l - 2) : CG_WEIGHTS_DEFAULT;
+}
+
+static grpc_status_code status_of_cg(int rc) {
+  switch (rc) {
+  case CG_EINVAL:
+  case CG_ERANGE:
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  case CG_ENOMEM:
+  case CG_ELIMIT:
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case CG_EUNSUPPORTED:
+    return GRPC_STATUS_UNIMPLEMENTED;
+  default:
+    return GRPC_STATUS_INTERNAL;
+  }
+}
+
+static void outbuf_unref(void *p) {
+  outbuf *o = p;
+  if (atomic_fetch_sub(&o->refs, 1) == 1) {
+    free(o->data);
+    free(o);
+  }
+}
+
+static void format_dims(char *buf, size_t len, const int64_t *d, size_t n) {
+  size_t k = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < n && k < len; i++)
+    k += (size_t)snprintf(buf + k, len - k, "%s%" PRId64, i ? "x" : "", d[i]);
+}
+
+/* ---- end of a call ---------------------------------------------------- */
+
+static void log_call(cgs_call *c) {
+  double total_ms = (double)(uv_hrtime() - c->t_start) / 1e6;
+  char out[64] = "-";
+  if (c->resolved)
+    format_dims(out, sizeof out, c->geom.out_dims, (size_t)c->geom.in_rank);
+  int ok = c->status == GRPC_STATUS_OK;
+  cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
+          "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
+          "bytes_in=%" PRIu64 " bytes_out=%zu queue_ms=%.3f compute_ms=%.3f "
+          "total_ms=%.3f path=%s worker=%s status=%s%s%s%s",
+          c->id, c->peer ? c->peer : "?",
+          c->prob.op ? cg_op_name(c->prob.op) : "-",
+          c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
+          c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
+          ok ? c->job.queue_ms : 0.0, ok ? c->job.info.compute_ms : 0.0,
+          total_ms,
+          ok ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
+             : "-",
+          ok ? cgs_pool_worker_name(c->s->pool, c->job.worker) : "-",
+          cgs_status_name(c->status), c->msg[0] ? " msg=\"" : "", c->msg,
+          c->msg[0] ? "\"" : "");
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  cgs_call *c = h->data;
+  cgs_server *s = c->s;
+  log_call(c);
+  s->inflight_bytes -= c->reserved;
+  for (int i = 0; i < 3; i++)
+    free(c->in_buf[i]);
+  if (c->out)
+    outbuf_unref(c->out);
+  if (c->req)
+    protobuf_c_message_free_unpacked(&c->req->base, NULL);
+  if (c->status_slice_set)
+    grpc_slice_unref(c->status_slice);
+  gpr_free(c->peer);
+  free(c);
+  s->compute_active--;
+  cgs_server_compute_ended(s);
+}
+
+/* The one close path: grpc first, then the worker's job, then the timer
+ * handle, whose close callback frees everything. */
+static void maybe_free(cgs_call *c) {
+  if (!c->grpc_released && c->finished && c->close_received &&
+      !c->recv_pending && !c->send_pending) {
+    c->grpc_released = 1;
+    grpc_call_unref(c->call);
+    c->call = NULL;
+  }
+  if (c->grpc_released && !c->job_busy && !c->closing) {
+    c->closing = 1;
+    if (c->prev)
+      c->prev->next = c->next;
+    else
+      c->s->calls = c->next;
+    if (c->next)
+      c->next->prev = c->prev;
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+  }
+}
+
+static void on_send(cgs_tag *t, int ok);
+
+/* Ends the call with code unless its end is already decided. Does not free
+ * c; callers run maybe_free afterwards. */
+static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
+  if (c->finished)
+    return;
+  c->finished = 1;
+  c->status = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->msg, sizeof c->msg, fmt, ap);
+  va_end(ap);
+  uv_timer_stop(&c->timer);
+  if (c->job_busy) {
+    if (cgs_pool_cancel(c->s->pool, &c->job))
+      c->job_busy = 0; /* never ran: its buffers are free to go */
+    else
+      atomic_store(&c->job.discard, 1); /* runs to the end, discarded */
+  }
+  if (c->close_received)
+    return; /* the client is gone: nobody to tell */
+  if (c->send_pending) {
+    /* A chunk is in flight and grpc allows one send batch at a time. */
+    grpc_call_cancel_with_status(c->call, code, c->msg, NULL);
+    return;
+  }
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (!c->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->md_sent = 1;
+  }
+  c->status_slice = grpc_slice_from_copied_string(c->msg);
+  c->status_slice_set = 1;
+  ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  ops[n].data.send_status_from_server.status = code;
+  ops[n++].data.send_status_from_server.status_details = &c->status_slice;
+  c->st = ST_DONE;
+  c->send_pending = 1;
+  if (cgs_rpc_batch(c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
+    c->send_pending = 0;
+    grpc_call_cancel_with_status(c->call, code, c->msg, NULL);
+  }
+}
+
+/* ---- sending the result ----------------------------------------------- */
+
+static void send_next(cgs_call *c) {
+  size_t total = c->geom.out_bytes, left = total - c->sent;
+  size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (len) {
+    atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
+    c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
+                                          outbuf_unref, c->out);
+    c->sent += len;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = c->send_bb;
+  }
+  if (c->sent == total) {
+    /* The last chunk carries the OK status in the same batch. */
+    c->finished = 1;
+    c->status = GRPC_STATUS_OK;
+    c->st = ST_DONE;
+    c->status_slice = grpc_slice_from_static_string("");
+    c->status_slice_set = 1;
+    uv_timer_stop(&c->timer);
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[n++].data.send_status_from_server.status_details = &c->status_slice;
+  }
+  c->send_pending = 1;
+  if (cgs_rpc_batch(c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
+    c->send_pending = 0;
+    if (c->send_bb) {
+      grpc_byte_buffer_destroy(c->send_bb);
+      c->send_bb = NULL;
+    }
+    c->finished = 1;
+    c->status = GRPC_STATUS_INTERNAL;
+    snprintf(c->msg, sizeof c->msg, "cannot start a send batch");
+    grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+  }
+}
+
+static void send_header(cgs_call *c) {
+  const cg_geom *g = &c->geom;
+  Convgrad__V1__ResultHeader h = CONVGRAD__V1__RESULT_HEADER__INIT;
+  int64_t pb[CG_MAX_SPATIAL], pe[CG_MAX_SPATIAL];
+  for (int i = 0; i < g->nsp; i++) {
+    pb[i] = g->pad_begin[i];
+    pe[i] = g->pad_end[i];
+  }
+  h.dtype = (Convgrad__V1__DType)g->dtype;
+  h.n_shape = (size_t)g->in_rank;
+  h.shape = (int64_t *)g->out_dims;
+  h.layout = cg_op_outputs_weights(g->op)
+                 ? (Convgrad__V1__Layout)(g->out_weights_format + 2)
+                 : (Convgrad__V1__Layout)g->out_data_format;
+  h.total_bytes = g->out_bytes;
+  h.queue_ms = c->job.queue_ms;
+  h.compute_ms = c->job.info.compute_ms;
+  h.compute_path =
+      c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert";
+  h.n_pads_begin = h.n_pads_end = (size_t)g->nsp;
+  h.pads_begin = pb;
+  h.pads_end = pe;
+  h.worker = (char *)cgs_pool_worker_name(c->s->pool, c->job.worker);
+  Convgrad__V1__ComputeResponse r = CONVGRAD__V1__COMPUTE_RESPONSE__INIT;
+  r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER;
+  r.header = &h;
+  c->send_bb = cgs_wire_pack(&r.base);
+
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = c->send_bb;
+  c->md_sent = 1;
+  c->st = ST_SENDING;
+  c->send_pending = 1;
+  if (cgs_rpc_batch(c->call, ops, 2, &c->tag_send) != GRPC_CALL_OK) {
+    c->send_pending = 0;
+    grpc_byte_buffer_destroy(c->send_bb);
+    c->send_bb = NULL;
+    finish(c, GRPC_STATUS_INTERNAL, "cannot start a send batch");
+  }
+}
+
+static void on_send(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_send);
+  c->send_pending = 0;
+  if (c->send_bb) {
+    grpc_byte_buffer_destroy(c->send_bb);
+    c->send_bb = NULL;
+  }
+  if (!ok) {
+    /* The stream broke (client cancelled, deadline, shutdown). */
+    if (!c->finished) {
+      c->finished = 1;
+      c->status = GRPC_STATUS_CANCELLED;
+      snprintf(c->msg, sizeof c->msg, "stream broken while sending");
+    }
+  } else if (!c->finished) {
+    send_next(c);
+  }
+  maybe_free(c);
+}
+
+/* ---- the worker's answer ---------------------------------------------- */
+
+void cgs_call_job_done(cgs_job *job, void *data) {
+  cgs_call *c = cgs_container_of(job, cgs_call, job);
+  (void)data;
+  c->job_busy = 0;
+  if (!c->finished) {
+    if (job->rc != 0)
+      finish(c, status_of_cg(job->rc), "%s", job->err);
+    else
+      send_header(c);
+  }
+  maybe_free(c);
+}
+
+/* ---- admission -------------------------------------------------------- */
+
+/* Reserves bytes of the in-flight budget. */
+static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
+  cgs_server *s = c->s;
+  uint64_t max = s->cfg->max_inflight_bytes;
+  if (bytes > max || s->inflight_bytes > max - bytes) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "%s: needs %" PRIu64 " bytes but %" PRIu64 " of %" PRIu64
+           " are in flight (--max-inflight-bytes); retry later",
+           what, bytes, s->inflight_bytes, max);
+    return -1;
+  }
+  s->inflight_bytes += bytes;
+  c->reserved += bytes;
+  return 0;
+}
+
+/* Validates the resolved problem against the limits and reserves the
+ * output. Frees the header message, which the problem borrowed from. */
+static int resolve(cgs_call *c) {
+  char err[512];
+  if (c->ninputs == 3) {
+    /* The shape tensor: little-endian s32 or s64 values. */
+    const Convgrad__V1__Tensor *t = c->req->header->inputs[2];
+    size_t k = (size_t)t->shape[0], w = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
+    for (size_t i = 0; i < k; i++) {
+      const unsigned char *p = c->in_buf[2] + i * w;
+      uint64_t v = 0;
+      for (size_t b = 0; b < w; b++)
+        v |= (uint64_t)p[b] << (8 * b);
+      c->shape_in[i] = w == 4 ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v;
+    }
+    c->prob.has_shape_input = 1;
+    c->prob.shape_input = (cg_ints){c->shape_in, k};
+  }
+  int rc = cg_problem_resolve(&c->prob, &c->geom, err, sizeof err);
+  if (rc != 0) {
+    finish(c, status_of_cg(rc), "%s", err);
+    return -1;
+  }
+  protobuf_c_message_free_unpacked(&c->req->base, NULL);
+  c->req = NULL;
+  if (c->geom.in_bytes[0] != c->in_len[0] ||
+      c->geom.in_bytes[1] != c->in_len[1]) {
+    finish(c, GRPC_STATUS_INTERNAL, "input sizes disagree with the geometry");
+    return -1;
+  }
+  uint64_t max = c->s->cfg->max_tensor_elements;
+  if (c->geom.out_elems > max) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "%s: %zu elements exceed the limit %" PRIu64
+           " (--max-tensor-elements)",
+           cg_op_output_name(c->geom.op), c->geom.out_elems, max);
+    return -1;
+  }
+  if (reserve(c, c->geom.out_bytes, cg_op_output_name(c->geom.op)) != 0)
+    return -1;
+  c->resolved = 1;
+  return 0;
+}
+
+static void inputs_complete(cgs_call *c) {
+  if (!c->resolved && resolve(c) != 0)
+    return;
+  outbuf *o = calloc(1, sizeof *o);
+  void *data = NULL;
+  if (!o || posix_memalign(&data, 64, c->geom.out_bytes ? c->geom.out_bytes
+                                                         : 1) != 0) {
+    free(o);
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "%s: cannot allocate %zu bytes", cg_op_output_name(c->geom.op),
+           c->geom.out_bytes);
+    return;
+  }
+  atomic_init(&o->refs, 1);
+  o->data = data;
+  c->out = o;
+  c->job.geom = &c->geom;
+  c->job.in0 = c->in_buf[0];
+  c->job.in1 = c->in_buf[1];
+  c->job.out = o->data;
+  atomic_init(&c->job.discard, 0);
+  if (cgs_pool_submit(c->s->pool, &c->job) != 0) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "queue full: %u requests wait for a worker (--queue-depth); retry "
+           "later",
+           c->s->cfg->queue_depth);
+    return;
+  }
+  c->job_busy = 1;
+  c->st = ST_QUEUED;
+}
+
+/* Size of input i in bytes; -1 after finish() on a bad shape. */
+static int tensor_size(cgs_call *c, int i, const Convgrad__V1__Tensor *t,
+                       size_t esize) {
+  uint64_t elems = 1, max = c->s->cfg->max_tensor_elements;
+  if (t->n_shape < 1 || t->n_shape > CG_MAX_RANK) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].shape: rank %zu, expected %s", i, t->n_shape,
+           i == 2 ? "1" : "3 to 5");
+    return -1;
+  }
+  for (size_t d = 0; d < t->n_shape; d++) {
+    if (t->shape[d] <= 0) {
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "inputs[%d].shape[%zu]: must be > 0, got %" PRId64, i, d,
+             t->shape[d]);
+      return -1;
+    }
+    if (__builtin_mul_overflow(elems, (uint64_t)t->shape[d], &elems)) {
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "inputs[%d].shape: element count overflows", i);
+      return -1;
+    }
+  }
+  if (elems > max) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "inputs[%d]: %" PRIu64 " elements exceed the limit %" PRIu64
+           " (--max-tensor-elements)",
+           i, elems, max);
+    return -1;
+  }
+  /* elems <= 2^48 and esize <= 8: no overflow; size_t is 64-bit here. */
+  c->in_len[i] = (size_t)(elems * esize);
+  if (t->data.len > c->in_len[i]) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].data: %zu bytes, but shape and dtype make %zu", i,
+           t->data.len, c->in_len[i]);
+    return -1;
+  }
+  return 0;
+}
+
+/* Checks a tensor's layout against the attribute it must agree with and
+ * adopts it when the attribute is unspecified. */
+static int check_layout(cgs_call *c, int i, int layout, int weights,
+                        int *attr) {
+  if (layout == 0)
+    return 0;
+  if (weights ? !is_weights_layout(layout) : !is_data_layout(layout)) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].layout: %s is not a %s layout", i, layout_name(layout),
+           weights ? "weights" : "data");
+    return -1;
+  }
+  if (*attr == 0) {
+    *attr = layout;
+  } else if (*attr != layout) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].layout: %s disagrees with attrs.%s_format %s", i,
+           layout_name(layout), weights ? "weights" : "data",
+           layout_name(*attr));
+    return -1;
+  }
+  return 0;
+}
+
+static cg_ints ints(const int64_t *v, size_t n) { return (cg_ints){v, n}; }
+
+/* Turns the header into c->prob and buffer sizes; -1 after finish(). */
+static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
+  cgs_server *s = c->s;
+  cg_problem *p = &c->prob;
+  cg_problem_init(p);
+  if (h->op < 1 || h->op > CG_OP_COUNT) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT, "header.op: %s %d",
+           h->op == 0 ? "not set," : "unknown value", (int)h->op);
+    return -1;
+  }
+  p->op = (cg_op)h->op;
+  int max_inputs = cg_op_input_name(p->op, 2) ? 3 : 2;
+  if (h->n_inputs < 2 || h->n_inputs > (size_t)max_inputs) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.inputs: %s takes %s%s%s, got %zu tensors",
+           cg_op_name(p->op), cg_op_input_name(p->op, 0),
+           max_inputs == 3 ? ", " : " and ", cg_op_input_name(p->op, 1),
+           h->n_inputs);
+    return -1;
+  }
+  c->ninputs = (int)h->n_inputs;
+
+  const Convgrad__V1__Attributes *a = h->attrs;
+  Convgrad__V1__Attributes empty = CONVGRAD__V1__ATTRIBUTES__INIT;
+  if (!a)
+    a = &empty;
+  if ((int)a->auto_pad < 0 || a->auto_pad > CONVGRAD__V1__AUTO_PAD__VALID) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad: unknown value %d",
+           (int)a->auto_pad);
+    return -1;
+  }
+  int data_fmt = a->data_format, w_fmt = a->weights_format;
+  if (data_fmt != 0 && !is_data_layout(data_fmt)) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.data_format: %s (%d) is not NCX or NXC", layout_name(data_fmt),
+           data_fmt);
+    return -1;
+  }
+  if (w_fmt != 0 && !is_weights_layout(w_fmt)) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.weights_format: %s (%d) is not OIX, XIO, IOX or XOI",
+           layout_name(w_fmt), w_fmt);
+    return -1;
+  }
+  if (a->groups < 0) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.groups: must be > 0, got %" PRId64, a->groups);
+    return -1;
+  }
+
+  /* dtypes, layouts and sizes of the tensors */
+  uint64_t total = 0;
+  int weights_input = p->op == CG_OP_CONV_BWD_DATA ||
+                      p->op == CG_OP_DECONV_BWD_DATA;
+  for (int i = 0; i < c->ninputs; i++) {
+    const Convgrad__V1__Tensor *t = h->inputs[i];
+    size_t esize;
+    if (i < 2) {
+      if (t->dtype < CONVGRAD__V1__DTYPE__F32 ||
+          t->dtype > CONVGRAD__V1__DTYPE__F16) {
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[%d].dtype: %d is not F32, BF16 or F16", i,
+               (int)t->dtype);
+        return -1;
+      }
+      if (i == 1 && t->dtype != h->inputs[0]->dtype) {
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[1].dtype: %s differs from inputs[0].dtype %s",
+               cg_dtype_name((cg_dtype)t->dtype),
+               cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
+        return -1;
+      }
+      esize = cg_dtype_size((cg_dtype)t->dtype);
+      int w = weights_input && i == 1;
+      if (check_layout(c, i, t->layout, w, w ? &w_fmt : &data_fmt) != 0)
+        return -1;
+    } else {
+      if (t->dtype != CONVGRAD__V1__DTYPE__S32 &&
+          t->dtype != CONVGRAD__V1__DTYPE__S64) {
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].dtype: a %s tensor must be S32 or S64",
+               cg_op_input_name(p->op, 2));
+        return -1;
+      }
+      if (t->n_shape != 1 || t->shape[0] < 1 || t->shape[0] > CG_MAX_RANK) {
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].shape: a %s tensor is 1-D with 1 to %d values",
+               cg_op_input_name(p->op, 2), CG_MAX_RANK);
+        return -1;
+      }
+      if (t->layout != 0) {
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].layout: a shape tensor has no layout");
+        return -1;
+      }
+      esize = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
+    }
+    if (tensor_size(c, i, t, esize) != 0)
+      return -1;
+    total += c->in_len[i];
+  }
+  if (total > s->cfg->max_request_bytes) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "inputs: %" PRIu64 " bytes exceed the limit %" PRIu64
+           " (--max-request-bytes)",
+           total, s->cfg->max_request_bytes);
+    return -1;
+  }
+
+  int out_layout = h->output_layout;
+  if (out_layout != 0) {
+    int want_w = cg_op_outputs_weights(p->op);
+    if (want_w ? !is_weights_layout(out_layout) : !is_data_layout(out_layout)) {
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.output_layout: %s (%d) is not a %s layout",
+             layout_name(out_layout), out_layout,
+             want_w ? "weights" : "data");
+      return -1;
+    }
+    if (want_w)
+      p->out_weights_format = to_weights_format(out_layout);
+    else
+      p->out_data_format = to_data_format(out_layout);
+  }
+
+  p->dtype = (cg_dtype)h->inputs[0]->dtype;
+  p->attrs.strides = ints(a->strides, a->n_strides);
+  p->attrs.pads_begin = ints(a->pads_begin, a->n_pads_begin);
+  p->attrs.pads_end = ints(a->pads_end, a->n_pads_end);
+  p->attrs.dilations = ints(a->dilations, a->n_dilations);
+  p->attrs.output_padding = ints(a->output_padding, a->n_output_padding);
+  p->attrs.groups = a->groups ? a->groups : 1;
+  p->attrs.auto_pad = (cg_auto_pad)a->auto_pad;
+  p->attrs.data_format = to_data_format(data_fmt);
+  p->attrs.weights_format = to_weights_format(w_fmt);
+  p->attrs.dst_shape = ints(a->dst_shape, a->n_dst_shape);
+  p->attrs.weights_shape = ints(a->weights_shape, a->n_weights_shape);
+  for (int i = 0; i < 2; i++)
+    p->input_dims[i] = ints(h->inputs[i]->shape, h->inputs[i]->n_shape);
+
+  c->chunk_bytes = h->response_chunk_bytes ? h->response_chunk_bytes
+                                           : (size_t)s->cfg->chunk_bytes;
+  if (c->chunk_bytes > MAX_CHUNK_BYTES)
+    c->chunk_bytes = MAX_CHUNK_BYTES;
+
+  size_t k = 0;
+  for (int i = 0; i < 2 && k < sizeof c->shapes; i++) {
+    if (i)
+      c->shapes[k++] = ',';
+    format_dims(c->shapes + k, sizeof c->shapes - k, h->inputs[i]->shape,
+                h->inputs[i]->n_shape);
+    k = strlen(c->shapes);
+  }
+  return 0;
+}
+
+static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
+  c->req = (Convgrad__V1__ComputeRequest *)cgs_wire_unpack(
+      &convgrad__v1__compute_request__descriptor, bb);
+  if (!c->req || c->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "request: malformed ComputeRequest header message");
+    return;
+  }
+  const Convgrad__V1__ComputeHeader *h = c->req->header;
+  if (admit(c, h) != 0)
+    return;
+  if (cgs_pool_full(c->s->pool)) {
+    /* Refuse before the client uploads anything. */
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "queue full: %u requests wait for a worker (--queue-depth); retry "
+           "later",
+           c->s->cfg->queue_depth);
+    return;
+  }
+  uint64_t in_total = c->in_len[0] + c->in_len[1] + c->in_len[2];
+  if (reserve(c, in_total, "inputs") != 0)
+    return;
+  for (int i = 0; i < c->ninputs; i++) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, c->in_len[i]) != 0) {
+      finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+             "inputs[%d]: cannot allocate %zu bytes", i, c->in_len[i]);
+      return;
+    }
+    c->in_buf[i] = p;
+    const ProtobufCBinaryData *d = &h->inputs[i]->data;
+    if (d->len)
+      memcpy(c->in_buf[i], d->data, d->len);
+    c->in_fill[i] = d->len;
+    c->bytes_in += d->len;
+  }
+  /* Without a shape tensor still to come, validate before the upload. */
+  if ((c->ninputs < 3 || c->in_fill[2] == c->in_len[2]) && resolve(c) != 0)
+    return;
+  c->st = ST_RECV_DATA;
+  c->cur = 0;
+  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
+    c->cur++;
+  if (c->cur == c->ninputs)
+    inputs_complete(c);
+}
+
+static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
+                         grpc_byte_buffer *bb) {
+  int i = c->cur;
+  if (v->input != (uint32_t)i) {
+    if (v->input >= (uint32_t)c->ninputs)
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "chunk.input: %u is out of range (%d inputs)", v->input,
+             c->ninputs);
+    else
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "chunk.input: got %u, expected %d (inputs are sent in order and "
+             "inputs[%d] still lacks %zu bytes)",
+             v->input, i, i, c->in_len[i] - c->in_fill[i]);
+    return;
+  }
+  size_t left = c->in_len[i] - c->in_fill[i];
+  if (v->data_len > left) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].data: chunk of %zu bytes overruns the tensor (%zu of "
+           "%zu bytes left)",
+           i, v->data_len, left, c->in_len[i]);
+    return;
+  }
+  if (cgs_wire_copy(bb, v->data_off, v->data_len,
+                    c->in_buf[i] + c->in_fill[i]) != 0) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "request: malformed ComputeRequest message");
+    return;
+  }
+  c->in_fill[i] += v->data_len;
+  c->bytes_in += v->data_len;
+  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
+    c->cur++;
+  if (c->cur == c->ninputs)
+    inputs_complete(c);
+}
+
+/* ---- receiving -------------------------------------------------------- */
+
+static void on_recv(cgs_tag *t, int ok);
+
+static void post_recv(cgs_call *c) {
+  if (c->half_closed || c->finished || c->recv_pending)
+    return;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &c->recv_bb;
+  c->recv_pending = 1;
+  if (cgs_rpc_batch(c->call, &op, 1, &c->tag_recv) != GRPC_CALL_OK) {
+    c->recv_pending = 0;
+    finish(c, GRPC_STATUS_INTERNAL, "cannot start a receive batch");
+  }
+}
+
+static void handle_message(cgs_call *c, grpc_byte_buffer *bb) {
+  char err[256];
+  cgs_msg_kind kind;
+  cgs_chunk_view v;
+  if (cgs_wire_scan_request(bb, &kind, &v, err, sizeof err) != 0) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT, "%s", err);
+    return;
+  }
+  if (c->st == ST_RECV_HEADER) {
+    if (kind != CGS_MSG_HEADER)
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "request: the first message must set header");
+    else
+      handle_header(c, bb);
+  } else if (kind == CGS_MSG_HEADER) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "request: header sent twice (only the first message sets it)");
+  } else if (c->st == ST_RECV_DATA) {
+    handle_chunk(c, &v, bb);
+  } else if (v.data_len) {
+    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+           "chunk.data: %zu bytes beyond the declared tensors", v.data_len);
+  }
+}
+
+static void on_recv(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
+  grpc_byte_buffer *bb = c->recv_bb;
+  c->recv_bb = NULL;
+  c->recv_pending = 0;
+  if (ok && !c->finished) {
+    if (!bb) {
+      c->half_closed = 1;
+      if (c->st == ST_RECV_HEADER)
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "request: stream ended before the header");
+      else if (c->st == ST_RECV_DATA)
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[%d].data: stream ended after %zu of %zu bytes", c->cur,
+               c->in_fill[c->cur], c->in_len[c->cur]);
+    } else {
+      handle_message(c, bb);
+      post_recv(c);
+    }
+  }
+  if (bb)
+    grpc_byte_buffer_destroy(bb);
+  maybe_free(c);
+}
+
+/* ---- deadline, cancellation ------------------------------------------- */
+
+static void on_close(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_close);
+  (void)ok;
+  c->close_received = 1;
+  if (!c->finished) {
+    int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+    /* Nothing goes out any more; finish() only records and stops work. */
+    finish(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,
+           "%s by the client while %s", late ? "deadline exceeded" : "cancelled",
+           state_names[c->st]);
+  }
+  maybe_free(c);
+}
+
+static void on_deadline(uv_timer_t *h) {
+  cgs_call *c = h->data;
+  finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s",
+         state_names[c->st]);
+  maybe_free(c);
+}
+
+void cgs_call_cancel_all(cgs_server *s) {
+  for (cgs_call *c = s->calls, *next; c; c = next) {
+    next = c->next;
+    finish(c, GRPC_STATUS_UNAVAILABLE,
+           "server shut down before the request finished; retry elsewhere");
+    maybe_free(c);
+  }
+}
+
+void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
+  cgs_call *c = calloc(1, sizeof *c);
+  if (!c) {
+    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                  "server out of memory");
+    return;
+  }
+  c->s = s;
+  c->call = call;
+  c->id = s->next_call_id++;
+  c->peer = grpc_call_get_peer(call);
+  c->t_start = uv_hrtime();
+  c->tag_recv.cb = on_recv;
+  c->tag_send.cb = on_send;
+  c->tag_close.cb = on_close;
+  c->st = ST_RECV_HEADER;
+  uv_timer_init(s->loop, &c->timer);
+  c->timer.data = c;
+  c->next = s->calls;
+  if (s->calls)
+    s->calls->prev = c;
+  s->calls = c;
+  s->compute_active++;
+
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &c->cancelled;
+  if (cgs_rpc_batch(call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
+    c->close_received = 1; /* no notification will come */
+    grpc_call_cancel(call, NULL);
+    finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");
+    maybe_free(c);
+    return;
+  }
+  if (s->draining) {
+    finish(c, GRPC_STATUS_UNAVAILABLE,
+           "server is shutting down; retry elsewhere");
+    maybe_free(c);
+    return;
+  }
+  gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
+  if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
+    int64_t ms =
+        gpr_time_to_millis(gpr_time_sub(dl, gpr_now(GPR_CLOCK_MONOTONIC)));
+    if (ms <= 0) {
+      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+             "deadline exceeded before the call started");
+      maybe_free(c);
+      return;
+    }
+    c->deadline_at = c->t_start + (uint64_t)ms * 1000000u;
+    uv_timer_start(&c->timer, on_deadline, (uint64_t)ms, 0);
+  }
+  post_recv(c);
+}

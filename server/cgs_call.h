@@ -1,0 +1,25 @@
+/* cgs_call.h - the Compute call: one bidirectional stream from header to
+ * status, driven by completion-queue tags, worker results and a deadline
+ * timer, all on the loop thread.
+ *
+ * States: RECV_HEADER -> RECV_DATA -> QUEUED -> RUNNING -> SENDING -> DONE.
+ * Any state may end early with an error status (sent once) or because the
+ * client cancelled / the deadline passed; the object is freed in one place
+ * once grpc has no operation pending, the worker has returned the job and
+ * the timer handle is closed. Its in-flight bytes are reserved from the
+ * header on and released when it is freed. */
+#ifndef CGS_CALL_H
+#define CGS_CALL_H
+
+#include <grpc/grpc.h>
+
+#include "cgs_server.h"
+
+/* Takes ownership of call's reference; deadline as grpc reported it. */
+void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline);
+/* Pool completion callback (data = the cgs_server). */
+void cgs_call_job_done(cgs_job *job, void *data);
+/* Ends every live Compute call with CANCELLED (grace period over). */
+void cgs_call_cancel_all(cgs_server *s);
+
+#endif

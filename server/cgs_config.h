@@ -1,0 +1,54 @@
+/* cgs_config.h - convgrad-server configuration: one declarative table of
+ * options (name, type, default, bounds, help), each settable as a
+ * command-line flag (--name) or a CONVGRAD_NAME environment variable.
+ * Precedence: default < environment < flag. Not thread-safe; the config
+ * is filled once in main() and read-only afterwards. */
+#ifndef CGS_CONFIG_H
+#define CGS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cgs_log.h"
+
+#define CGS_MAX_CPUS 256
+
+typedef struct cgs_config {
+  char listen[256];            /* HOST:PORT; port 0 = ephemeral */
+  unsigned workers;            /* 0 until cgs_config_finish: auto */
+  unsigned threads_per_worker; /* OpenMP threads of each worker's engine */
+  int cpus[CGS_MAX_CPUS];      /* cores workers are pinned to, in order */
+  unsigned ncpus;              /* 0 until cgs_config_finish: all allowed */
+  unsigned queue_depth;        /* requests waiting for a worker */
+  uint64_t max_request_bytes;  /* sum of one request's tensor bytes */
+  uint64_t max_tensor_elements; /* elements of any one tensor */
+  uint64_t max_inflight_bytes; /* reserved by admitted requests; 0 = auto */
+  uint64_t chunk_bytes;        /* default response chunk size */
+  uint64_t grace_ms;           /* drain time after SIGTERM/SIGINT */
+  cgs_log_level log_level;
+} cgs_config;
+
+/* Fills c with the table's defaults. Returns 0 (defaults always parse). */
+int cgs_config_defaults(cgs_config *c, char *err, size_t errlen);
+/* Applies every CONVGRAD_* variable that is set. Returns 0 or -1 with a
+ * message naming the variable. */
+int cgs_config_from_env(cgs_config *c, char *err, size_t errlen);
+/* Parses argv with getopt_long. Returns 0, 1 when --help was given (usage
+ * already printed to out), or -1 with a message naming the flag. */
+int cgs_config_from_args(cgs_config *c, int argc, char **argv, FILE *out,
+                         char *err, size_t errlen);
+/* Sets one option by its long name ("max-request-bytes"). Returns 0 or -1
+ * with a message naming the option and its bounds. */
+int cgs_config_set(cgs_config *c, const char *name, const char *value,
+                   char *err, size_t errlen);
+/* Resolves automatic values (cpus = all this process may use, workers =
+ * cpus / threads_per_worker, max_inflight_bytes = half of physical memory)
+ * and cross-checks options. Returns 0 or -1 with a message. */
+int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
+/* Prints --help: every option, its variable, default and bounds. */
+void cgs_config_usage(FILE *out, const char *argv0);
+/* Writes the cpu list as "0,1,2" into buf. */
+void cgs_config_format_cpus(const cgs_config *c, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,25 @@
+/* cgs_health.h - grpc.health.v1.Health: Check and Watch for "" (the whole
+ * server) and "convgrad.v1.ConvGrad". SERVING until the server drains,
+ * NOT_SERVING afterwards; Watch streams every change. Loop thread only. */
+#ifndef CGS_HEALTH_H
+#define CGS_HEALTH_H
+
+#include <grpc/grpc.h>
+
+#include "cgs_server.h"
+
+/* Returns 0 or CG_ENOMEM. */
+int cgs_health_new(cgs_health **out, cgs_server *s);
+/* Frees h; every watcher must have ended. NULL is fine. */
+void cgs_health_free(cgs_health *h);
+/* Sets the status of every service and pushes it to watchers. */
+void cgs_health_set_serving(cgs_health *h, int serving);
+/* Ends every Watch stream (status UNAVAILABLE): the server is going. */
+void cgs_health_end_watches(cgs_health *h);
+/* Handlers; they take ownership of call's reference and of payload. */
+void cgs_health_check(cgs_health *h, grpc_call *call,
+                      grpc_byte_buffer *payload);
+void cgs_health_watch(cgs_health *h, grpc_call *call,
+                      grpc_byte_buffer *payload);
+
+#endif

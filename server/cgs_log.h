@@ -1,0 +1,33 @@
+/* cgs_log.h - leveled, printf-checked logging for convgrad-server.
+ *
+ * One line per call of cgs_log(), written with a single stdio call so that
+ * lines from different threads never interleave. Format:
+ *   2026-11-21T21:40:00.123Z info  <message>
+ * Thread-safe. The level is set once at start-up, before threads exist. */
+#ifndef CGS_LOG_H
+#define CGS_LOG_H
+
+typedef enum {
+  CGS_LOG_ERROR = 0,
+  CGS_LOG_WARN = 1,
+  CGS_LOG_INFO = 2,
+  CGS_LOG_DEBUG = 3
+} cgs_log_level;
+
+/* Lines above level are dropped. Not thread-safe: call before threads. */
+void cgs_log_set_level(cgs_log_level level);
+/* 1 when a line at level would be written (skip expensive formatting). */
+int cgs_log_enabled(cgs_log_level level);
+/* Parses "error", "warn", "info", "debug"; returns 0 or -1. */
+int cgs_log_level_parse(const char *name, cgs_log_level *out);
+const char *cgs_log_level_name(cgs_log_level level);
+
+void cgs_log(cgs_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define cgs_error(...) cgs_log(CGS_LOG_ERROR, __VA_ARGS__)
+#define cgs_warn(...) cgs_log(CGS_LOG_WARN, __VA_ARGS__)
+#define cgs_info(...) cgs_log(CGS_LOG_INFO, __VA_ARGS__)
+#define cgs_debug(...) cgs_log(CGS_LOG_DEBUG, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,70 @@
+/* cgs_pool.h - the compute worker pool: pthreads pinned to configured
+ * cores, each owning a cg_engine, fed from one bounded FIFO queue.
+ *
+ * Only the loop thread calls these functions. Workers report finished jobs
+ * back to the loop through a locked list and uv_async_send; done_cb runs on
+ * the loop thread. Compute never runs on the loop thread nor on libuv's
+ * threadpool. */
+#ifndef CGS_POOL_H
+#define CGS_POOL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "cg/engine.h"
+#include "cg/problem.h"
+#include "cgs_config.h"
+
+typedef struct cgs_pool cgs_pool;
+
+/* One unit of work. The submitter owns the job and every buffer it points
+ * to; the pool borrows them from cgs_pool_submit() until done_cb runs or
+ * cgs_pool_cancel() returns 1. */
+typedef struct cgs_job {
+  /* Filled by the submitter. */
+  const cg_geom *geom;
+  const void *in0, *in1;
+  void *out;
+  atomic_int discard; /* set by the loop: skip the run if not started */
+  /* Filled by the pool before done_cb. */
+  int rc;              /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
+  char err[256];       /* message for rc */
+  cg_run_info info;    /* valid when rc == 0 */
+  double queue_ms;     /* submit -> a worker picked it up */
+  unsigned worker;     /* index of the worker that ran it */
+  /* Pool-private. */
+  uint64_t t_submit;
+  int queued;
+  struct cgs_job *next;
+} cgs_job;
+
+typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
+
+/* Starts cfg->workers threads, each pinned, named "cg-worker-N", with its
+ * engine created in the thread itself. Returns 0, or CG_ENOMEM / CG_EBACKEND
+ * (engine creation failed) / CG_EINTERNAL (thread or handle setup failed)
+ * with err filled; nothing is left running on failure. */
+int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
+                 cgs_pool_done_cb done_cb, void *data, char *err,
+                 size_t errlen);
+/* Queues job. Returns 0, or CG_ELIMIT when queue_depth jobs already wait
+ * (the caller answers RESOURCE_EXHAUSTED). */
+int cgs_pool_submit(cgs_pool *p, cgs_job *job);
+/* Takes job back if no worker has picked it up: returns 1 and done_cb will
+ * not run for it. Returns 0 when it is running or finished (done_cb will
+ * run or has run). */
+int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
+/* Jobs waiting for a worker. */
+unsigned cgs_pool_queued(cgs_pool *p);
+/* 1 when queue_depth jobs wait. */
+int cgs_pool_full(cgs_pool *p);
+/* Name of worker i ("cg-worker-0"); static storage of the pool. */
+const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
+/* Stops the workers after their current job, joins them, delivers the
+ * last finished jobs to done_cb and closes the async handle; the pool is
+ * freed in its close callback. No job may be queued. NULL is fine. */
+void cgs_pool_close(cgs_pool *p);
+
+#endif

@@ -1,0 +1,59 @@
+/* cgs_wire.h - protobuf encoding and decoding on grpc_byte_buffers.
+ *
+ * Headers and small messages go through protobuf-c. The bulk path does
+ * not: DataChunk messages are scanned in place by a small reader of the
+ * protobuf wire format, and their bytes are copied once, straight from the
+ * received slices into the destination tensor; response chunks wrap the
+ * output tensor's memory in a grpc slice behind a few bytes of framing.
+ * Everything here is thread-safe (no shared state). */
+#ifndef CGS_WIRE_H
+#define CGS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+typedef enum {
+  CGS_MSG_HEADER = 1, /* ComputeRequest.header is set */
+  CGS_MSG_CHUNK = 2   /* ComputeRequest.chunk is set */
+} cgs_msg_kind;
+
+/* Where a DataChunk's bytes sit inside the message. */
+typedef struct cgs_chunk_view {
+  uint32_t input;  /* DataChunk.input */
+  size_t data_off; /* offset of DataChunk.data in the message */
+  size_t data_len; /* its length; 0 when absent */
+} cgs_chunk_view;
+
+/* Classifies a ComputeRequest without copying its payload. For a chunk,
+ * fills *chunk (protobuf merge semantics: the last value of a field wins).
+ * Returns 0, or -1 with a message when the bytes are not a well-formed
+ * ComputeRequest or set neither member of the oneof. */
+int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
+                          cgs_chunk_view *chunk, char *err, size_t errlen);
+
+/* Copies len bytes at offset off of bb's (decompressed) contents to dst.
+ * Returns 0, or -1 when bb is shorter than off + len. */
+int cgs_wire_copy(grpc_byte_buffer *bb, size_t off, size_t len, void *dst);
+
+/* Unpacks bb as a message of desc with protobuf-c. Returns the message
+ * (free it with protobuf_c_message_free_unpacked(m, NULL)) or NULL when the
+ * bytes are malformed or memory ran out. */
+ProtobufCMessage *cgs_wire_unpack(const ProtobufCMessageDescriptor *desc,
+                                  grpc_byte_buffer *bb);
+
+/* Packs m into a new byte buffer owned by the caller. (grpc's allocator
+ * does not return on failure.) */
+grpc_byte_buffer *cgs_wire_pack(const ProtobufCMessage *m);
+
+/* A ComputeResponse{chunk = data[0..len)} that references data instead of
+ * copying it: the buffer holds a slice over data whose release calls
+ * unref(user) once grpc is done with it (on any thread). The caller must
+ * take the reference unref will drop before calling. Returns the buffer,
+ * owned by the caller. */
+grpc_byte_buffer *cgs_wire_chunk_zero_copy(void *data, size_t len,
+                                           void (*unref)(void *), void *user);
+
+#endif

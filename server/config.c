@@ -1,0 +1,352 @@
+/* config.c - owns the option table of convgrad-server and the parsing of
+ * flags and CONVGRAD_* environment variables into a cgs_config. */
+#include "cgs_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef enum {
+  OPT_STRING, /* char[] field */
+  OPT_UINT,   /* unsigned field */
+  OPT_SIZE,   /* uint64_t field, accepts K/M/G/T binary suffixes */
+  OPT_COUNT,  /* uint64_t field, plain number */
+  OPT_MS,     /* uint64_t field of milliseconds, given in seconds */
+  OPT_CPUS,   /* cpus[] + ncpus */
+  OPT_LEVEL   /* cgs_log_level */
+} opt_type;
+
+typedef struct opt_def {
+  const char *name;
+  opt_type type;
+  size_t offset;
+  const char *def;
+  uint64_t min, max; /* inclusive; for OPT_MS in milliseconds */
+  const char *help;
+} opt_def;
+
+#define KIB 1024ull
+#define MIB (1024ull * KIB)
+#define GIB (1024ull * MIB)
+#define TIB (1024ull * GIB)
+
+/* The one table of options. Defaults are strings run through the same
+ * parser as user input, so they are checked against the same bounds. */
+static const opt_def opt_table[] = {
+    {"listen", OPT_STRING, offsetof(cgs_config, listen), "127.0.0.1:50051", 0,
+     0, "address to listen on, HOST:PORT; port 0 picks a free port"},
+    {"workers", OPT_UINT, offsetof(cgs_config, workers), "0", 0, 256,
+     "compute worker threads; 0 = one per --cpus entry / threads-per-worker"},
+    {"threads-per-worker", OPT_UINT, offsetof(cgs_config, threads_per_worker),
+     "1", 1, 256, "OpenMP threads each worker's oneDNN engine uses"},
+    {"cpus", OPT_CPUS, offsetof(cgs_config, cpus), "", 0, CGS_MAX_CPUS - 1,
+     "cores to pin workers to, e.g. 0,1 or 0-3 (worker i takes the next "
+     "threads-per-worker entries); empty = every core this process may use"},
+    {"queue-depth", OPT_UINT, offsetof(cgs_config, queue_depth), "64", 1,
+     1000000, "requests that may wait for a worker; more are refused with "
+              "RESOURCE_EXHAUSTED"},
+    {"max-request-bytes", OPT_SIZE, offsetof(cgs_config, max_request_bytes),
+     "3G", 1, 64 * TIB, "largest total of one request's tensor bytes"},
+    {"max-tensor-elements", OPT_COUNT,
+     offsetof(cgs_config, max_tensor_elements), "1073741824", 1,
+     UINT64_C(1) << 48, "largest element count of any input or output tensor"},
+    {"max-inflight-bytes", OPT_SIZE, offsetof(cgs_config, max_inflight_bytes),
+     "0", 0, 1024 * TIB,
+     "input + output bytes all admitted requests may hold at once; "
+     "0 = half of physical memory"},
+    {"chunk-bytes", OPT_SIZE, offsetof(cgs_config, chunk_bytes), "1M", 1 * KIB,
+     3 * MIB, "default size of response data chunks"},
+    {"grace", OPT_MS, offsetof(cgs_config, grace_ms), "30", 0, 3600 * 1000,
+     "seconds in-flight requests may take to finish after SIGTERM/SIGINT"},
+    {"log-level", OPT_LEVEL, offsetof(cgs_config, log_level), "info", 0, 3,
+     "error, warn, info or debug"},
+};
+#define OPT_COUNT_ALL (sizeof opt_table / sizeof opt_table[0])
+
+static const opt_def *opt_find(const char *name) {
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++)
+    if (strcmp(opt_table[i].name, name) == 0)
+      return &opt_table[i];
+  return NULL;
+}
+
+/* "CONVGRAD_MAX_REQUEST_BYTES" for "max-request-bytes". */
+static void env_name(const opt_def *o, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "CONVGRAD_");
+  for (const char *p = o->name; *p && n + 1 < len; p++)
+    buf[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+  buf[n] = '\0';
+}
+
+static int parse_u64(const char *s, int suffixes, uint64_t *out) {
+  if (!isdigit((unsigned char)*s))
+    return -1;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno)
+    return -1;
+  uint64_t mul = 1;
+  if (suffixes && *end) {
+    switch (*end) {
+    case 'k': case 'K': mul = KIB; break;
+    case 'm': case 'M': mul = MIB; break;
+    case 'g': case 'G': mul = GIB; break;
+    case 't': case 'T': mul = TIB; break;
+    default: return -1;
+    }
+    end++;
+    if (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)
+      end += strlen(end);
+  }
+  if (*end)
+    return -1;
+  if (__builtin_mul_overflow((uint64_t)v, mul, out))
+    return -1;
+  return 0;
+}
+
+/* Seconds with up to 3 decimals ("2.5") into milliseconds. */
+static int parse_ms(const char *s, uint64_t *out) {
+  if (!isdigit((unsigned char)*s))
+    return -1;
+  errno = 0;
+  char *end;
+  double v = strtod(s, &end);
+  if (errno || *end || v < 0 || v > 1e12)
+    return -1;
+  *out = (uint64_t)(v * 1000.0 + 0.5);
+  return 0;
+}
+
+/* "0,2,4-7" into cpus[]. */
+static int parse_cpus(cgs_config *c, const char *s, const opt_def *o) {
+  unsigned n = 0;
+  const char *p = s;
+  while (*p) {
+    char *end;
+    if (!isdigit((unsigned char)*p))
+      return -1;
+    unsigned long lo = strtoul(p, &end, 10), hi = lo;
+    if (*end == '-') {
+      if (!isdigit((unsigned char)end[1]))
+        return -1;
+      hi = strtoul(end + 1, &end, 10);
+    }
+    if (hi < lo || hi > o->max)
+      return -1;
+    for (unsigned long cpu = lo; cpu <= hi; cpu++) {
+      if (n == CGS_MAX_CPUS)
+        return -1;
+      c->cpus[n++] = (int)cpu;
+    }
+    if (*end == ',' && end[1])
+      end++;
+    else if (*end)
+      return -1;
+    p = end;
+  }
+  c->ncpus = n;
+  return 0;
+}
+
+static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
+                     const char *origin, char *err, size_t errlen) {
+  char *field = (char *)c + o->offset;
+  uint64_t v = 0;
+  int rc = 0;
+  switch (o->type) {
+  case OPT_STRING:
+    if (strlen(value) >= sizeof c->listen) {
+      snprintf(err, errlen, "%s: value too long", origin);
+      return -1;
+    }
+    strcpy(field, value);
+    return 0;
+  case OPT_CPUS:
+    if (parse_cpus(c, value, o) != 0) {
+      snprintf(err, errlen,
+               "%s: expected a list like 0,1 or 0-3 of cores 0..%llu, got "
+               "'%s'",
+               origin, (unsigned long long)o->max, value);
+      return -1;
+    }
+    return 0;
+  case OPT_LEVEL: {
+    cgs_log_level lv;
+    if (cgs_log_level_parse(value, &lv) != 0) {
+      snprintf(err, errlen,
+               "%s: expected error, warn, info or debug, got '%s'", origin,
+               value);
+      return -1;
+    }
+    *(cgs_log_level *)(void *)field = lv;
+    return 0;
+  }
+  case OPT_MS:
+    rc = parse_ms(value, &v);
+    break;
+  case OPT_SIZE:
+    rc = parse_u64(value, 1, &v);
+    break;
+  case OPT_UINT:
+  case OPT_COUNT:
+    rc = parse_u64(value, 0, &v);
+    break;
+  }
+  if (rc != 0 || v < o->min || v > o->max) {
+    if (o->type == OPT_MS)
+      snprintf(err, errlen, "%s: expected seconds in [%g, %g], got '%s'",
+               origin, (double)o->min / 1000.0, (double)o->max / 1000.0,
+               value);
+    else
+      snprintf(err, errlen, "%s: expected a number in [%llu, %llu]%s, got '%s'",
+               origin, (unsigned long long)o->min, (unsigned long long)o->max,
+               o->type == OPT_SIZE ? " (K/M/G/T suffixes allowed)" : "",
+               value);
+    return -1;
+  }
+  if (o->type == OPT_UINT)
+    *(unsigned *)(void *)field = (unsigned)v;
+  else
+    *(uint64_t *)(void *)field = v;
+  return 0;
+}
+
+int cgs_config_set(cgs_config *c, const char *name, const char *value,
+                   char *err, size_t errlen) {
+  const opt_def *o = opt_find(name);
+  if (!o) {
+    snprintf(err, errlen, "unknown option '%s'", name);
+    return -1;
+  }
+  char origin[64];
+  snprintf(origin, sizeof origin, "--%s", name);
+  return opt_apply(c, o, value, origin, err, errlen);
+}
+
+int cgs_config_defaults(cgs_config *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++)
+    if (opt_apply(c, &opt_table[i], opt_table[i].def, opt_table[i].name, err,
+                  errlen) != 0)
+      return -1;
+  return 0;
+}
+
+int cgs_config_from_env(cgs_config *c, char *err, size_t errlen) {
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++) {
+    char var[64];
+    env_name(&opt_table[i], var, sizeof var);
+    const char *value = getenv(var);
+    if (value && opt_apply(c, &opt_table[i], value, var, err, errlen) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+int cgs_config_from_args(cgs_config *c, int argc, char **argv, FILE *out,
+                         char *err, size_t errlen) {
+  struct option longopts[OPT_COUNT_ALL + 2];
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++)
+    longopts[i] = (struct option){opt_table[i].name, required_argument, NULL,
+                                  (int)(256 + i)};
+  longopts[OPT_COUNT_ALL] = (struct option){"help", no_argument, NULL, 'h'};
+  longopts[OPT_COUNT_ALL + 1] = (struct option){NULL, 0, NULL, 0};
+  optind = 1;
+  opterr = 0;
+  int ch;
+  while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    if (ch == 'h') {
+      cgs_config_usage(out, argv[0]);
+      return 1;
+    }
+    if (ch == '?' || ch == ':') {
+      snprintf(err, errlen, "%s: '%s' (try --help)",
+               ch == ':' ? "missing value for option" : "unknown option",
+               argv[optind - 1]);
+      return -1;
+    }
+    if (cgs_config_set(c, opt_table[ch - 256].name, optarg, err, errlen) != 0)
+      return -1;
+  }
+  if (optind < argc) {
+    snprintf(err, errlen, "unexpected argument '%s' (try --help)",
+             argv[optind]);
+    return -1;
+  }
+  return 0;
+}
+
+int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
+  if (c->ncpus == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+      snprintf(err, errlen, "--cpus: cannot read this process's CPU set");
+      return -1;
+    }
+    for (int cpu = 0; cpu < CPU_SETSIZE && c->ncpus < CGS_MAX_CPUS; cpu++)
+      if (CPU_ISSET(cpu, &set))
+        c->cpus[c->ncpus++] = cpu;
+  }
+  if (c->workers == 0) {
+    c->workers = c->ncpus / c->threads_per_worker;
+    if (c->workers == 0)
+      c->workers = 1;
+  }
+  if (c->max_inflight_bytes == 0) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    c->max_inflight_bytes =
+        pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4 * GIB;
+  }
+  /* A request larger than the whole in-flight budget could never be
+   * admitted; cap it so small machines start with the defaults. */
+  if (c->max_request_bytes > c->max_inflight_bytes) {
+    cgs_warn("max-request-bytes %llu capped to max-inflight-bytes %llu",
+             (unsigned long long)c->max_request_bytes,
+             (unsigned long long)c->max_inflight_bytes);
+    c->max_request_bytes = c->max_inflight_bytes;
+  }
+  return 0;
+}
+
+void cgs_config_format_cpus(const cgs_config *c, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (unsigned i = 0; i < c->ncpus && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? "," : "", c->cpus[i]);
+}
+
+void cgs_config_usage(FILE *out, const char *argv0) {
+  fprintf(out,
+          "Usage: %s [options]\n"
+          "convgrad-server: convolution gradients over gRPC "
+          "(convgrad.v1.ConvGrad, grpc.health.v1.Health).\n"
+          "Every option can also be set with the environment variable shown; "
+          "flags win.\n\n",
+          argv0);
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++) {
+    const opt_def *o = &opt_table[i];
+    char var[64];
+    env_name(o, var, sizeof var);
+    fprintf(out, "  --%s VALUE   (%s, default '%s')\n      %s\n", o->name, var,
+            o->def, o->help);
+    if (o->type == OPT_UINT || o->type == OPT_COUNT || o->type == OPT_SIZE)
+      fprintf(out, "      bounds: %llu .. %llu%s\n",
+              (unsigned long long)o->min, (unsigned long long)o->max,
+              o->type == OPT_SIZE ? " bytes (suffixes K, M, G, T = 2^10..)"
+                                  : "");
+    else if (o->type == OPT_MS)
+      fprintf(out, "      bounds: %g .. %g seconds\n",
+              (double)o->min / 1000.0, (double)o->max / 1000.0);
+  }
+  fprintf(out, "  -h, --help\n      print this help and exit\n\n"
+               "On start the server prints one line to stdout:\n"
+               "  convgrad-server ready listen=HOST:PORT workers=N "
+               "threads_per_worker=T cpus=LIST isa=ISA onednn=VERSION\n");
+}

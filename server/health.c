@@ -1,0 +1,239 @@
+/* health.c - owns the serving status and the open Watch streams of the
+ * standard grpc.health.v1.Health service. */
+#include "cgs_health.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg/error.h"
+#include "cgs_log.h"
+#include "cgs_wire.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#define ST_SERVING GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+#define ST_NOT_SERVING                                                         \
+  GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+#define ST_UNKNOWN_SERVICE                                                     \
+  GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
+
+typedef struct watcher {
+  cgs_tag tag_send, tag_close;
+  cgs_health *h;
+  grpc_call *call;
+  int known;          /* the service name is one of ours */
+  int sent;           /* last status sent; -1 before the first */
+  int md_sent;        /* initial metadata went out */
+  int send_pending;   /* a send batch is in flight */
+  int end_wanted;     /* finish the stream after the latest status */
+  int ended;          /* the final status batch was started */
+  int close_received; /* RECV_CLOSE_ON_SERVER completed */
+  int cancelled;
+  grpc_byte_buffer *msg;
+  grpc_slice details;
+  struct watcher *prev, *next;
+} watcher;
+
+struct cgs_health {
+  cgs_server *s;
+  int serving;
+  watcher *watchers;
+};
+
+int cgs_health_new(cgs_health **out, cgs_server *s) {
+  cgs_health *h = calloc(1, sizeof *h);
+  *out = h;
+  if (!h)
+    return CG_ENOMEM;
+  h->s = s;
+  h->serving = 1;
+  return 0;
+}
+
+void cgs_health_free(cgs_health *h) { free(h); }
+
+static int known_service(const char *name) {
+  return name[0] == '\0' || strcmp(name, "convgrad.v1.ConvGrad") == 0;
+}
+
+static int status_of(const cgs_health *h, int known) {
+  if (!known)
+    return ST_UNKNOWN_SERVICE;
+  return h->serving ? ST_SERVING : ST_NOT_SERVING;
+}
+
+static grpc_byte_buffer *pack_status(int status) {
+  Grpc__Health__V1__HealthCheckResponse r =
+      GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
+  return cgs_wire_pack(&r.base);
+}
+
+/* Returns the requested service name (malloc'd) or NULL when the request
+ * does not parse. */
+static char *parse_service(grpc_byte_buffer *payload) {
+  if (!payload)
+    return NULL;
+  Grpc__Health__V1__HealthCheckRequest *req =
+      (Grpc__Health__V1__HealthCheckRequest *)cgs_wire_unpack(
+          &grpc__health__v1__health_check_request__descriptor, payload);
+  grpc_byte_buffer_destroy(payload);
+  if (!req)
+    return NULL;
+  char *name = strdup(req->service);
+  protobuf_c_message_free_unpacked(&req->base, NULL);
+  return name;
+}
+
+void cgs_health_check(cgs_health *h, grpc_call *call,
+                      grpc_byte_buffer *payload) {
+  char *service = parse_service(payload);
+  if (!service) {
+    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+                  "request: malformed HealthCheckRequest");
+    return;
+  }
+  if (!known_service(service)) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "service: unknown service '%.200s'", service);
+    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_NOT_FOUND, msg);
+  } else {
+    cgs_rpc_reply(h->s, call, pack_status(status_of(h, 1)), GRPC_STATUS_OK,
+                  NULL);
+  }
+  free(service);
+}
+
+/* ---- Watch ----------------------------------------------------------- */
+
+static void watcher_maybe_free(watcher *w) {
+  if (!w->close_received || w->send_pending)
+    return;
+  cgs_health *h = w->h;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    h->watchers = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  grpc_call_unref(w->call);
+  if (w->ended)
+    grpc_slice_unref(w->details);
+  h->s->unary_active--;
+  free(w);
+}
+
+static void on_watch_send(cgs_tag *t, int ok);
+
+/* Sends the current status if it changed, else the final status when the
+ * stream should end. One send batch at a time. */
+static void watcher_step(watcher *w) {
+  if (w->send_pending || w->ended || w->close_received)
+    return;
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (!w->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    w->md_sent = 1;
+  }
+  int st = status_of(w->h, w->known);
+  if (st != w->sent) {
+    w->msg = pack_status(st);
+    w->sent = st;
+    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = w->msg;
+  } else if (w->end_wanted) {
+    w->ended = 1;
+    w->details = grpc_slice_from_static_string("server shutting down");
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = GRPC_STATUS_UNAVAILABLE;
+    ops[n++].data.send_status_from_server.status_details = &w->details;
+  } else {
+    return;
+  }
+  w->send_pending = 1;
+  if (cgs_rpc_batch(w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
+    grpc_call_cancel(w->call, NULL);
+    on_watch_send(&w->tag_send, 0);
+  }
+}
+
+static void on_watch_send(cgs_tag *t, int ok) {
+  watcher *w = cgs_container_of(t, watcher, tag_send);
+  w->send_pending = 0;
+  if (w->msg) {
+    grpc_byte_buffer_destroy(w->msg);
+    w->msg = NULL;
+  }
+  if (ok)
+    watcher_step(w);
+  watcher_maybe_free(w);
+}
+
+static void on_watch_close(cgs_tag *t, int ok) {
+  watcher *w = cgs_container_of(t, watcher, tag_close);
+  (void)ok;
+  w->close_received = 1;
+  watcher_maybe_free(w);
+}
+
+void cgs_health_watch(cgs_health *h, grpc_call *call,
+                      grpc_byte_buffer *payload) {
+  char *service = parse_service(payload);
+  if (!service) {
+    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+                  "request: malformed HealthCheckRequest");
+    return;
+  }
+  watcher *w = calloc(1, sizeof *w);
+  if (!w) {
+    free(service);
+    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                  "server out of memory");
+    return;
+  }
+  w->tag_send.cb = on_watch_send;
+  w->tag_close.cb = on_watch_close;
+  w->h = h;
+  w->call = call;
+  w->known = known_service(service);
+  w->sent = -1;
+  free(service);
+  w->next = h->watchers;
+  if (h->watchers)
+    h->watchers->prev = w;
+  h->watchers = w;
+  h->s->unary_active++;
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+  op.data.recv_close_on_server.cancelled = &w->cancelled;
+  if (cgs_rpc_batch(call, &op, 1, &w->tag_close) != GRPC_CALL_OK) {
+    /* Without a close notification the watcher could never be freed. */
+    w->close_received = 1;
+    grpc_call_cancel(call, NULL);
+    watcher_maybe_free(w);
+    return;
+  }
+  if (h->s->draining)
+    w->end_wanted = 1;
+  watcher_step(w);
+}
+
+void cgs_health_set_serving(cgs_health *h, int serving) {
+  if (h->serving == serving)
+    return;
+  h->serving = serving;
+  cgs_info("health: %s", serving ? "SERVING" : "NOT_SERVING");
+  for (watcher *w = h->watchers; w; w = w->next)
+    watcher_step(w);
+}
+
+void cgs_health_end_watches(cgs_health *h) {
+  for (watcher *w = h->watchers, *next; w; w = next) {
+    next = w->next;
+    w->end_wanted = 1;
+    watcher_step(w);
+  }
+}

@@ -1,0 +1,99 @@
+/* info.c - owns the GetServerInfo answer: what this server computes, on
+ * what, and within which limits. */
+#include "cgs_info.h"
+
+#include <string.h>
+
+#include "cg/engine.h"
+#include "cg/problem.h"
+#include "cgs_wire.h"
+#include "convgrad/v1/convgrad.pb-c.h"
+
+#ifndef CGS_VERSION
+#define CGS_VERSION "0.0.0"
+#endif
+
+void cgs_info_handle(cgs_server *s, grpc_call *call,
+                     grpc_byte_buffer *payload) {
+  const cgs_config *cfg = s->cfg;
+  if (!payload) {
+    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+                  "request: missing ServerInfoRequest");
+    return;
+  }
+  ProtobufCMessage *req =
+      cgs_wire_unpack(&convgrad__v1__server_info_request__descriptor, payload);
+  grpc_byte_buffer_destroy(payload);
+  if (!req) {
+    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+                  "request: malformed ServerInfoRequest");
+    return;
+  }
+  protobuf_c_message_free_unpacked(req, NULL);
+
+  /* Everything below lives on the stack until packed. */
+  Convgrad__V1__OpInfo ops[CG_OP_COUNT];
+  Convgrad__V1__OpInfo *op_ptrs[CG_OP_COUNT];
+  char *names[CG_OP_COUNT][16];
+  char *inputs[CG_OP_COUNT][3];
+  for (int i = 0; i < CG_OP_COUNT; i++) {
+    cg_op op = (cg_op)(i + 1);
+    Convgrad__V1__OpInfo init = CONVGRAD__V1__OP_INFO__INIT;
+    ops[i] = init;
+    ops[i].op = (Convgrad__V1__Op)op;
+    const char *const *aliases = cg_op_aliases(op);
+    size_t n = 0;
+    while (aliases[n] && n < 16) {
+      names[i][n] = (char *)aliases[n];
+      n++;
+    }
+    ops[i].n_names = n;
+    ops[i].names = names[i];
+    n = 0;
+    while (n < 3 && cg_op_input_name(op, (int)n)) {
+      inputs[i][n] = (char *)cg_op_input_name(op, (int)n);
+      n++;
+    }
+    ops[i].n_inputs = n;
+    ops[i].inputs = inputs[i];
+    ops[i].output = (char *)cg_op_output_name(op);
+    op_ptrs[i] = &ops[i];
+  }
+
+  static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16};
+  Convgrad__V1__DTypeInfo dt[3];
+  Convgrad__V1__DTypeInfo *dt_ptrs[3];
+  for (int i = 0; i < 3; i++) {
+    Convgrad__V1__DTypeInfo init = CONVGRAD__V1__DTYPE_INFO__INIT;
+    dt[i] = init;
+    dt[i].dtype = (Convgrad__V1__DType)dts[i];
+    dt[i].native = cg_backend_dtype_native(dts[i]) ? 1 : 0;
+    dt_ptrs[i] = &dt[i];
+  }
+
+  int32_t cpus[CGS_MAX_CPUS];
+  for (unsigned i = 0; i < cfg->ncpus; i++)
+    cpus[i] = cfg->cpus[i];
+
+  Convgrad__V1__Limits limits = CONVGRAD__V1__LIMITS__INIT;
+  limits.max_request_bytes = cfg->max_request_bytes;
+  limits.max_tensor_elements = cfg->max_tensor_elements;
+  limits.max_inflight_bytes = cfg->max_inflight_bytes;
+  limits.queue_depth = cfg->queue_depth;
+  limits.default_chunk_bytes = (uint32_t)cfg->chunk_bytes;
+
+  Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
+  info.version = (char *)CGS_VERSION;
+  info.n_ops = CG_OP_COUNT;
+  info.ops = op_ptrs;
+  info.n_dtypes = 3;
+  info.dtypes = dt_ptrs;
+  info.onednn_version = (char *)cg_backend_version();
+  info.cpu_isa = (char *)cg_backend_isa();
+  info.workers = cfg->workers;
+  info.threads_per_worker = cfg->threads_per_worker;
+  info.n_cpus = cfg->ncpus;
+  info.cpus = cpus;
+  info.limits = &limits;
+  cgs_rpc_reply(s, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);
+}

@@ -1,0 +1,116 @@
+/* main.c - convgrad-server entry point: configuration, the libuv loop,
+ * signal handling, the readiness line and the exit status. The only place
+ * that exits the process. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/grpc.h>
+#include <uv.h>
+
+#include "cg/engine.h"
+#include "cgs_config.h"
+#include "cgs_log.h"
+#include "cgs_server.h"
+
+typedef struct app {
+  cgs_config cfg;
+  uv_loop_t loop;
+  cgs_server server;
+  uv_signal_t sigterm, sigint;
+  int signals_open;
+} app;
+
+static void on_signal(uv_signal_t *h, int signum) {
+  app *a = h->data;
+  cgs_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  cgs_server_drain(&a->server);
+}
+
+static void on_signal_closed(uv_handle_t *h) { (void)h; }
+
+static void close_signals(app *a) {
+  if (!a->signals_open)
+    return;
+  a->signals_open = 0;
+  uv_close((uv_handle_t *)&a->sigterm, on_signal_closed);
+  uv_close((uv_handle_t *)&a->sigint, on_signal_closed);
+}
+
+static void on_server_stopped(cgs_server *s) {
+  close_signals(cgs_container_of(s, app, server));
+}
+
+static void print_ready(const app *a) {
+  char cpus[1024], host[256];
+  cgs_config_format_cpus(&a->cfg, cpus, sizeof cpus);
+  snprintf(host, sizeof host, "%s", a->cfg.listen);
+  char *colon = strrchr(host, ':');
+  if (colon)
+    *colon = '\0';
+  /* stdout, one line, flushed: scripts and tests parse it. */
+  printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
+         "cpus=%s isa=%s onednn=%s\n",
+         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
+         cpus, cg_backend_isa(), cg_backend_version());
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  static app a; /* large; lives for the whole run */
+  char err[512];
+  int rc = cgs_config_defaults(&a.cfg, err, sizeof err);
+  if (rc == 0)
+    rc = cgs_config_from_env(&a.cfg, err, sizeof err);
+  if (rc == 0)
+    rc = cgs_config_from_args(&a.cfg, argc, argv, stdout, err, sizeof err);
+  if (rc == 1)
+    return 0; /* --help */
+  cgs_log_set_level(a.cfg.log_level);
+  if (rc == 0)
+    rc = cgs_config_finish(&a.cfg, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "convgrad-server: %s\n", err);
+    return 2;
+  }
+
+  /* Threads started from here on (grpc's, ours) inherit a mask with the
+   * shutdown signals blocked, so they reach the loop thread only. */
+  sigset_t sigs, old;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, &old);
+  signal(SIGPIPE, SIG_IGN);
+
+  int exit_code = 0;
+  uv_loop_init(&a.loop);
+  grpc_init();
+  rc = cgs_server_start(&a.server, &a.loop, &a.cfg, on_server_stopped, err,
+                        sizeof err);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    cgs_error("cannot start: %s", err);
+    exit_code = 1;
+  } else {
+    uv_signal_init(&a.loop, &a.sigterm);
+    uv_signal_init(&a.loop, &a.sigint);
+    a.sigterm.data = a.sigint.data = &a;
+    a.signals_open = 1;
+    uv_signal_start(&a.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&a.sigint, on_signal, SIGINT);
+    print_ready(&a);
+  }
+  /* Runs until every handle is closed: after a drain, or at once after a
+   * failed start (only close callbacks are left then). */
+  uv_run(&a.loop, UV_RUN_DEFAULT);
+  if (uv_loop_close(&a.loop) != 0) {
+    cgs_error("internal: libuv handles left open at exit");
+    exit_code = 1;
+  }
+  grpc_shutdown();
+  if (exit_code == 0)
+    cgs_info("stopped");
+  return exit_code;
+}

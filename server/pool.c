@@ -1,0 +1,298 @@
+/* pool.c - owns the pinned compute workers, their engines, the bounded job
+ * queue and the hand-back of finished jobs to the libuv loop. */
+#include "cgs_pool.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cgs_log.h"
+
+typedef struct worker {
+  cgs_pool *pool;
+  unsigned index;
+  pthread_t thread;
+  int started;
+  char name[16]; /* pthread names are at most 15 characters */
+} worker;
+
+struct cgs_pool {
+  const cgs_config *cfg;
+  cgs_pool_done_cb done_cb;
+  void *data;
+  uv_async_t done_async; /* loop-owned; workers only uv_async_send it */
+
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv;  /* queue gained a job, or stop */
+  pthread_cond_t ready_cv; /* a worker finished start-up */
+  cgs_job *head, *tail;    /* waiting jobs, FIFO */
+  unsigned queued;
+  int stop;
+  unsigned ready, failed; /* start-up accounting */
+  char start_err[256];
+
+  pthread_mutex_t done_mu;
+  cgs_job *done_head, *done_tail;
+
+  unsigned nworkers;
+  worker *workers;
+};
+
+static void pin_and_name(worker *w) {
+  const cgs_config *cfg = w->pool->cfg;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned k = 0; k < cfg->threads_per_worker; k++) {
+    unsigned slot = (w->index * cfg->threads_per_worker + k) % cfg->ncpus;
+    CPU_SET(cfg->cpus[slot], &set);
+  }
+  /* OpenMP threads the engine starts inherit this mask. */
+  int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+  if (rc != 0)
+    cgs_warn("%s: cannot pin to its cores: %s", w->name, strerror(rc));
+  pthread_setname_np(pthread_self(), w->name);
+}
+
+static void deliver(cgs_pool *p, cgs_job *job) {
+  pthread_mutex_lock(&p->done_mu);
+  job->next = NULL;
+  if (p->done_tail)
+    p->done_tail->next = job;
+  else
+    p->done_head = job;
+  p->done_tail = job;
+  pthread_mutex_unlock(&p->done_mu);
+  uv_async_send(&p->done_async);
+}
+
+static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
+  uint64_t t0 = uv_hrtime();
+  job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
+  job->worker = w->index;
+  job->err[0] = '\0';
+  memset(&job->info, 0, sizeof job->info);
+  if (atomic_load(&job->discard)) {
+    /* Cancelled after it was picked: nobody wants the result. */
+    job->rc = CG_EINTERNAL;
+    snprintf(job->err, sizeof job->err, "discarded before it ran");
+    return;
+  }
+  job->rc = cg_engine_run(engine, job->geom, job->in0, job->in1, job->out,
+                          &job->info, job->err, sizeof job->err);
+}
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  cgs_pool *p = w->pool;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the loop */
+  pin_and_name(w);
+
+  cg_engine *engine = NULL;
+  cg_engine_config ecfg = {.threads = (int)p->cfg->threads_per_worker,
+                           .cache_capacity = 0};
+  char err[256] = "";
+  int rc = cg_engine_new(&engine, &ecfg, err, sizeof err);
+  pthread_mutex_lock(&p->mu);
+  if (rc != 0) {
+    p->failed++;
+    snprintf(p->start_err, sizeof p->start_err, "%s: engine: %s", w->name,
+             err);
+  } else {
+    p->ready++;
+  }
+  pthread_cond_broadcast(&p->ready_cv);
+  pthread_mutex_unlock(&p->mu);
+  if (rc != 0)
+    return NULL;
+
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    while (!p->stop && !p->head)
+      pthread_cond_wait(&p->work_cv, &p->mu);
+    cgs_job *job = p->head;
+    if (!job) { /* stop requested and nothing queued */
+      pthread_mutex_unlock(&p->mu);
+      break;
+    }
+    p->head = job->next;
+    if (!p->head)
+      p->tail = NULL;
+    p->queued--;
+    job->queued = 0;
+    pthread_mutex_unlock(&p->mu);
+
+    run_job(w, engine, job);
+    deliver(p, job);
+  }
+  cg_engine_free(engine);
+  return NULL;
+}
+
+/* Loop thread: hands every finished job to done_cb. */
+static void on_done_async(uv_async_t *h) {
+  cgs_pool *p = h->data;
+  pthread_mutex_lock(&p->done_mu);
+  cgs_job *job = p->done_head;
+  p->done_head = p->done_tail = NULL;
+  pthread_mutex_unlock(&p->done_mu);
+  while (job) {
+    cgs_job *next = job->next;
+    job->next = NULL;
+    p->done_cb(job, p->data);
+    job = next;
+  }
+}
+
+static void pool_free(cgs_pool *p) {
+  pthread_mutex_destroy(&p->mu);
+  pthread_mutex_destroy(&p->done_mu);
+  pthread_cond_destroy(&p->work_cv);
+  pthread_cond_destroy(&p->ready_cv);
+  free(p->workers);
+  free(p);
+}
+
+static void on_async_closed(uv_handle_t *h) { pool_free(h->data); }
+
+static void stop_and_join(cgs_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->work_cv);
+  pthread_mutex_unlock(&p->mu);
+  for (unsigned i = 0; i < p->nworkers; i++)
+    if (p->workers[i].started)
+      pthread_join(p->workers[i].thread, NULL);
+}
+
+int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
+                 cgs_pool_done_cb done_cb, void *data, char *err,
+                 size_t errlen) {
+  int rc = 0;
+  *out = NULL;
+  cgs_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return cg_errorf(err, errlen, CG_ENOMEM, "pool: out of memory");
+  p->cfg = cfg;
+  p->done_cb = done_cb;
+  p->data = data;
+  p->nworkers = cfg->workers;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_mutex_init(&p->done_mu, NULL);
+  pthread_cond_init(&p->work_cv, NULL);
+  pthread_cond_init(&p->ready_cv, NULL);
+  p->workers = calloc(p->nworkers, sizeof *p->workers);
+  if (!p->workers) {
+    rc = cg_errorf(err, errlen, CG_ENOMEM, "pool: out of memory");
+    goto fail_workers;
+  }
+  if (uv_async_init(loop, &p->done_async, on_done_async) != 0) {
+    rc = cg_errorf(err, errlen, CG_EINTERNAL, "pool: uv_async_init failed");
+    goto fail_workers;
+  }
+  p->done_async.data = p;
+
+  for (unsigned i = 0; i < p->nworkers; i++) {
+    worker *w = &p->workers[i];
+    w->pool = p;
+    w->index = i;
+    snprintf(w->name, sizeof w->name, "cg-worker-%u", i % 100000u);
+    int e = pthread_create(&w->thread, NULL, worker_main, w);
+    if (e != 0) {
+      rc = cg_errorf(err, errlen, CG_EINTERNAL, "pool: pthread_create: %s",
+                     strerror(e));
+      goto fail_threads;
+    }
+    w->started = 1;
+  }
+  pthread_mutex_lock(&p->mu);
+  while (p->ready + p->failed < p->nworkers)
+    pthread_cond_wait(&p->ready_cv, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+  if (p->failed) {
+    rc = cg_errorf(err, errlen, CG_EBACKEND, "%s", p->start_err);
+    goto fail_threads;
+  }
+  *out = p;
+  return 0;
+
+fail_threads:
+  stop_and_join(p);
+  uv_close((uv_handle_t *)&p->done_async, on_async_closed);
+  return rc;
+fail_workers:
+  pool_free(p);
+  return rc;
+}
+
+int cgs_pool_submit(cgs_pool *p, cgs_job *job) {
+  int rc = 0;
+  pthread_mutex_lock(&p->mu);
+  if (p->queued >= p->cfg->queue_depth) {
+    rc = CG_ELIMIT;
+    goto out;
+  }
+  job->t_submit = uv_hrtime();
+  job->next = NULL;
+  job->queued = 1;
+  if (p->tail)
+    p->tail->next = job;
+  else
+    p->head = job;
+  p->tail = job;
+  p->queued++;
+  pthread_cond_signal(&p->work_cv);
+out:
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
+  int removed = 0;
+  pthread_mutex_lock(&p->mu);
+  if (job->queued) {
+    cgs_job **pp = &p->head, *prev = NULL;
+    while (*pp && *pp != job) {
+      prev = *pp;
+      pp = &(*pp)->next;
+    }
+    if (*pp) {
+      *pp = job->next;
+      if (p->tail == job)
+        p->tail = prev;
+      p->queued--;
+      job->queued = 0;
+      removed = 1;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return removed;
+}
+
+unsigned cgs_pool_queued(cgs_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  unsigned n = p->queued;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
+
+int cgs_pool_full(cgs_pool *p) {
+  return cgs_pool_queued(p) >= p->cfg->queue_depth;
+}
+
+const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i) {
+  return i < p->nworkers ? p->workers[i].name : "?";
+}
+
+void cgs_pool_close(cgs_pool *p) {
+  if (!p)
+    return;
+  stop_and_join(p);
+  on_done_async(&p->done_async);
+  uv_close((uv_handle_t *)&p->done_async, on_async_closed);
+}
