@@ -507,6 +507,38 @@ static int check_divisible(ctx *c, const char *what, const char *tensor,
   return 0;
 }
 
+/* The O / I dim of a weights tensor (name) against the data: Convolution
+ * weights hold OC and IC/g, ConvTranspose weights OC/g and IC. */
+static int check_weights_o(ctx *c, const char *name, int64_t wo) {
+  cg_geom *g = c->g;
+  if (!c->deconv && wo != g->oc)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "%s: expected %" LLD " output channels (OC of diff_dst), "
+                     "got %" LLD,
+                     name, g->oc, wo);
+  if (c->deconv && wo != g->oc / g->groups)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "%s: expected %" LLD " output channels per group (OC=%" LLD
+                     ", groups=%" LLD "), got %" LLD,
+                     name, g->oc / g->groups, g->oc, g->groups, wo);
+  return 0;
+}
+
+static int check_weights_i(ctx *c, const char *name, int64_t wi) {
+  cg_geom *g = c->g;
+  if (!c->deconv && wi != g->ic / g->groups)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "%s: expected %" LLD " input channels per group (IC=%" LLD
+                     ", groups=%" LLD "), got %" LLD,
+                     name, g->ic / g->groups, g->ic, g->groups, wi);
+  if (c->deconv && wi != g->ic)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "%s: expected %" LLD
+                     " input channels (IC of src), got %" LLD,
+                     name, g->ic, wi);
+  return 0;
+}
+
 /* ---- the four ops ----------------------------------------------------- */
 
 static int resolve_conv_bwd_data(ctx *c) {
@@ -517,12 +549,8 @@ static int resolve_conv_bwd_data(ctx *c) {
   data_split(g->data_format, c->nsp, p->input_dims[0].v, &n, &g->oc, g->out_sp);
   read_weights(c, p->input_dims[1].v, &wo, &wi);
   g->mb = n;
-  if (wo != g->oc)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights: expected %" LLD " output channels (OC of "
-                     "diff_dst), got %" LLD,
-                     g->oc, wo);
-  if ((rc = check_divisible(c, "OC", "diff_dst", g->oc)))
+  if ((rc = check_weights_o(c, "weights", wo)) ||
+      (rc = check_divisible(c, "OC", "diff_dst", g->oc)))
     return rc;
   g->ic = g->groups * wi;
   if (c->shape.len > 0) {
@@ -533,13 +561,10 @@ static int resolve_conv_bwd_data(ctx *c) {
                        "%s[0]: batch %" LLD " does not match diff_dst batch "
                        "%" LLD,
                        c->shape_name, sn, n);
-    if ((rc = check_divisible(c, "IC", c->shape_name, sc)))
+    g->ic = sc;
+    if ((rc = check_divisible(c, "IC", c->shape_name, sc)) ||
+        (rc = check_weights_i(c, "weights", wi)))
       return rc;
-    if (sc != g->ic)
-      return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                       "weights: expected %" LLD " input channels per group "
-                       "(IC=%" LLD ", groups=%" LLD "), got %" LLD,
-                       sc / g->groups, sc, g->groups, wi);
     auto_pads(c, g->in_sp);
   } else {
     cg_auto_pad ap = p->attrs.auto_pad;
@@ -613,16 +638,9 @@ static int resolve_conv_bwd_weights(ctx *c) {
   if ((rc = read_src_diff_dst(c)))
     return rc;
   read_weights(c, c->shape.v, &wo, &wi);
-  if (wi != g->ic / g->groups)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights_shape: expected %" LLD " input channels per "
-                     "group (IC=%" LLD ", groups=%" LLD "), got %" LLD,
-                     g->ic / g->groups, g->ic, g->groups, wi);
-  if (wo != g->oc)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights_shape: expected %" LLD " output channels (OC of "
-                     "diff_dst), got %" LLD,
-                     g->oc, wo);
+  if ((rc = check_weights_i(c, "weights_shape", wi)) ||
+      (rc = check_weights_o(c, "weights_shape", wo)))
+    return rc;
   auto_pads(c, g->in_sp);
   return check_conv_relation(c, "src", "weights_shape");
 }
@@ -635,13 +653,9 @@ static int resolve_deconv_bwd_data(ctx *c) {
   data_split(g->data_format, c->nsp, p->input_dims[0].v, &g->mb, &g->oc,
              g->out_sp);
   read_weights(c, p->input_dims[1].v, &wo, &wi);
-  if ((rc = check_divisible(c, "OC", "diff_dst", g->oc)))
+  if ((rc = check_divisible(c, "OC", "diff_dst", g->oc)) ||
+      (rc = check_weights_o(c, "weights", wo)))
     return rc;
-  if (wo != g->oc / g->groups)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights: expected %" LLD " output channels per group "
-                     "(OC=%" LLD ", groups=%" LLD "), got %" LLD,
-                     g->oc / g->groups, g->oc, g->groups, wo);
   g->ic = wi;
   if ((rc = check_divisible(c, "IC", "weights", g->ic)) ||
       (rc = check_op_range(c)))
@@ -671,23 +685,14 @@ static int resolve_deconv_bwd_data(ctx *c) {
 }
 
 static int resolve_deconv_bwd_weights(ctx *c) {
-  cg_geom *g = c->g;
   int64_t wo, wi;
   int rc;
   if ((rc = read_src_diff_dst(c)))
     return rc;
   read_weights(c, c->shape.v, &wo, &wi);
-  if (wi != g->ic)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights_shape: expected %" LLD " input channels (IC of "
-                     "src), got %" LLD,
-                     g->ic, wi);
-  if (wo != g->oc / g->groups)
-    return cg_errorf(c->err, c->errlen, CG_EINVAL,
-                     "weights_shape: expected %" LLD " output channels per "
-                     "group (OC=%" LLD ", groups=%" LLD "), got %" LLD,
-                     g->oc / g->groups, g->oc, g->groups, wo);
-  if ((rc = check_op_range(c)))
+  if ((rc = check_weights_i(c, "weights_shape", wi)) ||
+      (rc = check_weights_o(c, "weights_shape", wo)) ||
+      (rc = check_op_range(c)))
     return rc;
   auto_pads(c, NULL);
   return check_deconv_relation(c, "src");

@@ -73,6 +73,19 @@ static inline cg_ints kt_json_ints(const cJSON *arr, int64_t *store,
   return l;
 }
 
+/* 1 when the JSON int list item equals got[0..n). */
+static inline int kt_json_list_equal(const cJSON *item, const int64_t *got,
+                                     int n) {
+  int i = 0;
+  const cJSON *v;
+  cJSON_ArrayForEach(v, item) {
+    if (i >= n || (int64_t)v->valuedouble != got[i])
+      return 0;
+    i++;
+  }
+  return i == n;
+}
+
 /* Builds c->p from case j. Names the server would reject while parsing
  * (unknown op/format/auto_pad) give CG_EINVAL with the server-style
  * message in err; otherwise returns 0. */

@@ -13,17 +13,6 @@ static int64_t jint(const cJSON *o, const char *key) {
   return (int64_t)v->valuedouble;
 }
 
-static int list_equal(const cJSON *item, const int64_t *got, int n) {
-  int i = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, item) {
-    if (i >= n || (int64_t)v->valuedouble != got[i])
-      return 0;
-    i++;
-  }
-  return i == n;
-}
-
 /* Resolves op for descriptor d in NCX + OIX/IOX and compares the output
  * and input shapes with the listed ones. */
 static void check_op(const cJSON *e, const cg_bdesc *d, cg_op op,
@@ -40,12 +29,12 @@ static void check_op(const cJSON *e, const cg_bdesc *d, cg_op op,
     rc = cg_problem_resolve(&bp.problem, &g, err, sizeof(err));
   if (rc != 0)
     fail_msg("%s as %s: %s", d->name, cg_op_name(op), err);
-  if (!list_equal(cJSON_GetObjectItemCaseSensitive(lst, out_key), g.out_dims,
-                  g.in_rank) ||
-      !list_equal(cJSON_GetObjectItemCaseSensitive(lst, in0_key), g.in_dims[0],
-                  g.in_rank) ||
-      !list_equal(cJSON_GetObjectItemCaseSensitive(lst, in1_key), g.in_dims[1],
-                  g.in_rank))
+  if (!kt_json_list_equal(cJSON_GetObjectItemCaseSensitive(lst, out_key),
+                          g.out_dims, g.in_rank) ||
+      !kt_json_list_equal(cJSON_GetObjectItemCaseSensitive(lst, in0_key),
+                          g.in_dims[0], g.in_rank) ||
+      !kt_json_list_equal(cJSON_GetObjectItemCaseSensitive(lst, in1_key),
+                          g.in_dims[1], g.in_rank))
     fail_msg("%s as %s: shapes differ from the list", d->name, cg_op_name(op));
   /* The default layouts (NXC, XIO/XOI) and bf16 resolve as well. */
   rc = cg_bdesc_problem_init(&bp, d, op, CG_DTYPE_BF16, CG_DATA_DEFAULT,
@@ -93,8 +82,8 @@ static void every_listed_descriptor(void **state) {
       clamped += pr < 0;
     }
     const cJSON *ga = cJSON_GetObjectItemCaseSensitive(e, "graph_attrs");
-    assert_true(list_equal(cJSON_GetObjectItemCaseSensitive(ga, "pads_end"),
-                           d.pad_end, d.nsp));
+    assert_true(kt_json_list_equal(
+        cJSON_GetObjectItemCaseSensitive(ga, "pads_end"), d.pad_end, d.nsp));
     if (deconv) {
       check_op(e, &d, CG_OP_DECONV_BWD_DATA, "diff_src(inferred)", "diff_dst",
                "weights_IOX");

@@ -102,18 +102,6 @@ static void format_dims(char *buf, size_t n, const int64_t *d, int rank) {
     snprintf(buf + off, n - off, "]");
 }
 
-/* Fails unless the JSON int list item equals got[0..n). */
-static int list_equal(const cJSON *item, const int64_t *got, int n) {
-  int i = 0;
-  const cJSON *v;
-  cJSON_ArrayForEach(v, item) {
-    if (i >= n || (int64_t)v->valuedouble != got[i])
-      return 0;
-    i++;
-  }
-  return i == n;
-}
-
 static void onednn_shape_cases(void **state) {
   (void)state;
   cJSON *root = kt_load_json("onednn-shape-cases.json");
@@ -160,11 +148,11 @@ static void onednn_shape_cases(void **state) {
       const cJSON *os = cJSON_GetObjectItemCaseSensitive(exp, "output_shape");
       const cJSON *pb = cJSON_GetObjectItemCaseSensitive(exp, "pads_begin");
       const cJSON *pe = cJSON_GetObjectItemCaseSensitive(exp, "pads_end");
-      if (os != NULL && !list_equal(os, g.out_dims, g.in_rank))
+      if (os != NULL && !kt_json_list_equal(os, g.out_dims, g.in_rank))
         problem = "output shape differs from oneDNN's";
-      else if (pb != NULL && !list_equal(pb, g.pad_begin, g.nsp))
+      else if (pb != NULL && !kt_json_list_equal(pb, g.pad_begin, g.nsp))
         problem = "pads_begin differ from oneDNN's";
-      else if (pe != NULL && !list_equal(pe, g.pad_end, g.nsp))
+      else if (pe != NULL && !kt_json_list_equal(pe, g.pad_end, g.nsp))
         problem = "pads_end differ from oneDNN's";
     }
     if (problem != NULL) {
@@ -240,12 +228,14 @@ static void onednn_forward_cases(void **state) {
       const char *problem = NULL;
       if (rc != 0)
         problem = err;
-      else if (!list_equal(want, g.out_dims, g.in_rank))
+      else if (!kt_json_list_equal(want, g.out_dims, g.in_rank))
         problem = "output shape differs from the forward input";
-      else if (!list_equal(cJSON_GetObjectItemCaseSensitive(exp, "pads_begin"),
-                           g.pad_begin, g.nsp) ||
-               !list_equal(cJSON_GetObjectItemCaseSensitive(exp, "pads_end"),
-                           g.pad_end, g.nsp))
+      else if (!kt_json_list_equal(
+                   cJSON_GetObjectItemCaseSensitive(exp, "pads_begin"),
+                   g.pad_begin, g.nsp) ||
+               !kt_json_list_equal(
+                   cJSON_GetObjectItemCaseSensitive(exp, "pads_end"), g.pad_end,
+                   g.nsp))
         problem = "pads differ from the forward op's";
       cJSON_Delete(c);
       if (problem != NULL) {
