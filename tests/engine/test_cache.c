@@ -1,0 +1,217 @@
+/* test_cache.c - the engine's problem cache (hits, LRU eviction at
+ * capacity, identical results from cached primitives) and engines running
+ * concurrently on several threads. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cg/dtype.h"
+#include "cg/engine.h"
+#include "cg/reference.h"
+#include "et.h"
+
+/* A problem with inputs and its reference result. */
+typedef struct fixture {
+  et_case c;
+  cg_op op;
+  cg_geom g;
+  void *in0, *in1, *ref;
+  double tol;
+} fixture;
+
+static void fixture_init(fixture *f, et_rng *r, cg_op op, cg_dtype dt) {
+  char err[256];
+  memset(f, 0, sizeof *f);
+  f->op = op;
+  et_case_random(r, &f->c, op >= CG_OP_DECONV_BWD_DATA, dt);
+  f->g = et_resolve(&f->c, op);
+  f->in0 = et_random_tensor(r, dt, f->g.in_elems[0]);
+  f->in1 = et_random_tensor(r, dt, f->g.in_elems[1]);
+  f->ref = et_alloc(f->g.out_bytes);
+  assert_int_equal(
+      cg_reference_run(&f->g, f->in0, f->in1, f->ref, err, sizeof err), 0);
+  f->tol = et_tolerance(&f->g, et_max_abs(dt, f->ref, f->g.out_elems),
+                        et_max_abs(dt, f->in0, f->g.in_elems[0]),
+                        et_max_abs(dt, f->in1, f->g.in_elems[1]));
+}
+
+static void fixture_free(fixture *f) {
+  free(f->in0);
+  free(f->in1);
+  free(f->ref);
+}
+
+/* Runs f on e into out; returns the run's cache_hit flag. */
+static int run(cg_engine *e, const fixture *f, void *out) {
+  char err[256];
+  cg_run_info info;
+  if (cg_engine_run(e, &f->g, f->in0, f->in1, out, &info, err, sizeof err))
+    fail_msg("engine failed: %s", err);
+  return info.cache_hit;
+}
+
+static int correct(const fixture *f, const void *out) {
+  et_diff d = et_compare(f->g.dtype, out, f->ref, f->g.out_elems);
+  return d.max_err <= f->tol;
+}
+
+static void test_hits_and_lru_eviction(void **state) {
+  (void)state;
+  static const cg_op ops[4] = {CG_OP_CONV_BWD_DATA, CG_OP_CONV_BWD_WEIGHTS,
+                               CG_OP_DECONV_BWD_DATA,
+                               CG_OP_DECONV_BWD_WEIGHTS};
+  et_rng r = {42};
+  fixture f[4];
+  cg_engine *e;
+  cg_engine_config cfg = {1, 3};
+  char err[256];
+  void *out[4], *again;
+
+  for (int i = 0; i < 4; i++) {
+    fixture_init(&f[i], &r, ops[i], CG_DTYPE_F32);
+    out[i] = et_alloc(f[i].g.out_bytes);
+  }
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  assert_int_equal(cg_engine_cache_size(e), 0);
+
+  /* A (miss), A (hit, same bits), B, C: full at 3. */
+  assert_false(run(e, &f[0], out[0]));
+  assert_true(correct(&f[0], out[0]));
+  again = et_alloc(f[0].g.out_bytes);
+  assert_true(run(e, &f[0], again));
+  assert_memory_equal(again, out[0], f[0].g.out_bytes);
+  free(again);
+  assert_false(run(e, &f[1], out[1]));
+  assert_false(run(e, &f[2], out[2]));
+  assert_int_equal(cg_engine_cache_size(e), 3);
+
+  /* Touch A so B is now least recently used; D evicts B, not A. */
+  assert_true(run(e, &f[0], out[0]));
+  assert_false(run(e, &f[3], out[3]));
+  assert_int_equal(cg_engine_cache_size(e), 3);
+  assert_true(run(e, &f[0], out[0]));
+  assert_true(run(e, &f[2], out[2]));
+  assert_true(run(e, &f[3], out[3]));
+  assert_false(run(e, &f[1], out[1])); /* B was evicted: rebuilt */
+  assert_int_equal(cg_engine_cache_size(e), 3);
+  for (int i = 0; i < 4; i++)
+    assert_true(correct(&f[i], out[i]));
+
+  /* Same problem in another dtype or layout is a different entry. */
+  fixture g;
+  et_rng r2 = {42};
+  fixture_init(&g, &r2, ops[0], CG_DTYPE_BF16);
+  void *o = et_alloc(g.g.out_bytes);
+  assert_false(run(e, &g, o));
+  assert_true(correct(&g, o));
+  free(o);
+  fixture_free(&g);
+
+  cg_engine_free(e);
+  for (int i = 0; i < 4; i++) {
+    fixture_free(&f[i]);
+    free(out[i]);
+  }
+}
+
+#define NFIX 8
+#define ROUNDS 4
+
+typedef struct worker {
+  pthread_t tid;
+  const fixture *fix;
+  int threads;
+  void *out[NFIX];
+  int failures, ok;
+  char err[256];
+} worker;
+
+/* Each worker owns its engine and runs every fixture ROUNDS times,
+ * keeping the last result of each. */
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  cg_engine *e;
+  cg_engine_config cfg = {w->threads, 4}; /* < NFIX: evicts as it goes */
+  if (cg_engine_new(&e, &cfg, w->err, sizeof w->err)) {
+    w->failures++;
+    return NULL;
+  }
+  for (int r = 0; r < ROUNDS; r++)
+    for (int i = 0; i < NFIX; i++) {
+      const fixture *f = &w->fix[i];
+      if (cg_engine_run(e, &f->g, f->in0, f->in1, w->out[i], NULL, w->err,
+                        sizeof w->err))
+        w->failures++;
+      else
+        w->ok += correct(f, w->out[i]);
+    }
+  cg_engine_free(e);
+  return NULL;
+}
+
+static void run_workers(const fixture *fix, worker *w, int n,
+                        const int *threads) {
+  for (int k = 0; k < n; k++) {
+    memset(&w[k], 0, sizeof w[k]);
+    w[k].fix = fix;
+    w[k].threads = threads[k];
+    for (int i = 0; i < NFIX; i++)
+      w[k].out[i] = et_alloc(fix[i].g.out_bytes);
+  }
+  for (int k = 0; k < n; k++)
+    assert_int_equal(pthread_create(&w[k].tid, NULL, worker_main, &w[k]), 0);
+  for (int k = 0; k < n; k++)
+    assert_int_equal(pthread_join(w[k].tid, NULL), 0);
+  for (int k = 0; k < n; k++) {
+    if (w[k].failures)
+      fail_msg("worker %d: %d failed runs, last: %s", k, w[k].failures,
+               w[k].err);
+    assert_int_equal(w[k].ok, NFIX * ROUNDS);
+  }
+}
+
+static void free_workers(worker *w, int n) {
+  for (int k = 0; k < n; k++)
+    for (int i = 0; i < NFIX; i++)
+      free(w[k].out[i]);
+}
+
+static void test_concurrent_engines(void **state) {
+  (void)state;
+  static const cg_dtype dts[2] = {CG_DTYPE_F32, CG_DTYPE_BF16};
+  et_rng r = {7};
+  fixture fix[NFIX];
+  worker w[3];
+
+  for (int i = 0; i < NFIX; i++)
+    fixture_init(&fix[i], &r, (cg_op)(1 + i % 4), dts[(i / 4) % 2]);
+
+  /* Two engines with the same thread count: bit-identical results. */
+  static const int same[2] = {1, 1};
+  run_workers(fix, w, 2, same);
+  for (int i = 0; i < NFIX; i++)
+    assert_memory_equal(w[0].out[i], w[1].out[i], fix[i].g.out_bytes);
+  free_workers(w, 2);
+
+  /* Different OpenMP thread counts at once: each correct. */
+  static const int mixed[3] = {1, 2, 1};
+  run_workers(fix, w, 3, mixed);
+  free_workers(w, 3);
+
+  for (int i = 0; i < NFIX; i++)
+    fixture_free(&fix[i]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_hits_and_lru_eviction),
+      cmocka_unit_test(test_concurrent_engines),
+  };
+  return cmocka_run_group_tests_name("engine_cache", tests, NULL, NULL);
+}
