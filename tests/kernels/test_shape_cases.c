@@ -203,9 +203,10 @@ static cJSON *as_gradient(const cJSON *j, cg_op op) {
 static void onednn_forward_cases(void **state) {
   (void)state;
   cJSON *root = kt_load_json("onednn-shape-cases.json");
-  int checked = 0, forward = 0;
+  int checked = 0, forward = 0, index = -1;
   const cJSON *j;
   cJSON_ArrayForEach(j, root) {
+    index++;
     const char *opname =
         cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "op"));
     int conv = strcmp(opname, "Convolution") == 0;
@@ -239,8 +240,11 @@ static void onednn_forward_cases(void **state) {
         problem = "pads differ from the forward op's";
       cJSON_Delete(c);
       if (problem != NULL) {
+        char msg[512]; /* opname lives in root */
+        snprintf(msg, sizeof(msg), "case %d (%s) restated as %s: %s", index,
+                 opname, cg_op_name(op), problem);
         cJSON_Delete(root);
-        fail_msg("%s case restated as %s: %s", opname, cg_op_name(op), problem);
+        fail_msg("%s", msg);
       }
       checked++;
     }
