@@ -70,12 +70,13 @@ static int cgc__has_scheme(const char *t) {
   return 0;
 }
 
-/* Resolves one "HOST:PORT" or "[V6]:PORT" into "a.b.c.d:p" / "[v6]:p"
- * appended to out; *family receives AF_INET or AF_INET6. */
-static int cgc__resolve_item(const char *item, size_t len, char *out,
-                             size_t outsz, int *family, char *err,
+/* Resolves one "HOST:PORT" or "[V6]:PORT": v4 / v6 receive "a.b.c.d:p" /
+ * "[v6]:p" for the first address of each family ("" if none). */
+static int cgc__resolve_item(const char *item, size_t len, char *v4,
+                             char *v6, size_t outsz, char *err,
                              size_t errlen) {
   char buf[300], host[256], port[16];
+  v4[0] = v6[0] = '\0';
   if (len == 0 || len >= sizeof buf)
     return cg_errorf(err, errlen, CG_EINVAL,
                      "target: empty or overlong entry in address list");
@@ -122,40 +123,28 @@ static int cgc__resolve_item(const char *item, size_t len, char *out,
   if (gai != 0)
     return cg_errorf(err, errlen, CG_EINVAL, "target: cannot resolve '%s': %s",
                      host, gai_strerror(gai));
-  char addr[INET6_ADDRSTRLEN];
-  int fam = res->ai_family, rc = 0;
-  const void *src = fam == AF_INET
-                        ? (const void *)&((struct sockaddr_in *)res->ai_addr)
-                              ->sin_addr
-                        : (const void *)&((struct sockaddr_in6 *)res->ai_addr)
-                              ->sin6_addr;
-  if ((fam != AF_INET && fam != AF_INET6) ||
-      !inet_ntop(fam, src, addr, sizeof addr)) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "target: '%s' has no IPv4 or IPv6 address", host);
-    goto done;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    char addr[INET6_ADDRSTRLEN];
+    if (ai->ai_family == AF_INET && !v4[0] &&
+        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr,
+                  addr, sizeof addr))
+      snprintf(v4, outsz, "%s:%ld", addr, p);
+    else if (ai->ai_family == AF_INET6 && !v6[0] &&
+             inet_ntop(AF_INET6,
+                       &((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr, addr,
+                       sizeof addr))
+      snprintf(v6, outsz, "[%s]:%ld", addr, p);
   }
-  if (*family && *family != fam) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "target: the address list mixes IPv4 and IPv6 (use "
-                   "dns:/// or one family)");
-    goto done;
-  }
-  *family = fam;
-  size_t used = strlen(out);
-  int n = snprintf(out + used, outsz - used, "%s%s%s%s:%ld",
-                   used && out[used - 1] != ':' ? "," : "",
-                   fam == AF_INET6 ? "[" : "", addr,
-                   fam == AF_INET6 ? "]" : "", p);
-  if (n < 0 || (size_t)n >= outsz - used)
-    rc = cg_errorf(err, errlen, CG_EINVAL, "target: address list too long");
-done:
   freeaddrinfo(res);
-  return rc;
+  if (!v4[0] && !v6[0])
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "target: '%s' has no IPv4 or IPv6 address", host);
+  return 0;
 }
 
-/* "h1:p1,h2:p2" -> "ipv4:a1:p1,a2:p2" (or ipv6:). Other targets are
- * copied as they are. *out is malloc'ed. */
+/* "h1:p1,h2:p2" -> "ipv4:a1:p1,a2:p2", or ipv6: when some host has no
+ * IPv4 address (gRPC's address-list schemes take one family). Other
+ * targets are copied as they are. *out is malloc'ed. */
 static int cgc__rewrite_target(const char *target, char **out, char *err,
                                size_t errlen) {
   if (!target || !*target)
@@ -164,28 +153,44 @@ static int cgc__rewrite_target(const char *target, char **out, char *err,
     *out = strdup(target);
     return *out ? 0 : CG_ENOMEM;
   }
-  size_t outsz = strlen(target) * 4 + 64;
-  char *list = calloc(1, outsz);
-  if (!list)
-    return CG_ENOMEM;
-  strcpy(list, "ipv4:"); /* fixed below if the family is IPv6 */
-  int family = 0, rc = 0;
+  size_t cap = strlen(target) * 4 + 64;
+  char *l4 = calloc(1, cap), *l6 = calloc(1, cap);
+  int all4 = 1, all6 = 1, rc = 0;
+  if (!l4 || !l6) {
+    rc = CG_ENOMEM;
+    goto fail;
+  }
+  strcpy(l4, "ipv4:");
+  strcpy(l6, "ipv6:");
   for (const char *p = target; *p;) {
+    char v4[INET6_ADDRSTRLEN + 16], v6[INET6_ADDRSTRLEN + 16];
     const char *e = strchr(p, ',');
     size_t len = e ? (size_t)(e - p) : strlen(p);
-    rc = cgc__resolve_item(p, len, list, outsz, &family, err, errlen);
+    rc = cgc__resolve_item(p, len, v4, v6, sizeof v4, err, errlen);
     if (rc)
       goto fail;
+    all4 &= v4[0] != '\0';
+    all6 &= v6[0] != '\0';
+    if (all4)
+      snprintf(l4 + strlen(l4), cap - strlen(l4), "%s%s", p == target ? "" : ",", v4);
+    if (all6)
+      snprintf(l6 + strlen(l6), cap - strlen(l6), "%s%s", p == target ? "" : ",", v6);
     p += len;
     if (*p == ',')
       p++;
   }
-  if (family == AF_INET6)
-    memcpy(list, "ipv6", 4);
-  *out = list;
+  if (!all4 && !all6) {
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "target: the address list mixes IPv4-only and IPv6-only "
+                   "hosts (use dns:/// or one family)");
+    goto fail;
+  }
+  *out = all4 ? l4 : l6;
+  free(all4 ? l6 : l4);
   return 0;
 fail:
-  free(list);
+  free(l4);
+  free(l6);
   return rc;
 }
 

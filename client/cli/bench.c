@@ -1,0 +1,415 @@
+/* bench.c - `convgrad bench`: end-to-end latency percentiles and
+ * throughput for a benchdnn-style problem list (cg/bdesc.h) at a given
+ * concurrency, as a table or JSON. Threads share one channel. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cJSON.h>
+
+#include "cli.h"
+
+static const char cgc__bench_help[] =
+    "Usage: convgrad bench (--problems FILE | --problem DESC) [flags] [options]\n"
+    "Measures end-to-end latency (p50/p90/p99) and throughput per problem\n"
+    "and op, with N concurrent callers sharing one channel.\n"
+    "  --problems FILE  benchdnn-style list: one descriptor per line,\n"
+    "                   'deconv:' marks a deconvolution, '#' comments\n"
+    "  --problem DESC   one descriptor (repeatable)\n"
+    "  --deconv         --problem descriptors are deconvolutions\n"
+    "  --op NAME        only this op (default: both data and weights\n"
+    "                   gradients of each descriptor's family)\n"
+    "  --dtype T        f32 (default), bf16, f16\n"
+    "  --data-format F --weights-format F   layouts (default NXC, XIO/XOI)\n"
+    "  --concurrency N  concurrent callers (default 1)\n"
+    "  --requests N     timed requests per row (default 200)\n"
+    "  --warmup N       untimed requests per row first (default 10)\n"
+    "  --json           print JSON instead of a table\n";
+
+enum {
+  B_PROBLEMS = CGC_OPT_LOCAL_BASE,
+  B_PROBLEM,
+  B_DECONV,
+  B_OP,
+  B_DTYPE,
+  B_DATA_FORMAT,
+  B_WEIGHTS_FORMAT,
+  B_CONCURRENCY,
+  B_REQUESTS,
+  B_WARMUP,
+  B_JSON
+};
+
+#define CGC__MAX_PROBLEMS 256
+
+typedef struct cgc__bench_row {
+  cgc_spec spec;
+  cg_geom geom;
+  char name[64];
+  void *in[2];
+  /* results */
+  double *lat_ms;
+  atomic_long next;
+  long n, errors;
+  double compute_ms_sum, queue_ms_sum;
+  double wall_s;
+  int first_rc;
+  cgc_status first_st;
+  pthread_mutex_t mu;
+} cgc__bench_row;
+
+typedef struct cgc__bench_worker {
+  cgc_channel *ch;
+  cgc__bench_row *row;
+} cgc__bench_worker;
+
+static double cgc__now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void *cgc__bench_thread(void *arg) {
+  cgc__bench_worker *w = arg;
+  cgc__bench_row *r = w->row;
+  cgc_request req;
+  cgc_spec_request(&r->spec, r->in[0], r->geom.in_bytes[0], r->in[1],
+                   r->geom.in_bytes[1], &req);
+  double qsum = 0, csum = 0;
+  long errs = 0;
+  for (;;) {
+    long i = atomic_fetch_add(&r->next, 1);
+    if (i >= r->n)
+      break;
+    cgc_tensor *out = NULL;
+    cgc_result res;
+    cgc_status st;
+    double t0 = cgc__now_s();
+    int rc = cgc_compute(w->ch, &req, &out, &res, &st);
+    r->lat_ms[i] = (cgc__now_s() - t0) * 1e3;
+    cgc_tensor_free(out);
+    if (rc) {
+      errs++;
+      pthread_mutex_lock(&r->mu);
+      if (!r->first_rc) {
+        r->first_rc = rc;
+        r->first_st = st;
+      }
+      pthread_mutex_unlock(&r->mu);
+    } else {
+      qsum += res.queue_ms;
+      csum += res.compute_ms;
+    }
+  }
+  pthread_mutex_lock(&r->mu);
+  r->errors += errs;
+  r->queue_ms_sum += qsum;
+  r->compute_ms_sum += csum;
+  pthread_mutex_unlock(&r->mu);
+  return NULL;
+}
+
+static int cgc__cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v. */
+static double cgc__pct(const double *v, long n, double p) {
+  long k = (long)(p / 100.0 * (double)n + 0.999999) - 1;
+  if (k < 0)
+    k = 0;
+  if (k >= n)
+    k = n - 1;
+  return v[k];
+}
+
+/* Runs warmup then n timed requests of row r on `conc` threads. */
+static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
+                              long n, int conc) {
+  pthread_t th[256];
+  cgc__bench_worker w = {ch, r};
+  r->lat_ms = calloc((size_t)(n > warmup ? n : warmup) + 1, sizeof(double));
+  if (!r->lat_ms)
+    return CGC_EXIT_INTERNAL;
+  pthread_mutex_init(&r->mu, NULL);
+  r->n = warmup;
+  atomic_store(&r->next, 0);
+  cgc__bench_thread(&w);
+  r->errors = 0;
+  r->queue_ms_sum = r->compute_ms_sum = 0;
+  r->n = n;
+  atomic_store(&r->next, 0);
+  double t0 = cgc__now_s();
+  int started = 0;
+  for (; started < conc; started++)
+    if (pthread_create(&th[started], NULL, cgc__bench_thread, &w) != 0)
+      break;
+  if (started == 0)
+    cgc__bench_thread(&w);
+  for (int i = 0; i < started; i++)
+    pthread_join(th[i], NULL);
+  r->wall_s = cgc__now_s() - t0;
+  qsort(r->lat_ms, (size_t)n, sizeof(double), cgc__cmp_double);
+  return 0;
+}
+
+static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
+                          cg_op only, cg_dtype dt, cg_data_format df,
+                          cg_weights_format wf) {
+  cg_op ops[2];
+  if (d->deconv) {
+    ops[0] = CG_OP_DECONV_BWD_DATA;
+    ops[1] = CG_OP_DECONV_BWD_WEIGHTS;
+  } else {
+    ops[0] = CG_OP_CONV_BWD_DATA;
+    ops[1] = CG_OP_CONV_BWD_WEIGHTS;
+  }
+  for (int i = 0; i < 2; i++) {
+    char err[256];
+    cg_bdesc_problem bp;
+    cg_problem p;
+    if (only && ops[i] != only)
+      continue;
+    if (*nrows >= CGC__MAX_PROBLEMS) {
+      fprintf(stderr, "convgrad bench: more than %d rows\n",
+              CGC__MAX_PROBLEMS);
+      return CGC_EXIT_USAGE;
+    }
+    cgc__bench_row *r = &rows[*nrows];
+    memset(r, 0, sizeof *r);
+    if (cg_bdesc_problem_init(&bp, d, ops[i], dt, df, wf, err, sizeof err)) {
+      fprintf(stderr, "convgrad bench: %s: %s\n", d->name, err);
+      return CGC_EXIT_INPUT;
+    }
+    cgc_spec_from_problem(&r->spec, &bp.problem);
+    cgc_spec_problem(&r->spec, &p);
+    if (cg_problem_resolve(&p, &r->geom, err, sizeof err)) {
+      fprintf(stderr, "convgrad bench: %s: %s\n", d->name, err);
+      return CGC_EXIT_INPUT;
+    }
+    snprintf(r->name, sizeof r->name, "%s", d->name);
+    (*nrows)++;
+  }
+  return 0;
+}
+
+static int cgc__bench_load(const char *path, cgc__bench_row *rows, int *nrows,
+                           cg_op only, cg_dtype dt, cg_data_format df,
+                           cg_weights_format wf) {
+  char line[512], err[256];
+  int lineno = 0, code = 0;
+  FILE *fp = fopen(path, "r");
+  if (!fp) {
+    fprintf(stderr, "convgrad bench: %s: cannot open\n", path);
+    return CGC_EXIT_INPUT;
+  }
+  while (!code && fgets(line, sizeof line, fp)) {
+    cg_bdesc d;
+    int is_problem;
+    lineno++;
+    line[strcspn(line, "\r\n")] = '\0';
+    if (cg_bdesc_parse_line(line, &d, &is_problem, err, sizeof err)) {
+      fprintf(stderr, "convgrad bench: %s:%d: %s\n", path, lineno, err);
+      code = CGC_EXIT_INPUT;
+    } else if (is_problem) {
+      code = cgc__bench_add(rows, nrows, &d, only, dt, df, wf);
+    }
+  }
+  fclose(fp);
+  return code;
+}
+
+int cgc_cmd_bench(int argc, char **argv) {
+  static const struct option longopts[] = {
+      CGC_COMMON_LONGOPTS,
+      {"problems", required_argument, NULL, B_PROBLEMS},
+      {"problem", required_argument, NULL, B_PROBLEM},
+      {"deconv", no_argument, NULL, B_DECONV},
+      {"op", required_argument, NULL, B_OP},
+      {"dtype", required_argument, NULL, B_DTYPE},
+      {"data-format", required_argument, NULL, B_DATA_FORMAT},
+      {"weights-format", required_argument, NULL, B_WEIGHTS_FORMAT},
+      {"concurrency", required_argument, NULL, B_CONCURRENCY},
+      {"requests", required_argument, NULL, B_REQUESTS},
+      {"warmup", required_argument, NULL, B_WARMUP},
+      {"json", no_argument, NULL, B_JSON},
+      {NULL, 0, NULL, 0}};
+  cgc_cli cli;
+  const char *file = NULL, *descs[64];
+  int ndesc = 0, deconv = 0, json = 0, c, code = 0;
+  cg_op only = CG_OP_INVALID;
+  cg_dtype dt = CG_DTYPE_F32;
+  cg_data_format df = CG_DATA_DEFAULT;
+  cg_weights_format wf = CG_WEIGHTS_DEFAULT;
+  int64_t conc = 1, nreq = 200, warmup = 10;
+  cgc_cli_init(&cli);
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    int r = cgc_cli_common(&cli, c, optarg);
+    if (r < 0)
+      return cgc_cli_usage("bench", "bad value '%s' for %s", optarg,
+                           argv[optind - 1]);
+    if (r > 0)
+      continue;
+    switch (c) {
+    case 'h':
+      printf("%s\n%s%s", cgc__bench_help, CGC_COMMON_HELP,
+             CGC_EXIT_CODES_HELP);
+      return 0;
+    case B_PROBLEMS:
+      file = optarg;
+      break;
+    case B_PROBLEM:
+      if (ndesc >= 64)
+        return cgc_cli_usage("bench", "at most 64 --problem flags");
+      descs[ndesc++] = optarg;
+      break;
+    case B_DECONV:
+      deconv = 1;
+      break;
+    case B_OP:
+      if (cg_op_parse(optarg, &only))
+        return cgc_cli_usage("bench", "unknown op '%s'", optarg);
+      break;
+    case B_DTYPE:
+      if (cg_dtype_parse(optarg, &dt))
+        return cgc_cli_usage("bench", "--dtype must be f32, bf16 or f16");
+      break;
+    case B_DATA_FORMAT:
+      if (cg_data_format_parse(optarg, &df))
+        return cgc_cli_usage("bench", "--data-format must be NCX or NXC");
+      break;
+    case B_WEIGHTS_FORMAT:
+      if (cg_weights_format_parse(optarg, &wf))
+        return cgc_cli_usage("bench", "bad --weights-format '%s'", optarg);
+      break;
+    case B_CONCURRENCY:
+      if (cgc_cli_int(optarg, 1, 256, &conc))
+        return cgc_cli_usage("bench", "--concurrency must be 1..256");
+      break;
+    case B_REQUESTS:
+      if (cgc_cli_int(optarg, 1, 10000000, &nreq))
+        return cgc_cli_usage("bench", "--requests must be >= 1");
+      break;
+    case B_WARMUP:
+      if (cgc_cli_int(optarg, 0, 1000000, &warmup))
+        return cgc_cli_usage("bench", "--warmup must be >= 0");
+      break;
+    case B_JSON:
+      json = 1;
+      break;
+    case ':':
+      return cgc_cli_usage("bench", "%s needs a value", argv[optind - 1]);
+    default:
+      return cgc_cli_usage("bench", "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc)
+    return cgc_cli_usage("bench", "unexpected argument '%s'", argv[optind]);
+  if (!file && ndesc == 0)
+    return cgc_cli_usage("bench", "give --problems FILE or --problem DESC");
+
+  cgc__bench_row *rows = calloc(CGC__MAX_PROBLEMS, sizeof *rows);
+  cgc_channel *ch = NULL;
+  int nrows = 0;
+  if (!rows) {
+    fprintf(stderr, "convgrad bench: out of memory\n");
+    return CGC_EXIT_INTERNAL;
+  }
+  if (file)
+    code = cgc__bench_load(file, rows, &nrows, only, dt, df, wf);
+  for (int i = 0; !code && i < ndesc; i++) {
+    char err[256];
+    cg_bdesc d;
+    if (cg_bdesc_parse(descs[i], deconv, &d, err, sizeof err)) {
+      code = cgc_cli_usage("bench", "--problem: %s", err);
+      break;
+    }
+    code = cgc__bench_add(rows, &nrows, &d, only, dt, df, wf);
+  }
+  if (!code && nrows == 0) {
+    fprintf(stderr, "convgrad bench: no problem matches\n");
+    code = CGC_EXIT_INPUT;
+  }
+  if (code || (code = cgc_cli_connect(&cli, &ch)) != 0)
+    goto out;
+
+  uint64_t seed = 7;
+  cJSON *jrows = json ? cJSON_CreateArray() : NULL;
+  if (!json)
+    printf("%-34s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", "problem",
+           "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms", "req/s",
+           "MB/s", "compute ms");
+  for (int i = 0; i < nrows; i++) {
+    cgc__bench_row *r = &rows[i];
+    for (int k = 0; k < 2; k++) {
+      r->in[k] = malloc(r->geom.in_bytes[k] ? r->geom.in_bytes[k] : 1);
+      if (!r->in[k]) {
+        fprintf(stderr, "convgrad bench: out of memory\n");
+        code = CGC_EXIT_INTERNAL;
+        goto done;
+      }
+      cgc_fill_random(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
+    }
+    if ((code = cgc__bench_row_run(ch, r, (long)warmup, (long)nreq,
+                                   (int)conc)) != 0)
+      goto done;
+    if (r->errors) {
+      code = cgc_cli_fail(&cli, "bench", r->first_rc, &r->first_st);
+      goto done;
+    }
+    double p50 = cgc__pct(r->lat_ms, r->n, 50), p90 = cgc__pct(r->lat_ms, r->n, 90),
+           p99 = cgc__pct(r->lat_ms, r->n, 99);
+    double rps = (double)r->n / r->wall_s;
+    double mbs = rps * (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] +
+                                r->geom.out_bytes) / 1e6;
+    double cms = r->compute_ms_sum / (double)r->n;
+    if (json) {
+      cJSON *o = cJSON_CreateObject();
+      cJSON_AddStringToObject(o, "problem", r->name);
+      cJSON_AddStringToObject(o, "op", cg_op_name(r->spec.op));
+      cJSON_AddStringToObject(o, "dtype", cg_dtype_name(r->spec.dtype));
+      cJSON_AddNumberToObject(o, "concurrency", (double)conc);
+      cJSON_AddNumberToObject(o, "requests", (double)r->n);
+      cJSON_AddNumberToObject(o, "p50_ms", p50);
+      cJSON_AddNumberToObject(o, "p90_ms", p90);
+      cJSON_AddNumberToObject(o, "p99_ms", p99);
+      cJSON_AddNumberToObject(o, "requests_per_s", rps);
+      cJSON_AddNumberToObject(o, "mb_per_s", mbs);
+      cJSON_AddNumberToObject(o, "server_compute_ms", cms);
+      cJSON_AddNumberToObject(o, "server_queue_ms",
+                              r->queue_ms_sum / (double)r->n);
+      cJSON_AddNumberToObject(o, "gflops",
+                              r->geom.flops * rps / 1e9);
+      cJSON_AddItemToArray(jrows, o);
+    } else {
+      printf("%-34s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
+             "%10.3f\n",
+             r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
+             (long long)conc, r->n, p50, p90, p99, rps, mbs, cms);
+      fflush(stdout);
+    }
+  }
+  if (json) {
+    char *text = cJSON_Print(jrows);
+    if (text)
+      printf("%s\n", text);
+    cJSON_free(text);
+  }
+done:
+  cJSON_Delete(jrows);
+out:
+  for (int i = 0; i < nrows; i++) {
+    free(rows[i].in[0]);
+    free(rows[i].in[1]);
+    free(rows[i].lat_ms);
+    if (rows[i].lat_ms)
+      pthread_mutex_destroy(&rows[i].mu);
+  }
+  free(rows);
+  cgc_channel_free(ch);
+  return code;
+}

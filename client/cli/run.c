@@ -1,0 +1,442 @@
+/* run.c - `convgrad run`: one op from flags, a benchdnn descriptor or a
+ * oneDNN graph JSON op file; tensors from .npy files or seeded random; the
+ * result to .npy; --check against the local plain-C reference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg/dtype.h"
+#include "cg/reference.h"
+#include "cli.h"
+#include "graph.h"
+#include "npy.h"
+
+static const char cgc__run_help[] =
+    "Usage: convgrad run (--op NAME | --graph FILE.json) [flags] [options]\n"
+    "Runs one convolution-gradient op on the server.\n"
+    "\n"
+    "Problem:\n"
+    "  --op NAME            ConvolutionBackwardData, ConvolutionBackwardWeights,\n"
+    "                       ConvTransposeBackwardData, ConvTransposeBackwardWeights\n"
+    "                       (or the older ...BackpropData/...BackpropFilters)\n"
+    "  --graph FILE         op, attrs, dtype and input shapes from a oneDNN graph\n"
+    "                       JSON op file; flags below override it\n"
+    "  --graph-op N         use the N-th gradient op of the file (default 0)\n"
+    "  --problem DESC       benchdnn descriptor (mb2ic16ih14oc32oh14kh3ph1) for\n"
+    "                       --op; a ConvTranspose op reads it as a deconvolution\n"
+    "  --dtype T            f32 (default), bf16, f16\n"
+    "  --strides L --pads-begin L --pads-end L --dilations L --output-padding L\n"
+    "                       comma lists, one value per spatial dim\n"
+    "  --groups G --auto-pad none|same_upper|same_lower|valid\n"
+    "  --data-format NCX|NXC --weights-format OIX|XIO|IOX|XOI\n"
+    "  --dst-shape L --weights-shape L  the output shape attribute\n"
+    "  --shape-input        send dst_shape/weights_shape as the third input\n"
+    "  --output-format F    wanted layout of the output\n"
+    "Tensors:\n"
+    "  --in0 FILE.npy --in1 FILE.npy   the op's two inputs (op order, e.g.\n"
+    "                       diff_dst and weights); shapes come from the files\n"
+    "  --in0-shape L --in1-shape L     shapes of random inputs\n"
+    "  --seed N             seed of the random inputs (default 1)\n"
+    "  --out FILE.npy       write the result (f32 '<f4', f16 '<f2', bf16 as\n"
+    "                       '<u2' raw bits; C order)\n"
+    "  --check              compare with the local reference; prints max abs\n"
+    "                       and max rel error (|diff| / max|ref|); exit 1 if\n"
+    "                       above the dtype's tolerance\n";
+
+enum {
+  R_OP = CGC_OPT_LOCAL_BASE,
+  R_GRAPH,
+  R_GRAPH_OP,
+  R_PROBLEM,
+  R_DTYPE,
+  R_STRIDES,
+  R_PADS_BEGIN,
+  R_PADS_END,
+  R_DILATIONS,
+  R_OUTPUT_PADDING,
+  R_GROUPS,
+  R_AUTO_PAD,
+  R_DATA_FORMAT,
+  R_WEIGHTS_FORMAT,
+  R_DST_SHAPE,
+  R_WEIGHTS_SHAPE,
+  R_SHAPE_INPUT,
+  R_OUTPUT_FORMAT,
+  R_IN0,
+  R_IN1,
+  R_IN0_SHAPE,
+  R_IN1_SHAPE,
+  R_SEED,
+  R_OUT,
+  R_CHECK,
+  R_END
+};
+#define R_COUNT (R_END - CGC_OPT_LOCAL_BASE)
+
+static const struct option cgc__run_opts[] = {
+    CGC_COMMON_LONGOPTS,
+    {"op", required_argument, NULL, R_OP},
+    {"graph", required_argument, NULL, R_GRAPH},
+    {"graph-op", required_argument, NULL, R_GRAPH_OP},
+    {"problem", required_argument, NULL, R_PROBLEM},
+    {"dtype", required_argument, NULL, R_DTYPE},
+    {"strides", required_argument, NULL, R_STRIDES},
+    {"pads-begin", required_argument, NULL, R_PADS_BEGIN},
+    {"pads-end", required_argument, NULL, R_PADS_END},
+    {"dilations", required_argument, NULL, R_DILATIONS},
+    {"output-padding", required_argument, NULL, R_OUTPUT_PADDING},
+    {"groups", required_argument, NULL, R_GROUPS},
+    {"auto-pad", required_argument, NULL, R_AUTO_PAD},
+    {"data-format", required_argument, NULL, R_DATA_FORMAT},
+    {"weights-format", required_argument, NULL, R_WEIGHTS_FORMAT},
+    {"dst-shape", required_argument, NULL, R_DST_SHAPE},
+    {"weights-shape", required_argument, NULL, R_WEIGHTS_SHAPE},
+    {"shape-input", no_argument, NULL, R_SHAPE_INPUT},
+    {"output-format", required_argument, NULL, R_OUTPUT_FORMAT},
+    {"in0", required_argument, NULL, R_IN0},
+    {"in1", required_argument, NULL, R_IN1},
+    {"in0-shape", required_argument, NULL, R_IN0_SHAPE},
+    {"in1-shape", required_argument, NULL, R_IN1_SHAPE},
+    {"seed", required_argument, NULL, R_SEED},
+    {"out", required_argument, NULL, R_OUT},
+    {"check", no_argument, NULL, R_CHECK},
+    {NULL, 0, NULL, 0}};
+
+/* The flag text of option id (for messages). */
+static const char *cgc__run_flag(int id) {
+  for (const struct option *o = cgc__run_opts; o->name; o++)
+    if (o->val == id)
+      return o->name;
+  return "?";
+}
+
+/* Applies the attribute and shape flags on top of s. */
+static int cgc__run_apply(cgc_spec *s, const char *const *v) {
+  static const struct {
+    int id;
+    size_t off;
+  } lists[] = {
+      {R_STRIDES, offsetof(cgc_spec, strides)},
+      {R_PADS_BEGIN, offsetof(cgc_spec, pads_begin)},
+      {R_PADS_END, offsetof(cgc_spec, pads_end)},
+      {R_DILATIONS, offsetof(cgc_spec, dilations)},
+      {R_OUTPUT_PADDING, offsetof(cgc_spec, output_padding)},
+      {R_DST_SHAPE, offsetof(cgc_spec, dst_shape)},
+      {R_WEIGHTS_SHAPE, offsetof(cgc_spec, weights_shape)},
+  };
+#define V(id) v[(id) - CGC_OPT_LOCAL_BASE]
+  if (V(R_OP) && cg_op_parse(V(R_OP), &s->op))
+    return cgc_cli_usage("run", "unknown op '%s'", V(R_OP));
+  if (V(R_DTYPE) && cg_dtype_parse(V(R_DTYPE), &s->dtype))
+    return cgc_cli_usage("run", "--dtype must be f32, bf16 or f16, got '%s'",
+                         V(R_DTYPE));
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
+    const char *t = V(lists[i].id);
+    if (t && cgc_list_parse(t, (cgc_list *)((char *)s + lists[i].off)))
+      return cgc_cli_usage("run", "--%s: expected a comma list of integers, "
+                                  "got '%s'",
+                           cgc__run_flag(lists[i].id), t);
+  }
+  if (V(R_GROUPS)) {
+    int64_t g;
+    if (cgc_cli_int(V(R_GROUPS), INT64_MIN / 2, INT64_MAX / 2, &g))
+      return cgc_cli_usage("run", "--groups: expected an integer");
+    s->groups = g;
+  }
+  if (V(R_AUTO_PAD) && cg_auto_pad_parse(V(R_AUTO_PAD), &s->auto_pad))
+    return cgc_cli_usage("run", "--auto-pad: unknown value '%s'",
+                         V(R_AUTO_PAD));
+  if (V(R_DATA_FORMAT) &&
+      cg_data_format_parse(V(R_DATA_FORMAT), &s->data_format))
+    return cgc_cli_usage("run", "--data-format must be NCX or NXC");
+  if (V(R_WEIGHTS_FORMAT) &&
+      cg_weights_format_parse(V(R_WEIGHTS_FORMAT), &s->weights_format))
+    return cgc_cli_usage("run", "--weights-format must be OIX, XIO, IOX or XOI");
+  if (V(R_OUTPUT_FORMAT) && s->op) {
+    const char *f = V(R_OUTPUT_FORMAT);
+    int bad = cg_op_outputs_weights(s->op)
+                  ? cg_weights_format_parse(f, &s->out_weights_format)
+                  : cg_data_format_parse(f, &s->out_data_format);
+    if (bad)
+      return cgc_cli_usage("run", "--output-format '%s' does not fit %s", f,
+                           cg_op_output_name(s->op));
+  }
+  for (int i = 0; i < 2; i++) {
+    const char *t = V(i ? R_IN1_SHAPE : R_IN0_SHAPE);
+    cgc_list l;
+    if (!t)
+      continue;
+    if (cgc_list_parse(t, &l) || l.len > CG_MAX_RANK)
+      return cgc_cli_usage("run", "--in%d-shape: expected up to %d dims", i,
+                           CG_MAX_RANK);
+    s->rank[i] = (int)l.len;
+    memcpy(s->dims[i], l.v, l.len * sizeof(int64_t));
+  }
+  if (V(R_SHAPE_INPUT)) {
+    const cgc_list *l = s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape
+                                                     : &s->weights_shape;
+    if (!s->op || s->op == CG_OP_DECONV_BWD_DATA || l->len == 0)
+      return cgc_cli_usage("run", "--shape-input needs --dst-shape "
+                                  "(ConvolutionBackwardData) or "
+                                  "--weights-shape (BackwardWeights ops)");
+    s->has_shape_input = 1;
+    s->shape_input = *l;
+  }
+#undef V
+  return 0;
+}
+
+/* Reads input i from a .npy file, converting to the problem's dtype. */
+static int cgc__run_load(cgc_spec *s, int i, const char *path, void **data,
+                         size_t *nbytes) {
+  char err[512];
+  cgc_npy n;
+  if (cgc_npy_read(path, &n, err, sizeof err)) {
+    fprintf(stderr, "convgrad run: %s\n", err);
+    return CGC_EXIT_INPUT;
+  }
+  if (n.rank > CG_MAX_RANK) {
+    fprintf(stderr, "convgrad run: %s: rank %d above %d\n", path, n.rank,
+            CG_MAX_RANK);
+    cgc_npy_free(&n);
+    return CGC_EXIT_INPUT;
+  }
+  if (s->rank[i] == 0) {
+    s->rank[i] = n.rank;
+    memcpy(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t));
+  } else if (s->rank[i] != n.rank ||
+             memcmp(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t))) {
+    fprintf(stderr,
+            "convgrad run: %s: shape differs from the problem's %s shape\n",
+            path, cg_op_input_name(s->op, i));
+    cgc_npy_free(&n);
+    return CGC_EXIT_INPUT;
+  }
+  if (n.dtype == s->dtype) {
+    *data = n.data;
+    *nbytes = n.nbytes;
+    return 0;
+  }
+  size_t elems = n.nbytes / cg_dtype_size(n.dtype);
+  size_t bytes = elems * cg_dtype_size(s->dtype);
+  void *conv = malloc(bytes ? bytes : 1);
+  if (!conv) {
+    cgc_npy_free(&n);
+    fprintf(stderr, "convgrad run: out of memory\n");
+    return CGC_EXIT_INTERNAL;
+  }
+  cg_convert(s->dtype, conv, n.dtype, n.data, elems);
+  cgc_npy_free(&n);
+  *data = conv;
+  *nbytes = bytes;
+  return 0;
+}
+
+static void cgc__print_dims(const int64_t *d, int rank) {
+  printf("[");
+  for (int i = 0; i < rank; i++)
+    printf("%s%lld", i ? ", " : "", (long long)d[i]);
+  printf("]");
+}
+
+/* --check: the reference on the same inputs, compared element-wise. */
+static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
+                          const cgc_tensor *out) {
+  cg_problem p;
+  cg_geom g;
+  char err[512];
+  int code = CGC_EXIT_OK;
+  cgc_spec_problem(s, &p);
+  if (cg_problem_resolve(&p, &g, err, sizeof err)) {
+    fprintf(stderr, "convgrad run: cannot check: %s\n", err);
+    return CGC_EXIT_INPUT;
+  }
+  if (g.out_bytes != out->nbytes || g.in_rank != out->rank ||
+      memcmp(g.out_dims, out->dims, (size_t)out->rank * sizeof(int64_t))) {
+    fprintf(stderr, "convgrad run: check failed: the server's result shape "
+                    "differs from the reference's\n");
+    return CGC_EXIT_FAIL;
+  }
+  void *ref = malloc(g.out_bytes ? g.out_bytes : 1);
+  if (!ref) {
+    fprintf(stderr, "convgrad run: out of memory for the reference\n");
+    return CGC_EXIT_INTERNAL;
+  }
+  if (cg_reference_run(&g, in0, in1, ref, err, sizeof err)) {
+    fprintf(stderr, "convgrad run: reference failed: %s\n", err);
+    code = CGC_EXIT_INTERNAL;
+  } else {
+    cgc_diff d;
+    cgc_compare(&g, out->data, ref, &d);
+    printf("check: max abs err %.3g, max rel err %.3g (tolerance %.3g): %s\n",
+           d.max_abs, d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
+           d.ok ? "OK" : "MISMATCH");
+    if (!d.ok) {
+      fprintf(stderr, "convgrad run: result differs from the reference "
+                      "(max abs err %.3g at element %zu)\n",
+              d.max_abs, d.worst);
+      code = CGC_EXIT_FAIL;
+    }
+  }
+  free(ref);
+  return code;
+}
+
+int cgc_cmd_run(int argc, char **argv) {
+  const char *v[R_COUNT] = {NULL};
+  cgc_cli cli;
+  cgc_spec s;
+  char err[512];
+  void *in[2] = {NULL, NULL};
+  size_t nbytes[2] = {0, 0};
+  cgc_channel *ch = NULL;
+  cgc_tensor *out = NULL;
+  int c, code = 0;
+  int64_t seed = 1, graph_op = 0;
+
+  cgc_cli_init(&cli);
+  while ((c = getopt_long(argc, argv, ":h", cgc__run_opts, NULL)) != -1) {
+    int r = cgc_cli_common(&cli, c, optarg);
+    if (r < 0)
+      return cgc_cli_usage("run", "bad value '%s' for %s", optarg,
+                           argv[optind - 1]);
+    if (r > 0)
+      continue;
+    if (c == 'h') {
+      printf("%s\n%s%s", cgc__run_help, CGC_COMMON_HELP, CGC_EXIT_CODES_HELP);
+      return 0;
+    }
+    if (c == ':')
+      return cgc_cli_usage("run", "%s needs a value", argv[optind - 1]);
+    if (c < CGC_OPT_LOCAL_BASE || c >= R_END)
+      return cgc_cli_usage("run", "unknown option '%s'", argv[optind - 1]);
+    v[c - CGC_OPT_LOCAL_BASE] = optarg ? optarg : "1";
+  }
+  if (optind < argc)
+    return cgc_cli_usage("run", "unexpected argument '%s'", argv[optind]);
+#define V(id) v[(id) - CGC_OPT_LOCAL_BASE]
+  if (V(R_SEED) && cgc_cli_int(V(R_SEED), 0, INT64_MAX, &seed))
+    return cgc_cli_usage("run", "--seed: expected a non-negative integer");
+  if (V(R_GRAPH_OP) && cgc_cli_int(V(R_GRAPH_OP), 0, 1000, &graph_op))
+    return cgc_cli_usage("run", "--graph-op: expected an index");
+  if (V(R_GRAPH) && V(R_PROBLEM))
+    return cgc_cli_usage("run", "--graph and --problem exclude each other");
+
+  cgc_spec_init(&s);
+  if (V(R_GRAPH)) {
+    if (cgc_graph_load(V(R_GRAPH), (int)graph_op, &s, err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      return CGC_EXIT_INPUT;
+    }
+  } else if (V(R_PROBLEM)) {
+    cg_op op;
+    cg_dtype dt = CG_DTYPE_F32;
+    cg_bdesc d;
+    cg_bdesc_problem bp;
+    if (!V(R_OP) || cg_op_parse(V(R_OP), &op))
+      return cgc_cli_usage("run", "--problem needs a valid --op");
+    if (V(R_DTYPE) && cg_dtype_parse(V(R_DTYPE), &dt))
+      return cgc_cli_usage("run", "--dtype must be f32, bf16 or f16");
+    int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
+    if (cg_bdesc_parse(V(R_PROBLEM), deconv, &d, err, sizeof err) ||
+        cg_bdesc_problem_init(&bp, &d, op, dt, CG_DATA_DEFAULT,
+                              CG_WEIGHTS_DEFAULT, err, sizeof err))
+      return cgc_cli_usage("run", "--problem: %s", err);
+    cgc_spec_from_problem(&s, &bp.problem);
+  }
+  if ((code = cgc__run_apply(&s, v)) != 0)
+    return code;
+  if (!s.op)
+    return cgc_cli_usage("run", "give --op NAME or --graph FILE");
+  /* Without an explicit dtype, .npy inputs decide it. */
+  if (!V(R_DTYPE) && !V(R_GRAPH) && !V(R_PROBLEM) && V(R_IN0)) {
+    cgc_npy probe;
+    if (cgc_npy_read(V(R_IN0), &probe, err, sizeof err) == 0) {
+      s.dtype = probe.dtype;
+      cgc_npy_free(&probe);
+    }
+  }
+
+  uint64_t state = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int i = 0; i < 2; i++) {
+    const char *file = V(i ? R_IN1 : R_IN0);
+    if (file) {
+      if ((code = cgc__run_load(&s, i, file, &in[i], &nbytes[i])) != 0)
+        goto out;
+      continue;
+    }
+    if (s.rank[i] == 0) {
+      code = cgc_cli_usage("run", "input %d (%s): give --in%d FILE.npy or "
+                                  "--in%d-shape",
+                           i, cg_op_input_name(s.op, i), i, i);
+      goto out;
+    }
+    nbytes[i] = cgc_spec_input_bytes(&s, i);
+    if (nbytes[i] == 0 && s.rank[i] > 0) {
+      int zero = 0;
+      for (int d = 0; d < s.rank[i]; d++)
+        zero |= s.dims[i][d] == 0;
+      if (!zero) {
+        fprintf(stderr, "convgrad run: --in%d-shape: negative or too large\n",
+                i);
+        code = CGC_EXIT_INPUT;
+        goto out;
+      }
+    }
+    in[i] = malloc(nbytes[i] ? nbytes[i] : 1);
+    if (!in[i]) {
+      fprintf(stderr, "convgrad run: out of memory for a %zu-byte input\n",
+              nbytes[i]);
+      code = CGC_EXIT_INTERNAL;
+      goto out;
+    }
+    cgc_fill_random(s.dtype, in[i], nbytes[i] / cg_dtype_size(s.dtype),
+                    &state);
+  }
+
+  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+    goto out;
+  cgc_request req;
+  cgc_result res;
+  cgc_status st;
+  cgc_spec_request(&s, in[0], nbytes[0], in[1], nbytes[1], &req);
+  int rc = cgc_compute(ch, &req, &out, &res, &st);
+  if (rc) {
+    code = cgc_cli_fail(&cli, "run", rc, &st);
+    goto out;
+  }
+  printf("%s %s: %s ", cg_op_name(s.op), cg_dtype_name(out->dtype),
+         cg_op_output_name(s.op));
+  cgc__print_dims(out->dims, out->rank);
+  printf(" %s, %zu bytes\n", cgc_layout_name(out->layout), out->nbytes);
+  printf("server: queue %.3f ms, compute %.3f ms, path %s, worker %s",
+         res.queue_ms, res.compute_ms, res.compute_path, res.worker);
+  if (res.npads) {
+    printf(", pads ");
+    cgc__print_dims(res.pads_begin, res.npads);
+    printf("/");
+    cgc__print_dims(res.pads_end, res.npads);
+  }
+  printf("\nclient: total %.3f ms, %d attempt%s, %llu bytes up, %llu down\n",
+         res.total_ms, res.attempts, res.attempts == 1 ? "" : "s",
+         (unsigned long long)res.bytes_sent,
+         (unsigned long long)res.bytes_received);
+  if (V(R_OUT)) {
+    if (cgc_npy_write(V(R_OUT), out->dtype, out->rank, out->dims, out->data,
+                      out->nbytes, err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      code = CGC_EXIT_INTERNAL;
+      goto out;
+    }
+    printf("wrote %s\n", V(R_OUT));
+  }
+  if (V(R_CHECK))
+    code = cgc__run_check(&s, in[0], in[1], out);
+#undef V
+out:
+  cgc_tensor_free(out);
+  cgc_channel_free(ch);
+  free(in[0]);
+  free(in[1]);
+  return code;
+}

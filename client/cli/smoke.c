@@ -1,0 +1,334 @@
+/* smoke.c - `convgrad smoke`: waits until the server is SERVING, then runs
+ * every op over a fixed set of small problems (1D/2D/3D, groups,
+ * depthwise, strides, dilations, pads, SAME auto_pad, both data formats,
+ * every weights format, f32/bf16/f16, shape inputs, output layouts) and
+ * checks each result against the local reference. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cg/reference.h"
+#include "cli.h"
+
+static const char cgc__smoke_help[] =
+    "Usage: convgrad smoke [--wait SECONDS] [--quiet] [options]\n"
+    "Waits until the server reports SERVING (retrying for up to --wait\n"
+    "seconds, default 30), then runs each of the four ops over small random\n"
+    "problems covering 1D/2D/3D, groups, depthwise, strides, dilations,\n"
+    "pads, SAME auto_pad, NCX/NXC, every weights format, f32/bf16/f16,\n"
+    "shape inputs and output layouts, and checks every result against the\n"
+    "local reference. Exits 0 only if all match.\n"
+    "  --wait SECONDS   how long to wait for the server (default 30)\n"
+    "  --quiet          print failures and the summary only\n";
+
+typedef struct cgc__case {
+  const char *label;
+  int nsp;
+  int64_t mb, ic, oc, g;
+  int64_t in[3], k[3], s[3], d[3], p[3];
+  int same; /* auto_pad same_upper */
+} cgc__case;
+
+/* ic/oc are the forward op's: for ConvTranspose cases the channels of its
+ * input and output. */
+static const cgc__case cgc__cases[] = {
+    {"2d", 2, 2, 4, 6, 1, {7, 7}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 0},
+    {"2d-g2-s2", 2, 2, 4, 6, 2, {8, 6}, {3, 2}, {2, 2}, {1, 1}, {1, 0}, 0},
+    {"1d-dil2-s2", 1, 2, 3, 4, 1, {11}, {3}, {2}, {2}, {2}, 0},
+    {"3d-depthwise", 3, 1, 4, 4, 4, {4, 5, 4}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1},
+     {0, 0, 0}, 0},
+    {"2d-same-upper", 2, 1, 2, 4, 1, {6, 5}, {3, 3}, {2, 2}, {1, 1}, {0, 0}, 1},
+};
+
+/* dtype, data format, weights-format style (0: O/I first, 1: X first;
+ * ConvTranspose adds 2, 3: the older OIX / XIO spellings). */
+static const struct {
+  cg_dtype dt;
+  cg_data_format df;
+  int style;
+} cgc__combos[] = {{CG_DTYPE_F32, CG_DATA_NCX, 0},
+                   {CG_DTYPE_F32, CG_DATA_NXC, 1},
+                   {CG_DTYPE_BF16, CG_DATA_NXC, 2},
+                   {CG_DTYPE_F16, CG_DATA_NCX, 3}};
+
+static int cgc__data_dims(cg_data_format df, int nsp, int64_t n, int64_t c,
+                          const int64_t *sp, int64_t *out) {
+  out[0] = n;
+  if (df == CG_DATA_NCX) {
+    out[1] = c;
+    memcpy(out + 2, sp, (size_t)nsp * sizeof(int64_t));
+  } else {
+    memcpy(out + 1, sp, (size_t)nsp * sizeof(int64_t));
+    out[nsp + 1] = c;
+  }
+  return nsp + 2;
+}
+
+/* Weights dims in format wf from the two channel counts named by the
+ * format letters: a = the "O/I-first" pair, b the other. */
+static int cgc__weights_dims(int x_first, int nsp, int64_t first,
+                             int64_t second, const int64_t *k, int64_t *out) {
+  if (!x_first) {
+    out[0] = first;
+    out[1] = second;
+    memcpy(out + 2, k, (size_t)nsp * sizeof(int64_t));
+  } else {
+    memcpy(out, k, (size_t)nsp * sizeof(int64_t));
+    out[nsp] = second;
+    out[nsp + 1] = first;
+  }
+  return nsp + 2;
+}
+
+/* Builds the spec for case c, op and combo; variant 1 sends the shape as
+ * a tensor, variant 2 asks for the other data/weights output layout. */
+static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
+                       int variant) {
+  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
+  int style = cgc__combos[combo].style;
+  int64_t out_sp[3], wd[CG_MAX_RANK];
+  int wrank;
+  cgc_spec_init(s);
+  s->op = op;
+  s->dtype = cgc__combos[combo].dt;
+  s->data_format = cgc__combos[combo].df;
+  s->groups = c->g;
+  s->strides.len = s->dilations.len = (size_t)c->nsp;
+  for (int i = 0; i < c->nsp; i++) {
+    int64_t ek = (c->k[i] - 1) * c->d[i] + 1, pb, pe;
+    s->strides.v[i] = c->s[i];
+    s->dilations.v[i] = c->d[i];
+    if (c->same) {
+      int64_t t = deconv ? ek - c->s[i]
+                         : ((c->in[i] + c->s[i] - 1) / c->s[i] - 1) * c->s[i] +
+                               ek - c->in[i];
+      t = t > 0 ? t : 0;
+      pb = t / 2;
+      pe = t - pb;
+    } else {
+      pb = pe = c->p[i];
+    }
+    out_sp[i] = deconv ? c->s[i] * (c->in[i] - 1) + ek - pb - pe
+                       : (c->in[i] + pb + pe - ek) / c->s[i] + 1;
+  }
+  if (c->same) {
+    s->auto_pad = CG_AUTO_PAD_SAME_UPPER;
+  } else {
+    s->pads_begin.len = s->pads_end.len = (size_t)c->nsp;
+    for (int i = 0; i < c->nsp; i++)
+      s->pads_begin.v[i] = s->pads_end.v[i] = c->p[i];
+  }
+  if (!deconv) {
+    s->weights_format = style % 2 ? CG_WEIGHTS_XIO : CG_WEIGHTS_OIX;
+    wrank = cgc__weights_dims(style % 2, c->nsp, c->oc, c->ic / c->g, c->k, wd);
+  } else if (style < 2) {
+    s->weights_format = style ? CG_WEIGHTS_XOI : CG_WEIGHTS_IOX;
+    wrank = cgc__weights_dims(style, c->nsp, c->ic, c->oc / c->g, c->k, wd);
+  } else {
+    s->weights_format = style == 3 ? CG_WEIGHTS_XIO : CG_WEIGHTS_OIX;
+    wrank = cgc__weights_dims(style == 3, c->nsp, c->oc / c->g, c->ic, c->k,
+                              wd);
+  }
+  int64_t src[CG_MAX_RANK], dst[CG_MAX_RANK];
+  int drank = cgc__data_dims(s->data_format, c->nsp, c->mb, c->ic, c->in, src);
+  cgc__data_dims(s->data_format, c->nsp, c->mb, c->oc, out_sp, dst);
+  s->rank[0] = s->rank[1] = drank;
+  switch (op) {
+  case CG_OP_CONV_BWD_DATA:
+  case CG_OP_DECONV_BWD_DATA:
+    memcpy(s->dims[0], dst, sizeof dst);
+    memcpy(s->dims[1], wd, sizeof wd);
+    s->rank[1] = wrank;
+    /* SAME needs the shape; the others infer it on alternate combos. */
+    if (op == CG_OP_CONV_BWD_DATA && (c->same || combo % 2 || variant == 1)) {
+      s->dst_shape.len = (size_t)drank;
+      memcpy(s->dst_shape.v, src, sizeof src);
+    }
+    break;
+  default:
+    memcpy(s->dims[0], src, sizeof src);
+    memcpy(s->dims[1], dst, sizeof dst);
+    s->weights_shape.len = (size_t)wrank;
+    memcpy(s->weights_shape.v, wd, sizeof wd);
+    break;
+  }
+  if (variant == 1) {
+    s->has_shape_input = 1;
+    s->shape_input =
+        op == CG_OP_CONV_BWD_DATA ? s->dst_shape : s->weights_shape;
+  } else if (variant == 2) {
+    if (cg_op_outputs_weights(op))
+      s->out_weights_format =
+          !deconv ? (s->weights_format == CG_WEIGHTS_OIX ? CG_WEIGHTS_XIO
+                                                         : CG_WEIGHTS_OIX)
+                  : (s->weights_format == CG_WEIGHTS_IOX ? CG_WEIGHTS_XOI
+                                                         : CG_WEIGHTS_IOX);
+    else
+      s->out_data_format =
+          s->data_format == CG_DATA_NCX ? CG_DATA_NXC : CG_DATA_NCX;
+  }
+}
+
+/* Runs one case; returns 1 if it matched. */
+static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s,
+                          const char *label, uint64_t seed, int quiet) {
+  cg_problem p;
+  cg_geom g;
+  char err[512], what[160];
+  void *in0 = NULL, *in1 = NULL, *ref = NULL;
+  cgc_tensor *out = NULL;
+  int ok = 0;
+  snprintf(what, sizeof what, "%-28s %-4s %s/%s %s", cg_op_name(s->op),
+           cg_dtype_name(s->dtype), cg_data_format_name(s->data_format),
+           cg_weights_format_name(s->weights_format), label);
+  cgc_spec_problem(s, &p);
+  if (cg_problem_resolve(&p, &g, err, sizeof err)) {
+    printf("FAIL  %s: local problem invalid: %s\n", what, err);
+    return 0;
+  }
+  in0 = malloc(g.in_bytes[0]);
+  in1 = malloc(g.in_bytes[1]);
+  ref = malloc(g.out_bytes);
+  if (!in0 || !in1 || !ref) {
+    printf("FAIL  %s: out of memory\n", what);
+    goto out;
+  }
+  cgc_fill_random(s->dtype, in0, g.in_elems[0], &seed);
+  cgc_fill_random(s->dtype, in1, g.in_elems[1], &seed);
+  cgc_request req;
+  cgc_status st;
+  cgc_spec_request(s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
+  int rc = cgc_compute(ch, &req, &out, NULL, &st);
+  if (rc) {
+    printf("FAIL  %s: %s: %s\n", what,
+           rc == CGC_ERPC ? cgc_status_code_name(st.code) : cgc_strerror(rc),
+           st.message);
+    goto out;
+  }
+  if (out->nbytes != g.out_bytes || out->rank != g.in_rank ||
+      memcmp(out->dims, g.out_dims, (size_t)out->rank * sizeof(int64_t))) {
+    printf("FAIL  %s: result shape differs from the reference\n", what);
+    goto out;
+  }
+  if (cg_reference_run(&g, in0, in1, ref, err, sizeof err)) {
+    printf("FAIL  %s: reference: %s\n", what, err);
+    goto out;
+  }
+  cgc_diff d;
+  cgc_compare(&g, out->data, ref, &d);
+  ok = d.ok;
+  if (!ok || !quiet)
+    printf("%s  %s  max rel err %.2g\n", ok ? "ok  " : "FAIL", what,
+           d.max_rel);
+out:
+  cgc_tensor_free(out);
+  free(in0);
+  free(in1);
+  free(ref);
+  return ok;
+}
+
+/* Polls Health/Check until SERVING or wait_s passes. */
+static int cgc__smoke_wait(const cgc_cli *cli, cgc_channel *ch, double wait_s) {
+  struct timespec t0, now;
+  cgc_status st = {GRPC_STATUS_UNAVAILABLE, "no answer"};
+  cgc_health_status hs = CGC_HEALTH_UNKNOWN;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int rc = cgc_health(ch, "", 1000, &hs, &st);
+    if (rc == 0 && hs == CGC_HEALTH_SERVING)
+      return 0;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double el = (double)(now.tv_sec - t0.tv_sec) +
+                (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
+    if (el >= wait_s) {
+      if (rc == 0)
+        fprintf(stderr, "convgrad smoke: server %s is %s after %.0f s\n",
+                cli->target, cgc_health_status_name(hs), wait_s);
+      else
+        fprintf(stderr,
+                "convgrad smoke: server %s not reachable after %.0f s: %s: "
+                "%s\n",
+                cli->target, wait_s, cgc_status_code_name(st.code),
+                st.message);
+      return CGC_EXIT_UNAVAILABLE;
+    }
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+int cgc_cmd_smoke(int argc, char **argv) {
+  static const struct option longopts[] = {
+      CGC_COMMON_LONGOPTS,
+      {"wait", required_argument, NULL, CGC_OPT_LOCAL_BASE},
+      {"quiet", no_argument, NULL, CGC_OPT_LOCAL_BASE + 1},
+      {NULL, 0, NULL, 0}};
+  cgc_cli cli;
+  int c, code, quiet = 0;
+  int64_t wait_s = 30;
+  cgc_cli_init(&cli);
+  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    int r = cgc_cli_common(&cli, c, optarg);
+    if (r < 0)
+      return cgc_cli_usage("smoke", "bad value '%s' for %s", optarg,
+                           argv[optind - 1]);
+    if (r > 0)
+      continue;
+    if (c == 'h') {
+      printf("%s\n%s%s", cgc__smoke_help, CGC_COMMON_HELP,
+             CGC_EXIT_CODES_HELP);
+      return 0;
+    }
+    if (c == CGC_OPT_LOCAL_BASE) {
+      if (cgc_cli_int(optarg, 0, 86400, &wait_s))
+        return cgc_cli_usage("smoke", "--wait: expected seconds");
+    } else if (c == CGC_OPT_LOCAL_BASE + 1) {
+      quiet = 1;
+    } else if (c == ':') {
+      return cgc_cli_usage("smoke", "%s needs a value", argv[optind - 1]);
+    } else {
+      return cgc_cli_usage("smoke", "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc)
+    return cgc_cli_usage("smoke", "unexpected argument '%s'", argv[optind]);
+  cgc_channel *ch;
+  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+    return code;
+  if ((code = cgc__smoke_wait(&cli, ch, (double)wait_s)) != 0)
+    goto out;
+
+  int total = 0, passed = 0;
+  uint64_t seed = 1;
+  const size_t ncases = sizeof cgc__cases / sizeof cgc__cases[0];
+  const size_t ncombos = sizeof cgc__combos / sizeof cgc__combos[0];
+  for (size_t ci = 0; ci < ncases; ci++)
+    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD_WEIGHTS; op++)
+      for (size_t k = 0; k < ncombos; k++) {
+        cgc_spec s;
+        cgc__build(&s, &cgc__cases[ci], (cg_op)op, (int)k, 0);
+        total++;
+        passed += cgc__smoke_one(ch, &s, cgc__cases[ci].label, seed++, quiet);
+      }
+  /* Shape tensors and non-default output layouts, on the first two cases. */
+  for (size_t ci = 0; ci < 2; ci++)
+    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD_WEIGHTS; op++)
+      for (int variant = 1; variant <= 2; variant++) {
+        char label[64];
+        cgc_spec s;
+        if (variant == 1 && op == CG_OP_DECONV_BWD_DATA)
+          continue; /* this op has no shape input */
+        cgc__build(&s, &cgc__cases[ci], (cg_op)op, (int)ci, variant);
+        snprintf(label, sizeof label, "%s %s", cgc__cases[ci].label,
+                 variant == 1 ? "shape-input" : "other-out-layout");
+        total++;
+        passed += cgc__smoke_one(ch, &s, label, seed++, quiet);
+      }
+  printf("smoke: %d/%d passed against %s\n", passed, total, cli.target);
+  code = passed == total ? CGC_EXIT_OK : CGC_EXIT_FAIL;
+out:
+  cgc_channel_free(ch);
+  return code;
+}

@@ -1,0 +1,48 @@
+/* harness.h - process helpers for the client's end-to-end tests: start a
+ * convgrad-server on an ephemeral port and read its readiness line, run
+ * the convgrad CLI and capture its output and exit code. Every process a
+ * test starts is stopped by the test (bounded waits, SIGKILL fallback). */
+#ifndef CGC_TEST_HARNESS_H
+#define CGC_TEST_HARNESS_H
+
+#include <sys/types.h>
+
+typedef struct th_server {
+  pid_t pid;
+  int port;
+  int out_fd; /* read end of the server's stdout */
+  char log[256]; /* the server's stderr (one line per request) */
+} th_server;
+
+/* Starts exe --listen 127.0.0.1:PORT (0: ephemeral) plus extra args
+ * (NULL-terminated, may be NULL) and waits up to 60 s for the readiness
+ * line. Returns 0 with s->port set, -1 on failure (message on stderr). */
+int th_server_start(th_server *s, const char *exe, int port,
+                    const char *const *extra);
+/* SIGTERM, wait up to 30 s, then SIGKILL. Safe on a zeroed struct. */
+void th_server_stop(th_server *s);
+
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+int th_free_port(void);
+
+/* Lines of path containing needle. */
+int th_count_lines(const char *path, const char *needle);
+
+typedef struct th_run {
+  int code; /* exit code; 128+N when killed by signal N; -1 spawn failed */
+  char out[65536];
+  char err[8192];
+} th_run;
+
+/* Spawns argv (argv[0] a path) with stdout/stderr to temp files. */
+pid_t th_spawn(const char *const *argv, char *outpath, char *errpath);
+/* Waits up to timeout_s for pid, reading the captured files into r. */
+void th_collect(pid_t pid, int timeout_s, const char *outpath,
+                const char *errpath, th_run *r);
+/* th_spawn + th_collect with a 300 s bound. */
+void th_run_cmd(th_run *r, const char *const *argv);
+
+/* Writes text to path; 0 or -1. */
+int th_write_file(const char *path, const char *text);
+
+#endif

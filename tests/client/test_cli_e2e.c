@@ -1,0 +1,295 @@
+/* test_cli_e2e.c - the convgrad CLI against a live server: each
+ * subcommand and its --help, .npy interop with NumPy in f32/f16/bf16, the
+ * graph JSON path, and the failure exit codes, each with exactly one line
+ * on stderr. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+#include <cmocka.h>
+
+#include "harness.h"
+#include "npy.h"
+
+static const char *server_exe, *cli, *data_dir;
+static th_server srv;
+static char target[64], tflag[80], tmpdir[128];
+
+static int group_setup(void **state) {
+  (void)state;
+  if (th_server_start(&srv, server_exe, 0, NULL))
+    return -1;
+  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
+  snprintf(tflag, sizeof tflag, "--target=%s", target);
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/cgc-cli-test-%d", (int)getpid());
+  mkdir(tmpdir, 0755);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  char cmd[256];
+  th_server_stop(&srv);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; *s; s++)
+    n += *s == '\n';
+  return n;
+}
+
+/* Runs the CLI, checks the exit code, and for failures that stderr holds
+ * exactly one line containing needle. */
+static void expect(th_run *r, int code, const char *needle,
+                   const char *const *argv) {
+  th_run_cmd(r, argv);
+  if (r->code != code)
+    fail_msg("%s %s: exit %d, expected %d\nstdout: %s\nstderr: %s", argv[1],
+             argv[2] ? argv[2] : "", r->code, code, r->out, r->err);
+  if (code != 0) {
+    if (count_lines(r->err) != 1)
+      fail_msg("expected one line on stderr, got: %s", r->err);
+    if (needle && !strstr(r->err, needle))
+      fail_msg("stderr lacks '%s': %s", needle, r->err);
+  } else if (needle && !strstr(r->out, needle)) {
+    fail_msg("stdout lacks '%s': %s", needle, r->out);
+  }
+}
+
+static void test_help_everywhere(void **state) {
+  (void)state;
+  static const char *const cmds[] = {"health", "info", "run", "smoke",
+                                     "bench"};
+  th_run r;
+  for (size_t i = 0; i < 5; i++) {
+    const char *argv[] = {cli, cmds[i], "--help", NULL};
+    expect(&r, 0, "Exit codes", argv);
+    assert_non_null(strstr(r.out, "--target"));
+  }
+  const char *argv[] = {cli, "--help", NULL};
+  expect(&r, 0, "Commands", argv);
+}
+
+static void test_health(void **state) {
+  (void)state;
+  th_run r;
+  const char *ok[] = {cli, "health", tflag, NULL};
+  expect(&r, 0, "SERVING", ok);
+  /* CONVGRAD_TARGET is the default target. */
+  setenv("CONVGRAD_TARGET", target, 1);
+  const char *env[] = {cli, "health", NULL};
+  expect(&r, 0, "SERVING", env);
+  unsetenv("CONVGRAD_TARGET");
+  char dead[80];
+  snprintf(dead, sizeof dead, "--target=127.0.0.1:%d", th_free_port());
+  const char *down[] = {cli, "health", dead, "--retries", "1", NULL};
+  expect(&r, 4, "unavailable", down);
+  const char *unknown[] = {cli, "health", tflag, "--service", "nope", NULL};
+  expect(&r, 6, "NOT_FOUND", unknown);
+}
+
+static void test_info(void **state) {
+  (void)state;
+  th_run r;
+  const char *text[] = {cli, "info", tflag, NULL};
+  expect(&r, 0, "ConvTransposeBackwardWeights", text);
+  assert_non_null(strstr(r.out, "onednn"));
+  const char *json[] = {cli, "info", tflag, "--json", NULL};
+  expect(&r, 0, NULL, json);
+  cJSON *root = cJSON_Parse(r.out);
+  assert_non_null(root);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "ops")), 4);
+  assert_non_null(cJSON_GetObjectItem(root, "limits"));
+  cJSON_Delete(root);
+}
+
+static void test_run_flags_check_and_out(void **state) {
+  (void)state;
+  th_run r;
+  char out[256];
+  snprintf(out, sizeof out, "%s/flags_out.npy", tmpdir);
+  const char *argv[] = {cli, "run", tflag, "--op", "ConvolutionBackpropData",
+                        "--data-format", "NCX", "--weights-format", "OIX",
+                        "--in0-shape", "2,6,4,4", "--in1-shape", "6,2,3,3",
+                        "--groups", "2", "--strides", "2,2", "--pads-begin",
+                        "1,1", "--pads-end", "1,1", "--dst-shape", "2,4,8,8",
+                        "--shape-input", "--seed", "9", "--out", out,
+                        "--check", NULL};
+  expect(&r, 0, "check: max abs err", argv);
+  assert_non_null(strstr(r.out, ": OK"));
+  assert_non_null(strstr(r.out, "diff_src [2, 4, 8, 8]"));
+  cgc_npy n;
+  char err[256];
+  assert_int_equal(cgc_npy_read(out, &n, err, sizeof err), 0);
+  assert_int_equal(n.rank, 4);
+  assert_int_equal(n.dims[3], 8);
+  assert_int_equal(n.dtype, CG_DTYPE_F32);
+  cgc_npy_free(&n);
+  /* Each op by name, with the reference check. */
+  const char *bw[] = {cli, "run", tflag, "--op",
+                      "ConvTransposeBackwardWeights-1", "--in0-shape",
+                      "1,5,5,3", "--in1-shape", "1,11,11,4", "--strides", "2,2",
+                      "--weights-shape", "3,3,4,3", "--check", NULL};
+  expect(&r, 0, ": OK", bw);
+}
+
+static void test_run_graph_json(void **state) {
+  (void)state;
+  th_run r;
+  char f1[512], f2[512];
+  snprintf(f1, sizeof f1, "%s/conv_bwd_d_2d.json", data_dir);
+  snprintf(f2, sizeof f2, "%s/deconv_bwd_w_v06.json", data_dir);
+  const char *a[] = {cli, "run", tflag, "--graph", f1, "--check", NULL};
+  expect(&r, 0, "ConvolutionBackwardData f32: diff_src [1, 4, 8, 8] NCX", a);
+  assert_non_null(strstr(r.out, ": OK"));
+  const char *b[] = {cli, "run", tflag, "--graph", f2, "--check", NULL};
+  expect(&r, 0, "ConvTransposeBackwardWeights bf16: diff_weights [3, 3, 4, 3]",
+         b);
+  assert_non_null(strstr(r.out, ": OK"));
+  /* Flags override the file. */
+  const char *c[] = {cli, "run", tflag, "--graph", f1, "--dtype", "f16",
+                     "--check", NULL};
+  expect(&r, 0, "ConvolutionBackwardData f16", c);
+  const char *bad[] = {cli, "run", tflag, "--graph", "/nonexistent.json",
+                       NULL};
+  expect(&r, 3, "/nonexistent.json", bad);
+}
+
+static void test_npy_interop_numpy(void **state) {
+  (void)state;
+  th_run r;
+  const char *py = "/usr/bin/python3";
+  char tool[512];
+  snprintf(tool, sizeof tool, "%s/../npy_tool.py", data_dir);
+  const char *mk[] = {py, tool, "make", tmpdir, NULL};
+  th_run_cmd(&r, mk);
+  if (r.code != 0)
+    fail_msg("npy_tool make: %s", r.err);
+  static const char *const dts[] = {"f32", "f16", "bf16"};
+  for (int i = 0; i < 3; i++) {
+    char in0[256], in1[256], out[256];
+    snprintf(in0, sizeof in0, "%s/dd_%s.npy", tmpdir, dts[i]);
+    snprintf(in1, sizeof in1, "%s/w_%s.npy", tmpdir, dts[i]);
+    snprintf(out, sizeof out, "%s/out_%s.npy", tmpdir, dts[i]);
+    const char *run[] = {cli, "run", tflag, "--op",
+                         "ConvolutionBackwardData", "--data-format", "NCX",
+                         "--weights-format", "OIX", "--pads-begin", "1,1",
+                         "--pads-end", "1,1", "--in0", in0, "--in1", in1,
+                         "--out", out, "--check", NULL};
+    expect(&r, 0, ": OK", run);
+    const char *chk[] = {py, tool, "check", out, dts[i], "2,4,7,7", NULL};
+    th_run_cmd(&r, chk);
+    if (r.code != 0)
+      fail_msg("numpy cannot read %s: %s", out, r.err);
+  }
+  char bad[256], in1[256];
+  snprintf(in1, sizeof in1, "%s/w_f32.npy", tmpdir);
+  snprintf(bad, sizeof bad, "%s/fortran.npy", tmpdir);
+  const char *f[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
+                     "--data-format", "NCX", "--weights-format", "OIX",
+                     "--in0", bad, "--in1", in1, NULL};
+  expect(&r, 3, "Fortran-order", f);
+  snprintf(bad, sizeof bad, "%s/f64.npy", tmpdir);
+  f[10] = bad;
+  expect(&r, 3, "'<f8'", f);
+}
+
+static void test_failure_exit_codes(void **state) {
+  (void)state;
+  th_run r;
+  const char *flag[] = {cli, "run", tflag, "--frobnicate", NULL};
+  expect(&r, 2, "unknown option '--frobnicate'", flag);
+  const char *noval[] = {cli, "run", tflag, "--op", NULL};
+  expect(&r, 2, "--op needs a value", noval);
+  const char *cmd[] = {cli, "transmogrify", NULL};
+  expect(&r, 2, "unknown command", cmd);
+  const char *list[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
+                        "--strides", "2,x", NULL};
+  expect(&r, 2, "--strides", list);
+  const char *npy[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
+                       "--in0", "/nonexistent/a.npy", "--in1-shape",
+                       "3,3,4,4", NULL};
+  expect(&r, 3, "/nonexistent/a.npy", npy);
+  const char *inval[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
+                         "--in0-shape", "1,8,8,4", "--in1-shape", "3,3,4,4",
+                         "--dilations", "1,0", NULL};
+  expect(&r, 5, "rejected the request: dilations[1]", inval);
+  char dead[80];
+  snprintf(dead, sizeof dead, "--target=127.0.0.1:%d", th_free_port());
+  const char *down[] = {cli, "run", dead, "--retries", "1", "--op",
+                        "ConvolutionBackwardData", "--in0-shape", "1,8,8,4",
+                        "--in1-shape", "3,3,4,4", NULL};
+  expect(&r, 4, "unavailable", down);
+  const char *badtarget[] = {cli, "health", "--target", "a:1,b", NULL};
+  expect(&r, 2, "target", badtarget);
+}
+
+static void test_smoke(void **state) {
+  (void)state;
+  th_run r;
+  const char *argv[] = {cli, "smoke", tflag, "--wait", "10", NULL};
+  expect(&r, 0, "passed against", argv);
+  assert_null(strstr(r.out, "FAIL"));
+}
+
+static void test_bench(void **state) {
+  (void)state;
+  th_run r;
+  char list[256];
+  snprintf(list, sizeof list, "%s/problems.txt", tmpdir);
+  assert_int_equal(th_write_file(list, "# tiny problems\n"
+                                       "mb1ic4ih8oc4oh8kh3ph1\n"
+                                       "deconv: mb1ic4ih4oc4oh8kh2sh2\n"),
+                   0);
+  const char *table[] = {cli, "bench", tflag, "--problems", list,
+                         "--requests", "20", "--concurrency", "4", NULL};
+  expect(&r, 0, "p50 ms", table);
+  assert_non_null(strstr(r.out, "ConvTransposeBackwardWeights"));
+  assert_int_equal(count_lines(r.out), 5); /* header + 2 x 2 ops */
+  const char *json[] = {cli, "bench", tflag, "--problem",
+                        "mb1ic4ih8oc4oh8kh3ph1", "--op",
+                        "ConvolutionBackwardData", "--requests", "10",
+                        "--json", NULL};
+  expect(&r, 0, NULL, json);
+  cJSON *root = cJSON_Parse(r.out);
+  assert_non_null(root);
+  assert_int_equal(cJSON_GetArraySize(root), 1);
+  cJSON *row = cJSON_GetArrayItem(root, 0);
+  assert_true(cJSON_GetObjectItem(row, "p50_ms")->valuedouble > 0);
+  assert_true(cJSON_GetObjectItem(row, "p99_ms")->valuedouble >=
+              cJSON_GetObjectItem(row, "p50_ms")->valuedouble);
+  assert_true(cJSON_GetObjectItem(row, "requests_per_s")->valuedouble > 0);
+  cJSON_Delete(root);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s convgrad-server convgrad DATA_DIR\n", argv[0]);
+    return 2;
+  }
+  server_exe = argv[1];
+  cli = argv[2];
+  data_dir = argv[3];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_help_everywhere),
+      cmocka_unit_test(test_health),
+      cmocka_unit_test(test_info),
+      cmocka_unit_test(test_run_flags_check_and_out),
+      cmocka_unit_test(test_run_graph_json),
+      cmocka_unit_test(test_npy_interop_numpy),
+      cmocka_unit_test(test_failure_exit_codes),
+      cmocka_unit_test(test_smoke),
+      cmocka_unit_test(test_bench),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

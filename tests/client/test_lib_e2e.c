@@ -1,0 +1,329 @@
+/* test_lib_e2e.c - libcgclient against a live convgrad-server on an
+ * ephemeral port: every op checked against the reference with tiny upload
+ * and download chunks (many messages each way), a multi-MiB tensor with
+ * the defaults, eight threads sharing one channel, server statuses and
+ * messages, local argument checks, target rewriting, health and info. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cg/reference.h"
+#include "cgc/client.h"
+#include "harness.h"
+#include "spec.h"
+
+static const char *server_exe;
+static th_server srv;
+static char target[64];
+
+static int group_setup(void **state) {
+  (void)state;
+  const char *extra[] = {"--workers", "2", NULL};
+  if (th_server_start(&srv, server_exe, 0, extra))
+    return -1;
+  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  th_server_stop(&srv);
+  return 0;
+}
+
+/* A small valid problem of op in f32, NCX with default weights layout. */
+static void make_spec(cgc_spec *s, cg_op op, int64_t scale) {
+  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
+  int64_t n = 2, ic = 4 * scale, oc = 6, h = 9, k = 3;
+  /* stride 2, pad 1: conv 9 -> 5; deconv 9 -> 2*8+3-2 = 17 */
+  int64_t ho = deconv ? 17 : 5;
+  cgc_spec_init(s);
+  s->op = op;
+  s->data_format = CG_DATA_NCX;
+  s->groups = 2;
+  s->strides.len = s->pads_begin.len = s->pads_end.len = 2;
+  for (int i = 0; i < 2; i++) {
+    s->strides.v[i] = 2;
+    s->pads_begin.v[i] = s->pads_end.v[i] = 1;
+  }
+  int64_t src[4] = {n, ic, h, h}, dst[4] = {n, oc, ho, ho};
+  /* Default weights: XIO (conv: K,K,ICg,OC) / XOI (deconv: K,K,OCg,IC). */
+  int64_t w[4] = {k, k, deconv ? oc / 2 : ic / 2, deconv ? ic : oc};
+  s->rank[0] = s->rank[1] = 4;
+  if (op == CG_OP_CONV_BWD_DATA || op == CG_OP_DECONV_BWD_DATA) {
+    memcpy(s->dims[0], dst, sizeof dst);
+    memcpy(s->dims[1], w, sizeof w);
+    if (op == CG_OP_CONV_BWD_DATA) {
+      s->dst_shape.len = 4;
+      memcpy(s->dst_shape.v, src, sizeof src);
+    }
+  } else {
+    memcpy(s->dims[0], src, sizeof src);
+    memcpy(s->dims[1], dst, sizeof dst);
+    s->weights_shape.len = 4;
+    memcpy(s->weights_shape.v, w, sizeof w);
+  }
+}
+
+/* Runs spec s on ch and compares with the reference; returns max rel err
+ * or fails the test. */
+static void run_and_check(cgc_channel *ch, const cgc_spec *s, uint64_t seed) {
+  cg_problem p;
+  cg_geom g;
+  char err[512];
+  cgc_spec_problem(s, &p);
+  if (cg_problem_resolve(&p, &g, err, sizeof err))
+    fail_msg("resolve: %s", err);
+  void *in0 = malloc(g.in_bytes[0]), *in1 = malloc(g.in_bytes[1]);
+  void *ref = malloc(g.out_bytes);
+  assert_true(in0 && in1 && ref);
+  cgc_fill_random(s->dtype, in0, g.in_elems[0], &seed);
+  cgc_fill_random(s->dtype, in1, g.in_elems[1], &seed);
+  cgc_request req;
+  cgc_tensor *out = NULL;
+  cgc_result res;
+  cgc_status st;
+  cgc_spec_request(s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
+  int rc = cgc_compute(ch, &req, &out, &res, &st);
+  if (rc)
+    fail_msg("%s: %s %s", cg_op_name(s->op), cgc_status_code_name(st.code),
+             st.message);
+  assert_int_equal(st.code, GRPC_STATUS_OK);
+  assert_int_equal(out->nbytes, g.out_bytes);
+  assert_int_equal(res.bytes_received, g.out_bytes);
+  assert_int_equal(res.bytes_sent, g.in_bytes[0] + g.in_bytes[1]);
+  assert_int_equal(res.attempts, 1);
+  assert_true(res.worker[0] != '\0');
+  assert_memory_equal(out->dims, g.out_dims, (size_t)out->rank * 8);
+  assert_int_equal(cg_reference_run(&g, in0, in1, ref, err, sizeof err), 0);
+  cgc_diff d;
+  cgc_compare(&g, out->data, ref, &d);
+  if (!d.ok)
+    fail_msg("%s: max abs err %g > tol %g", cg_op_name(s->op), d.max_abs,
+             d.tol);
+  cgc_tensor_free(out);
+  free(in0);
+  free(in1);
+  free(ref);
+}
+
+static void test_all_ops_tiny_chunks(void **state) {
+  (void)state;
+  cgc_options o;
+  cgc_channel *ch;
+  char err[256];
+  cgc_options_init(&o);
+  /* Many small messages each way: exercises the framing and reassembly. */
+  o.upload_chunk_bytes = 1000;
+  o.download_chunk_bytes = 1024;
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err), 0);
+  for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD_WEIGHTS; op++) {
+    cgc_spec s;
+    make_spec(&s, (cg_op)op, 2);
+    run_and_check(ch, &s, (uint64_t)op);
+  }
+  cgc_channel_free(ch);
+}
+
+static void test_large_tensor_default_chunks(void **state) {
+  (void)state;
+  cgc_channel *ch;
+  char err[256];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  /* 1x1 conv, 2 x 256 x 96 x 96 f32 = 18.9 MB per data tensor: above
+   * gRPC's 4 MiB message cap in both directions. */
+  cgc_spec s;
+  cgc_spec_init(&s);
+  s.op = CG_OP_CONV_BWD_DATA;
+  s.data_format = CG_DATA_NCX;
+  s.weights_format = CG_WEIGHTS_OIX;
+  s.rank[0] = s.rank[1] = 4;
+  int64_t dd[4] = {2, 256, 96, 96}, w[4] = {256, 256, 1, 1};
+  memcpy(s.dims[0], dd, sizeof dd);
+  memcpy(s.dims[1], w, sizeof w);
+  run_and_check(ch, &s, 11);
+  cgc_channel_free(ch);
+}
+
+typedef struct {
+  cgc_channel *ch;
+  int index, failures;
+} worker_arg;
+
+static void *worker(void *p) {
+  worker_arg *a = p;
+  for (int i = 0; i < 6; i++) {
+    cgc_spec s;
+    cg_problem pr;
+    cg_geom g;
+    cg_op op = (cg_op)(1 + (a->index + i) % 4);
+    make_spec(&s, op, 1);
+    cgc_spec_problem(&s, &pr);
+    if (cg_problem_resolve(&pr, &g, NULL, 0)) {
+      a->failures++;
+      continue;
+    }
+    uint64_t seed = (uint64_t)(a->index * 100 + i);
+    void *in0 = malloc(g.in_bytes[0]), *in1 = malloc(g.in_bytes[1]);
+    void *ref = malloc(g.out_bytes);
+    cgc_fill_random(s.dtype, in0, g.in_elems[0], &seed);
+    cgc_fill_random(s.dtype, in1, g.in_elems[1], &seed);
+    cgc_request req;
+    cgc_tensor *out = NULL;
+    cgc_status st;
+    cgc_spec_request(&s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
+    cgc_diff d = {0};
+    if (cgc_compute(a->ch, &req, &out, NULL, &st) == 0 &&
+        cg_reference_run(&g, in0, in1, ref, NULL, 0) == 0)
+      cgc_compare(&g, out->data, ref, &d);
+    a->failures += !d.ok;
+    cgc_tensor_free(out);
+    free(in0);
+    free(in1);
+    free(ref);
+  }
+  return NULL;
+}
+
+static void test_shared_channel_threads(void **state) {
+  (void)state;
+  cgc_channel *ch;
+  char err[256];
+  pthread_t th[8];
+  worker_arg args[8];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  for (int i = 0; i < 8; i++) {
+    args[i] = (worker_arg){ch, i, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, worker, &args[i]), 0);
+  }
+  int failures = 0;
+  for (int i = 0; i < 8; i++) {
+    pthread_join(th[i], NULL);
+    failures += args[i].failures;
+  }
+  assert_int_equal(failures, 0);
+  cgc_channel_free(ch);
+}
+
+static void test_server_statuses(void **state) {
+  (void)state;
+  cgc_channel *ch;
+  char err[256];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  cgc_spec s;
+  make_spec(&s, CG_OP_CONV_BWD_DATA, 1);
+  s.strides.v[1] = 0;
+  size_t n0 = cgc_spec_input_bytes(&s, 0), n1 = cgc_spec_input_bytes(&s, 1);
+  void *a = calloc(1, n0), *b = calloc(1, n1);
+  cgc_request req;
+  cgc_tensor *out = (cgc_tensor *)&req; /* must be reset to NULL */
+  cgc_result res;
+  cgc_status st;
+  cgc_spec_request(&s, a, n0, b, n1, &req);
+  assert_int_equal(cgc_compute(ch, &req, &out, &res, &st), CGC_ERPC);
+  assert_null(out);
+  assert_int_equal(st.code, GRPC_STATUS_INVALID_ARGUMENT);
+  assert_non_null(strstr(st.message, "strides[1]"));
+  assert_int_equal(res.attempts, 1); /* not retried */
+
+  /* Checked locally, before any network traffic. */
+  s.strides.v[1] = 2;
+  cgc_spec_request(&s, a, n0 - 4, b, n1, &req);
+  assert_int_equal(cgc_compute(ch, &req, &out, NULL, &st), CG_EINVAL);
+  assert_non_null(strstr(st.message, "inputs[0].nbytes"));
+  req.inputs[0].nbytes = n0;
+  req.op = (cg_op)9;
+  assert_int_equal(cgc_compute(ch, &req, &out, NULL, &st), CG_EINVAL);
+  assert_non_null(strstr(st.message, "op"));
+  free(a);
+  free(b);
+  cgc_channel_free(ch);
+}
+
+static void test_health_and_info(void **state) {
+  (void)state;
+  cgc_channel *ch;
+  char err[256];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  cgc_health_status hs;
+  cgc_status st;
+  assert_int_equal(cgc_health(ch, NULL, 0, &hs, &st), 0);
+  assert_int_equal(hs, CGC_HEALTH_SERVING);
+  assert_int_equal(cgc_health(ch, "no.such.Service", 0, &hs, &st), CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_NOT_FOUND);
+  cgc_server_info *in = NULL;
+  assert_int_equal(cgc_server_info_get(ch, 0, &in, &st), 0);
+  assert_int_equal(in->n_ops, 4);
+  assert_string_equal(in->ops[0].names[0], "ConvolutionBackwardData");
+  assert_int_equal(in->workers, 2);
+  assert_true(in->n_dtypes >= 3);
+  assert_true(strlen(in->onednn_version) > 0);
+  cgc_server_info_free(in);
+  cgc_channel_free(ch);
+}
+
+static void test_targets_and_options(void **state) {
+  (void)state;
+  cgc_channel *ch;
+  cgc_options o;
+  char err[256], want[128];
+  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
+  char list[128];
+  snprintf(list, sizeof list, "localhost:%d,127.0.0.1:%d", srv.port,
+           srv.port);
+  assert_int_equal(cgc_channel_new(&ch, list, NULL, err, sizeof err), 0);
+  snprintf(want, sizeof want, "ipv4:127.0.0.1:%d,127.0.0.1:%d", srv.port,
+           srv.port);
+  assert_string_equal(cgc_channel_target(ch), want);
+  cgc_health_status hs;
+  cgc_status st;
+  assert_int_equal(cgc_health(ch, "", 0, &hs, &st), 0);
+  cgc_channel_free(ch);
+
+  assert_int_equal(cgc_channel_new(&ch, "[::1]:5,[::1]:6", NULL, err,
+                                   sizeof err),
+                   0);
+  assert_string_equal(cgc_channel_target(ch), "ipv6:[::1]:5,[::1]:6");
+  cgc_channel_free(ch);
+  assert_int_equal(cgc_channel_new(&ch, "127.0.0.1:5,[::1]:6", NULL, err,
+                                   sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "mixes IPv4-only and IPv6-only"));
+  assert_int_equal(cgc_channel_new(&ch, "127.0.0.1:x,127.0.0.1:6", NULL, err,
+                                   sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "numeric port"));
+  cgc_options_init(&o);
+  o.tls_root_certs = "-----BEGIN CERTIFICATE-----";
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "tls_root_certs"));
+  cgc_options_init(&o);
+  o.upload_chunk_bytes = (size_t)o.max_message_bytes;
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
+                   CG_EINVAL);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH/convgrad-server\n", argv[0]);
+    return 2;
+  }
+  server_exe = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_all_ops_tiny_chunks),
+      cmocka_unit_test(test_large_tensor_default_chunks),
+      cmocka_unit_test(test_shared_channel_threads),
+      cmocka_unit_test(test_server_statuses),
+      cmocka_unit_test(test_health_and_info),
+      cmocka_unit_test(test_targets_and_options),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
