@@ -49,7 +49,7 @@ void cg_problem_init(cg_problem *p) {
 
 /* Positions of the O dim, the I dim and the first kernel dim of a weights
  * tensor in format f. The letters sit at the same place for every op; what
- * they count differs (see weights_dims). */
+ * they count differs (see cg__weights_dims). */
 static void weights_positions(cg_weights_format f, int nsp, int *o, int *i,
                               int *k) {
   switch (f) {
