@@ -247,18 +247,11 @@ int cgc_cmd_bench(int argc, char **argv) {
   cg_weights_format wf = CG_WEIGHTS_DEFAULT;
   int64_t conc = 1, nreq = 200, warmup = 10;
   cgc_cli_init(&cli);
-  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    int r = cgc_cli_common(&cli, c, optarg);
-    if (r < 0)
-      return cgc_cli_usage("bench", "bad value '%s' for %s", optarg,
-                           argv[optind - 1]);
-    if (r > 0)
-      continue;
+  while ((c = cgc_cli_next(&cli, "bench", cgc__bench_help, argc, argv,
+                           longopts, &code)) != -1) {
     switch (c) {
-    case 'h':
-      printf("%s\n%s%s", cgc__bench_help, CGC_COMMON_HELP,
-             CGC_EXIT_CODES_HELP);
-      return 0;
+    case CGC_CLI_DONE:
+      return code;
     case B_PROBLEMS:
       file = optarg;
       break;
@@ -301,14 +294,8 @@ int cgc_cmd_bench(int argc, char **argv) {
     case B_JSON:
       json = 1;
       break;
-    case ':':
-      return cgc_cli_usage("bench", "%s needs a value", argv[optind - 1]);
-    default:
-      return cgc_cli_usage("bench", "unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind < argc)
-    return cgc_cli_usage("bench", "unexpected argument '%s'", argv[optind]);
   if (!file && ndesc == 0)
     return cgc_cli_usage("bench", "give --problems FILE or --problem DESC");
 

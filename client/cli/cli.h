@@ -43,9 +43,14 @@ enum {
 
 /* Defaults from the environment. */
 void cgc_cli_init(cgc_cli *cli);
-/* Handles a common option: 1 handled, 0 not common, -1 bad value (message
- * printed; exit CGC_EXIT_USAGE). */
-int cgc_cli_common(cgc_cli *cli, int c, const char *arg);
+/* The option loop of every subcommand: calls getopt_long and handles the
+ * common flags, --help (prints help, the common flags and the exit codes),
+ * missing values, unknown options and stray arguments. Returns the next
+ * subcommand-specific option (>= CGC_OPT_LOCAL_BASE, value in optarg), -1
+ * when all are read, or CGC_CLI_DONE when the caller must return *code. */
+#define CGC_CLI_DONE (-2)
+int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
+                 char **argv, const struct option *longopts, int *code);
 /* Connects; on failure prints the reason and returns an exit code. */
 int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch);
 /* Prints one line for a failed call (what: "run", "health") and returns

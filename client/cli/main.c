@@ -36,7 +36,8 @@ int cgc_cli_usage(const char *cmd, const char *fmt, ...) {
   return CGC_EXIT_USAGE;
 }
 
-int cgc_cli_common(cgc_cli *cli, int c, const char *arg) {
+/* 1 handled, 0 not a common option, -1 bad value. */
+static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
   int64_t v;
   switch (c) {
   case CGC_OPT_TARGET:
@@ -62,6 +63,40 @@ int cgc_cli_common(cgc_cli *cli, int c, const char *arg) {
   default:
     return 0;
   }
+}
+
+int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
+                 char **argv, const struct option *longopts, int *code) {
+  int c, r;
+  do {
+    c = getopt_long(argc, argv, ":h", longopts, NULL);
+    r = cgc__cli_common(cli, c, optarg);
+  } while (r > 0);
+  /* Only CGC_CLI_DONE sets *code; every exit from here but --help is a
+   * usage error. */
+  if (r < 0) {
+    *code = cgc_cli_usage(cmd, "bad value '%s' for %s", optarg,
+                          argv[optind - 1]);
+    return CGC_CLI_DONE;
+  }
+  if (c == 'h') {
+    printf("%s\n%s%s", help, CGC_COMMON_HELP, CGC_EXIT_CODES_HELP);
+    *code = CGC_EXIT_OK;
+    return CGC_CLI_DONE;
+  }
+  if (c == ':') {
+    *code = cgc_cli_usage(cmd, "%s needs a value", argv[optind - 1]);
+    return CGC_CLI_DONE;
+  }
+  if (c == '?') {
+    *code = cgc_cli_usage(cmd, "unknown option '%s'", argv[optind - 1]);
+    return CGC_CLI_DONE;
+  }
+  if (c == -1 && optind < argc) {
+    *code = cgc_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
+    return CGC_CLI_DONE;
+  }
+  return c;
 }
 
 int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch) {
@@ -125,25 +160,12 @@ int cgc_cmd_health(int argc, char **argv) {
   int c, code;
   cgc_cli_init(&cli);
   cli.opts.deadline_ms = 3000;
-  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-    int r = cgc_cli_common(&cli, c, optarg);
-    if (r < 0)
-      return cgc_cli_usage("health", "bad value '%s' for %s", optarg,
-                           argv[optind - 1]);
-    if (r > 0)
-      continue;
-    if (c == 'h') {
-      printf("%s\n%s%s", cgc__health_help, CGC_COMMON_HELP,
-             CGC_EXIT_CODES_HELP);
-      return 0;
-    }
-    if (c == CGC_OPT_LOCAL_BASE)
-      service = optarg;
-    else
-      return cgc_cli_usage("health", "unknown option");
+  while ((c = cgc_cli_next(&cli, "health", cgc__health_help, argc, argv,
+                           longopts, &code)) != -1) {
+    if (c == CGC_CLI_DONE)
+      return code;
+    service = optarg; /* --service, the only local option */
   }
-  if (optind < argc)
-    return cgc_cli_usage("health", "unexpected argument '%s'", argv[optind]);
   cgc_channel *ch;
   if ((code = cgc_cli_connect(&cli, &ch)) != 0)
     return code;
@@ -271,24 +293,12 @@ int cgc_cmd_info(int argc, char **argv) {
   int c, code, json = 0;
   cgc_cli_init(&cli);
   cli.opts.deadline_ms = 10000;
-  while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-    int r = cgc_cli_common(&cli, c, optarg);
-    if (r < 0)
-      return cgc_cli_usage("info", "bad value '%s' for %s", optarg,
-                           argv[optind - 1]);
-    if (r > 0)
-      continue;
-    if (c == 'h') {
-      printf("%s\n%s%s", cgc__info_help, CGC_COMMON_HELP, CGC_EXIT_CODES_HELP);
-      return 0;
-    }
-    if (c == CGC_OPT_LOCAL_BASE)
-      json = 1;
-    else
-      return cgc_cli_usage("info", "unknown option");
+  while ((c = cgc_cli_next(&cli, "info", cgc__info_help, argc, argv,
+                           longopts, &code)) != -1) {
+    if (c == CGC_CLI_DONE)
+      return code;
+    json = 1; /* --json, the only local option */
   }
-  if (optind < argc)
-    return cgc_cli_usage("info", "unexpected argument '%s'", argv[optind]);
   cgc_channel *ch;
   if ((code = cgc_cli_connect(&cli, &ch)) != 0)
     return code;

@@ -295,25 +295,12 @@ int cgc_cmd_run(int argc, char **argv) {
   int64_t seed = 1, graph_op = 0;
 
   cgc_cli_init(&cli);
-  while ((c = getopt_long(argc, argv, ":h", cgc__run_opts, NULL)) != -1) {
-    int r = cgc_cli_common(&cli, c, optarg);
-    if (r < 0)
-      return cgc_cli_usage("run", "bad value '%s' for %s", optarg,
-                           argv[optind - 1]);
-    if (r > 0)
-      continue;
-    if (c == 'h') {
-      printf("%s\n%s%s", cgc__run_help, CGC_COMMON_HELP, CGC_EXIT_CODES_HELP);
-      return 0;
-    }
-    if (c == ':')
-      return cgc_cli_usage("run", "%s needs a value", argv[optind - 1]);
-    if (c < CGC_OPT_LOCAL_BASE || c >= R_END)
-      return cgc_cli_usage("run", "unknown option '%s'", argv[optind - 1]);
+  while ((c = cgc_cli_next(&cli, "run", cgc__run_help, argc, argv,
+                           cgc__run_opts, &code)) != -1) {
+    if (c == CGC_CLI_DONE)
+      return code;
     v[c - CGC_OPT_LOCAL_BASE] = optarg ? optarg : "1";
   }
-  if (optind < argc)
-    return cgc_cli_usage("run", "unexpected argument '%s'", argv[optind]);
 #define V(id) v[(id) - CGC_OPT_LOCAL_BASE]
   if (V(R_SEED) && cgc_cli_int(V(R_SEED), 0, INT64_MAX, &seed))
     return cgc_cli_usage("run", "--seed: expected a non-negative integer");

@@ -269,31 +269,17 @@ int cgc_cmd_smoke(int argc, char **argv) {
   int c, code, quiet = 0;
   int64_t wait_s = 30;
   cgc_cli_init(&cli);
-  while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-    int r = cgc_cli_common(&cli, c, optarg);
-    if (r < 0)
-      return cgc_cli_usage("smoke", "bad value '%s' for %s", optarg,
-                           argv[optind - 1]);
-    if (r > 0)
-      continue;
-    if (c == 'h') {
-      printf("%s\n%s%s", cgc__smoke_help, CGC_COMMON_HELP,
-             CGC_EXIT_CODES_HELP);
-      return 0;
-    }
+  while ((c = cgc_cli_next(&cli, "smoke", cgc__smoke_help, argc, argv,
+                           longopts, &code)) != -1) {
+    if (c == CGC_CLI_DONE)
+      return code;
     if (c == CGC_OPT_LOCAL_BASE) {
       if (cgc_cli_int(optarg, 0, 86400, &wait_s))
         return cgc_cli_usage("smoke", "--wait: expected seconds");
-    } else if (c == CGC_OPT_LOCAL_BASE + 1) {
-      quiet = 1;
-    } else if (c == ':') {
-      return cgc_cli_usage("smoke", "%s needs a value", argv[optind - 1]);
     } else {
-      return cgc_cli_usage("smoke", "unknown option '%s'", argv[optind - 1]);
+      quiet = 1;
     }
   }
-  if (optind < argc)
-    return cgc_cli_usage("smoke", "unexpected argument '%s'", argv[optind]);
   cgc_channel *ch;
   if ((code = cgc_cli_connect(&cli, &ch)) != 0)
     return code;

@@ -47,6 +47,17 @@ int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len) {
   return 0;
 }
 
+void cgc__call_end(grpc_call *call, grpc_completion_queue *cq) {
+  if (call)
+    grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                    NULL)
+             .type != GRPC_QUEUE_SHUTDOWN)
+    ;
+  grpc_completion_queue_destroy(cq);
+}
+
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, gpr_timespec deadline, void **resp,
                size_t *resplen, cgc_status *st) {
@@ -121,14 +132,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot read the response",
                     method);
 out:
-  if (call)
-    grpc_call_unref(call);
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                    NULL)
-             .type != GRPC_QUEUE_SHUTDOWN)
-    ;
-  grpc_completion_queue_destroy(cq);
+  cgc__call_end(call, cq);
   grpc_byte_buffer_destroy(send_bb);
   if (recv_bb)
     grpc_byte_buffer_destroy(recv_bb);

@@ -654,14 +654,7 @@ start_failed:
       status_busy = 0;
   }
 out:
-  if (call)
-    grpc_call_unref(call);
-  grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                    NULL)
-             .type != GRPC_QUEUE_SHUTDOWN)
-    ;
-  grpc_completion_queue_destroy(cq);
+  cgc__call_end(call, cq);
   if (send_bb)
     grpc_byte_buffer_destroy(send_bb);
   if (recv_bb)

@@ -44,6 +44,10 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, gpr_timespec deadline, void **resp,
                size_t *resplen, cgc_status *st);
 
+/* Ends a call's life: unrefs call (may be NULL), then shuts down, drains
+ * and destroys its completion queue. */
+void cgc__call_end(grpc_call *call, grpc_completion_queue *cq);
+
 /* Copies every byte of bb into one malloc'ed buffer (small messages only).
  * Returns 0 or CG_ENOMEM. */
 int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len);
