@@ -250,7 +250,7 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   ops[n++].data.send_status_from_server.status_details = &c->status_slice;
   c->st = ST_DONE;
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     grpc_call_cancel_with_status(c->call, code, c->msg, NULL);
   }
@@ -285,7 +285,7 @@ static void send_next(cgs_call *c) {
     ops[n++].data.send_status_from_server.status_details = &c->status_slice;
   }
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     if (c->send_bb) {
       grpc_byte_buffer_destroy(c->send_bb);
@@ -334,7 +334,7 @@ static void send_header(cgs_call *c) {
   c->md_sent = 1;
   c->st = ST_SENDING;
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->call, ops, 2, &c->tag_send) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(c->s, c->call, ops, 2, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     grpc_byte_buffer_destroy(c->send_bb);
     c->send_bb = NULL;
@@ -350,12 +350,13 @@ static void on_send(cgs_tag *t, int ok) {
     c->send_bb = NULL;
   }
   if (!ok) {
-    /* The stream broke (client cancelled, deadline, shutdown). */
-    if (!c->finished) {
-      c->finished = 1;
-      c->status = GRPC_STATUS_CANCELLED;
-      snprintf(c->msg, sizeof c->msg, "stream broken while sending");
-    }
+    /* Nothing of this batch reached the client, a final status included:
+     * the stream broke (client cancelled, deadline, shutdown). */
+    int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+    c->finished = 1;
+    c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
+    snprintf(c->msg, sizeof c->msg, "stream broken while %s",
+             state_names[c->st]);
   } else if (!c->finished) {
     send_next(c);
   }
@@ -730,6 +731,9 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
     c->in_fill[i] = d->len;
     c->bytes_in += d->len;
   }
+  cgs_debug("compute id=%" PRIu64 " admitted: reserved %" PRIu64
+            " bytes, %" PRIu64 " in flight",
+            c->id, c->reserved, c->s->inflight_bytes);
   /* Without a shape tensor still to come, validate before the upload. */
   if ((c->ninputs < 3 || c->in_fill[2] == c->in_len[2]) && resolve(c) != 0)
     return;
@@ -790,7 +794,7 @@ static void post_recv(cgs_call *c) {
   op.op = GRPC_OP_RECV_MESSAGE;
   op.data.recv_message.recv_message = &c->recv_bb;
   c->recv_pending = 1;
-  if (cgs_rpc_batch(c->call, &op, 1, &c->tag_recv) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_recv) != GRPC_CALL_OK) {
     c->recv_pending = 0;
     finish(c, GRPC_STATUS_INTERNAL, "cannot start a receive batch");
   }
@@ -894,6 +898,7 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
   c->tag_send.cb = on_send;
   c->tag_close.cb = on_close;
   c->st = ST_RECV_HEADER;
+  cgs_debug("compute id=%" PRIu64 " started, peer %s", c->id, c->peer);
   uv_timer_init(s->loop, &c->timer);
   c->timer.data = c;
   c->next = s->calls;
@@ -906,7 +911,7 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &c->cancelled;
-  if (cgs_rpc_batch(call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(s, call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
     c->close_received = 1; /* no notification will come */
     grpc_call_cancel(call, NULL);
     finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");

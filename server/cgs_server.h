@@ -80,6 +80,7 @@ struct cgs_server {
   /* shutdown */
   int draining;
   int grace_expired;
+  int cq_closed; /* grpc_completion_queue_shutdown was called */
   int torn_down;
   uv_timer_t grace_timer;
   cgs_tag shutdown_tag;
@@ -97,9 +98,9 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
 void cgs_server_drain(cgs_server *s);
 
 /* Starts a batch; logs and returns the grpc_call_error on failure (then
- * the tag will not fire). */
-grpc_call_error cgs_rpc_batch(grpc_call *call, const grpc_op *ops, size_t n,
-                              cgs_tag *tag);
+ * the tag will not fire). Refuses once the completion queue is closing. */
+grpc_call_error cgs_rpc_batch(cgs_server *s, grpc_call *call,
+                              const grpc_op *ops, size_t n, cgs_tag *tag);
 /* Finishes a unary (or not yet answered) call: sends initial metadata,
  * msg when not NULL, and the status, then releases the call. Takes
  * ownership of call's reference and of msg. */

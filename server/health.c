@@ -153,7 +153,7 @@ static void watcher_step(watcher *w) {
     return;
   }
   w->send_pending = 1;
-  if (cgs_rpc_batch(w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(w->h->s, w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
     grpc_call_cancel(w->call, NULL);
     on_watch_send(&w->tag_send, 0);
   }
@@ -209,7 +209,7 @@ void cgs_health_watch(cgs_health *h, grpc_call *call,
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &w->cancelled;
-  if (cgs_rpc_batch(call, &op, 1, &w->tag_close) != GRPC_CALL_OK) {
+  if (cgs_rpc_batch(h->s, call, &op, 1, &w->tag_close) != GRPC_CALL_OK) {
     /* Without a close notification the watcher could never be freed. */
     w->close_received = 1;
     grpc_call_cancel(call, NULL);

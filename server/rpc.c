@@ -37,8 +37,12 @@ const char *cgs_status_name(grpc_status_code code) {
   return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : "?";
 }
 
-grpc_call_error cgs_rpc_batch(grpc_call *call, const grpc_op *ops, size_t n,
-                              cgs_tag *tag) {
+grpc_call_error cgs_rpc_batch(cgs_server *s, grpc_call *call,
+                              const grpc_op *ops, size_t n, cgs_tag *tag) {
+  /* grpc's shutdown notification does not wait for calls to be released,
+   * only for them to be over; after it no batch may touch the queue. */
+  if (s->cq_closed)
+    return GRPC_CALL_ERROR_COMPLETION_QUEUE_SHUTDOWN;
   grpc_call_error e = grpc_call_start_batch(call, ops, n, tag, NULL);
   if (e != GRPC_CALL_OK)
     cgs_error("grpc_call_start_batch: %s", grpc_call_error_to_string(e));
@@ -164,6 +168,7 @@ static void on_slot(cgs_tag *t, int ok) {
       char msg[300];
       char *method = grpc_slice_to_c_string(sl->details.method);
       snprintf(msg, sizeof msg, "unknown method %s", method);
+      cgs_info("unary method=%s status=UNIMPLEMENTED", method);
       gpr_free(method);
       cgs_rpc_reply(s, sl->call, NULL, GRPC_STATUS_UNIMPLEMENTED, msg);
       break;
@@ -229,7 +234,7 @@ void cgs_rpc_reply(cgs_server *s, grpc_call *call, grpc_byte_buffer *msg,
   ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   ops[n++].data.recv_close_on_server.cancelled = &r->cancelled;
   s->unary_active++;
-  if (cgs_rpc_batch(call, ops, n, &r->tag) != GRPC_CALL_OK)
+  if (cgs_rpc_batch(s, call, ops, n, &r->tag) != GRPC_CALL_OK)
     on_reply_done(&r->tag, 0);
 }
 
@@ -259,6 +264,7 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
   (void)ok;
   cgs_info("all calls finished; stopping");
   uv_timer_stop(&s->grace_timer);
+  s->cq_closed = 1;
   grpc_completion_queue_shutdown(s->cq);
 }
 
@@ -293,6 +299,9 @@ static void on_last_closed(uv_handle_t *h) {
 static void teardown(cgs_server *s) {
   s->torn_down = 1;
   pthread_join(s->cq_thread, NULL);
+  /* Every grpc operation has completed: calls still around (a deadline
+   * that fired as grpc finished them) can only end now. */
+  cgs_call_cancel_all(s);
   s->cq_thread_started = 0;
   grpc_server_destroy(s->grpc);
   s->grpc = NULL;

@@ -1,0 +1,249 @@
+/* test_server_ops.c - every op end to end through a real server, checked
+ * against cg_reference_run: f32 and bf16, NCX and NXC, with groups, 1D to
+ * 3D, several weights formats and chunkings; plus GetServerInfo and the
+ * health service. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <grpc/byte_buffer_reader.h>
+
+#include "ts.h"
+
+static ts_server srv;
+static grpc_channel *ch;
+
+static int setup(void **state) {
+  (void)state;
+  grpc_init();
+  static const char *const args[] = {"--workers", "2", NULL};
+  if (ts_server_start(&srv, args) != 0)
+    return -1;
+  ch = ts_channel(&srv);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  grpc_channel_destroy(ch);
+  int rc = ts_server_stop(&srv, SIGTERM, 30000);
+  grpc_shutdown();
+  return rc == 0 ? 0 : -1;
+}
+
+/* Runs desc in f32 and bf16, NCX and NXC, with small and tiny chunks. */
+static void run_matrix(ts_desc d) {
+  static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16};
+  static const cg_data_format fmts[] = {CG_DATA_NCX, CG_DATA_NXC};
+  for (int i = 0; i < 2; i++) {
+    for (int j = 0; j < 2; j++) {
+      d.dtype = dts[i];
+      d.dfmt = fmts[j];
+      d.seed += 7;
+      ts_problem tp;
+      assert_int_equal(ts_problem_init(&tp, &d), 0);
+      /* Alternate: everything inline, or small chunks both ways. */
+      ts_opts o = {0};
+      if ((i + j) % 2) {
+        o.chunk_bytes = 1000;
+        o.response_chunk_bytes = 1024;
+      } else {
+        o.inline_bytes = 1u << 20;
+      }
+      int rc = ts_problem_run(ch, &tp, &o);
+      if (rc != 0)
+        fprintf(stderr, "failed: %s %s %s groups %lld\n", cg_op_name(d.op),
+                cg_dtype_name(d.dtype), cg_data_format_name(d.dfmt),
+                (long long)d.groups);
+      assert_int_equal(rc, 0);
+      ts_problem_free(&tp);
+    }
+  }
+}
+
+static void run_op(cg_op op, cg_weights_format alt_wfmt) {
+  /* 2D, groups, stride and padding */
+  ts_desc d = {.op = op, .groups = 2, .mb = 2, .ic = 4, .oc = 6, .nsp = 2,
+               .is = {7, 6}, .ks = {3, 3}, .stride = 2, .pad = 1, .dil = 1,
+               .seed = 1};
+  run_matrix(d);
+  /* 1D with dilation, the other weights format */
+  ts_desc d1 = {.op = op, .wfmt = alt_wfmt, .groups = 1, .mb = 1, .ic = 3,
+                .oc = 5, .nsp = 1, .is = {11}, .ks = {3}, .stride = 1,
+                .pad = 2, .dil = 2, .seed = 2};
+  run_matrix(d1);
+  /* 3D, depthwise */
+  ts_desc d3 = {.op = op, .groups = 4, .mb = 1, .ic = 4, .oc = 4, .nsp = 3,
+                .is = {4, 5, 3}, .ks = {2, 3, 1}, .stride = 1, .pad = 0,
+                .dil = 1, .seed = 3};
+  run_matrix(d3);
+}
+
+static void test_conv_bwd_data(void **state) {
+  (void)state;
+  run_op(CG_OP_CONV_BWD_DATA, CG_WEIGHTS_OIX);
+}
+
+static void test_conv_bwd_weights(void **state) {
+  (void)state;
+  run_op(CG_OP_CONV_BWD_WEIGHTS, CG_WEIGHTS_OIX);
+}
+
+static void test_deconv_bwd_data(void **state) {
+  (void)state;
+  run_op(CG_OP_DECONV_BWD_DATA, CG_WEIGHTS_IOX);
+}
+
+static void test_deconv_bwd_weights(void **state) {
+  (void)state;
+  run_op(CG_OP_DECONV_BWD_WEIGHTS, CG_WEIGHTS_IOX);
+}
+
+/* The optional shape tensor (s32), sent after the data, wins over the
+ * attribute; the output layout can differ from the input's. */
+static void test_shape_tensor_and_output_layout(void **state) {
+  (void)state;
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 2, .ic = 3, .oc = 4,
+               .nsp = 2, .is = {5, 5}, .ks = {3, 3}, .stride = 1, .pad = 1,
+               .dil = 1, .seed = 9};
+  ts_problem tp;
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  /* Expected: OIX output. */
+  tp.p.out_weights_format = CG_WEIGHTS_OIX;
+  assert_int_equal(cg_problem_resolve(&tp.p, &tp.g, NULL, 0), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+
+  int32_t shape[CG_MAX_RANK];
+  for (size_t i = 0; i < tp.p.attrs.weights_shape.len; i++)
+    shape[i] = (int32_t)tp.p.attrs.weights_shape.v[i];
+  int64_t shape_dims[1] = {(int64_t)tp.p.attrs.weights_shape.len};
+  Convgrad__V1__Tensor st = CONVGRAD__V1__TENSOR__INIT;
+  st.dtype = CONVGRAD__V1__DTYPE__S32;
+  st.n_shape = 1;
+  st.shape = shape_dims;
+  Convgrad__V1__Tensor *tens[3] = {tp.tensor_ptrs[0], tp.tensor_ptrs[1], &st};
+  Convgrad__V1__ComputeHeader h = tp.header;
+  h.inputs = tens;
+  h.n_inputs = 3;
+  h.output_layout = CONVGRAD__V1__LAYOUT__OIX;
+  /* A wrong attribute: the tensor must win. */
+  int64_t wrong[4] = {1, 1, 1, 1};
+  Convgrad__V1__Attributes a = tp.attrs;
+  a.weights_shape = wrong;
+  h.attrs = &a;
+
+  const void *data[3] = {tp.in[0], tp.in[1], shape};
+  size_t len[3] = {tp.g.in_bytes[0], tp.g.in_bytes[1],
+                   sizeof(int32_t) * (size_t)shape_dims[0]};
+  ts_opts o = {.chunk_bytes = 100};
+  ts_result r;
+  assert_int_equal(ts_compute(ch, &h, data, len, &o, &r), 0);
+  assert_int_equal(r.code, GRPC_STATUS_OK);
+  assert_non_null(r.hdr);
+  assert_int_equal(r.hdr->layout, CONVGRAD__V1__LAYOUT__OIX);
+  assert_int_equal(r.nbytes, tp.g.out_bytes);
+  assert_int_equal(ts_problem_check(&tp, r.data), 0);
+  ts_result_free(&r);
+  ts_problem_free(&tp);
+}
+
+/* Chunks never exceed response_chunk_bytes; header fields are filled. */
+static void test_chunking_and_header(void **state) {
+  (void)state;
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 16, .oc = 16,
+               .nsp = 2, .is = {32, 32}, .ks = {3, 3}, .stride = 1, .pad = 1,
+               .dil = 1, .seed = 5};
+  ts_problem tp;
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  const void *data[2] = {tp.in[0], tp.in[1]};
+  size_t len[2] = {tp.g.in_bytes[0], tp.g.in_bytes[1]};
+  ts_opts o = {.chunk_bytes = 7777, .response_chunk_bytes = 10000};
+  ts_result r;
+  assert_int_equal(ts_compute(ch, &tp.header, data, len, &o, &r), 0);
+  assert_int_equal(r.code, GRPC_STATUS_OK);
+  assert_int_equal(r.nbytes, tp.g.out_bytes);
+  assert_true(r.max_chunk <= 10000);
+  assert_int_equal(r.nchunks, (tp.g.out_bytes + 9999) / 10000);
+  assert_int_equal(ts_problem_check(&tp, r.data), 0);
+  assert_string_equal(r.hdr->compute_path,
+                      r.hdr->compute_path[0] == 'n' ? "native" : "f32_convert");
+  assert_int_equal(r.hdr->n_pads_begin, 2);
+  assert_int_equal(r.hdr->pads_begin[0], 1);
+  assert_true(strncmp(r.hdr->worker, "cg-worker-", 10) == 0);
+  assert_true(r.hdr->compute_ms > 0);
+  ts_result_free(&r);
+  ts_problem_free(&tp);
+}
+
+static void test_server_info(void **state) {
+  (void)state;
+  ts_call c;
+  assert_int_equal(
+      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/GetServerInfo", 10000), 0);
+  Convgrad__V1__ServerInfoRequest req = CONVGRAD__V1__SERVER_INFO_REQUEST__INIT;
+  assert_int_equal(ts_call_send_msg(&c, &req.base), 0);
+  ts_call_close_send(&c);
+  grpc_byte_buffer *bb = NULL;
+  assert_int_equal(ts_call_recv(&c, &bb), 0);
+  assert_non_null(bb);
+  assert_int_equal(ts_call_finish(&c, NULL, 0), GRPC_STATUS_OK);
+  grpc_byte_buffer_reader rd;
+  grpc_byte_buffer_reader_init(&rd, bb);
+  grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+  grpc_byte_buffer_reader_destroy(&rd);
+  Convgrad__V1__ServerInfo *info = convgrad__v1__server_info__unpack(
+      NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  grpc_slice_unref(s);
+  grpc_byte_buffer_destroy(bb);
+  ts_call_free(&c);
+  assert_non_null(info);
+  assert_string_equal(info->version, CGS_TEST_VERSION);
+  assert_int_equal(info->n_ops, 4);
+  assert_string_equal(info->ops[0]->names[0], "ConvolutionBackwardData");
+  int found_alias = 0;
+  for (size_t i = 0; i < info->ops[1]->n_names; i++)
+    found_alias |= strcmp(info->ops[1]->names[i],
+                          "ConvolutionBackpropFilters") == 0;
+  assert_true(found_alias);
+  assert_int_equal(info->n_dtypes, 3);
+  assert_int_equal(info->dtypes[0]->dtype, CONVGRAD__V1__DTYPE__F32);
+  assert_true(info->dtypes[0]->native);
+  assert_true(strlen(info->onednn_version) > 0);
+  assert_true(strlen(info->cpu_isa) > 0);
+  assert_int_equal(info->workers, 2);
+  assert_non_null(info->limits);
+  assert_int_equal(info->limits->queue_depth, 64);
+  assert_int_equal(info->limits->default_chunk_bytes, 1u << 20);
+  convgrad__v1__server_info__free_unpacked(info, NULL);
+}
+
+static void test_health(void **state) {
+  (void)state;
+  assert_int_equal(ts_health(ch, ""), 1 /* SERVING */);
+  assert_int_equal(ts_health(ch, "convgrad.v1.ConvGrad"), 1);
+  assert_int_equal(ts_health(ch, "no.such.Service"), -GRPC_STATUS_NOT_FOUND);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_conv_bwd_data),
+      cmocka_unit_test(test_conv_bwd_weights),
+      cmocka_unit_test(test_deconv_bwd_data),
+      cmocka_unit_test(test_deconv_bwd_weights),
+      cmocka_unit_test(test_shape_tensor_and_output_layout),
+      cmocka_unit_test(test_chunking_and_header),
+      cmocka_unit_test(test_server_info),
+      cmocka_unit_test(test_health),
+  };
+  if (getenv("TS_FILTER")) /* run one test: TS_FILTER=test_name */
+    cmocka_set_test_filter(getenv("TS_FILTER"));
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

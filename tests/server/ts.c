@@ -1,0 +1,641 @@
+/* ts.c - owns the e2e test support: server processes, raw gRPC calls and
+ * reference-checked problems (see ts.h). */
+#include "ts.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "cg/dtype.h"
+#include "cg/reference.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+double ts_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* ---- the server process ---- */
+
+int ts_server_start(ts_server *s, const char *const *args) {
+  static int serial;
+  memset(s, 0, sizeof *s);
+  snprintf(s->log_path, sizeof s->log_path, "/tmp/cgs-test-%d-%d.log",
+           (int)getpid(), serial++);
+  int out[2];
+  if (pipe(out) != 0)
+    return -1;
+  const char *argv[64];
+  int n = 0;
+  argv[n++] = CGS_SERVER_PATH;
+  argv[n++] = "--listen";
+  argv[n++] = "127.0.0.1:0";
+  for (int i = 0; args && args[i] && n < 62; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    int log = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(out[1], 1);
+    if (log >= 0)
+      dup2(log, 2);
+    close(out[0]);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(out[1]);
+  s->pid = pid;
+  s->stdout_fd = out[0];
+  size_t len = 0;
+  double t0 = ts_now_ms();
+  while (len < sizeof s->ready - 1 && !memchr(s->ready, '\n', len)) {
+    struct pollfd pfd = {.fd = out[0], .events = POLLIN};
+    int left = (int)(60000 - (ts_now_ms() - t0));
+    if (left <= 0 || poll(&pfd, 1, left) <= 0)
+      break;
+    ssize_t k = read(out[0], s->ready + len, sizeof s->ready - 1 - len);
+    if (k <= 0)
+      break;
+    len += (size_t)k;
+  }
+  s->ready[len] = '\0';
+  const char *p = strstr(s->ready, "listen=127.0.0.1:");
+  if (!p) {
+    fprintf(stderr, "server did not get ready: '%s' (log %s)\n", s->ready,
+            s->log_path);
+    ts_server_stop(s, SIGKILL, 5000);
+    return -1;
+  }
+  s->port = atoi(p + strlen("listen=127.0.0.1:"));
+  snprintf(s->target, sizeof s->target, "127.0.0.1:%d", s->port);
+  return 0;
+}
+
+int ts_server_stop(ts_server *s, int sig, int timeout_ms) {
+  if (s->pid <= 0)
+    return -1;
+  if (sig)
+    kill(s->pid, sig);
+  int status = 0, rc = -1;
+  double t0 = ts_now_ms();
+  for (;;) {
+    pid_t w = waitpid(s->pid, &status, WNOHANG);
+    if (w == s->pid) {
+      rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      break;
+    }
+    if (ts_now_ms() - t0 > timeout_ms) {
+      fprintf(stderr, "server %d did not exit in %d ms: killing it\n",
+              (int)s->pid, timeout_ms);
+      kill(s->pid, SIGKILL);
+      waitpid(s->pid, &status, 0);
+      break;
+    }
+    usleep(10000);
+  }
+  close(s->stdout_fd);
+  s->pid = 0;
+  return rc;
+}
+
+int ts_server_log_count(const ts_server *s, const char *needle) {
+  FILE *f = fopen(s->log_path, "r");
+  if (!f)
+    return 0;
+  char line[4096];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    if (strstr(line, needle))
+      n++;
+  fclose(f);
+  return n;
+}
+
+/* ---- raw calls ---- */
+
+grpc_channel *ts_channel(const ts_server *s) {
+  grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+  grpc_channel *ch = grpc_channel_create(s->target, creds, NULL);
+  grpc_channel_credentials_release(creds);
+  return ch;
+}
+
+static gpr_timespec deadline_in(int64_t ms) {
+  if (ms <= 0)
+    return gpr_inf_future(GPR_CLOCK_REALTIME);
+  return gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                      gpr_time_from_millis(ms, GPR_TIMESPAN));
+}
+
+/* Runs one batch to completion; returns its success flag. */
+static int run_batch(ts_call *c, const grpc_op *ops, size_t n, void *tag) {
+  if (grpc_call_start_batch(c->call, ops, n, tag, NULL) != GRPC_CALL_OK)
+    return 0;
+  grpc_event ev = grpc_completion_queue_pluck(
+      c->cq, tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  return ev.type == GRPC_OP_COMPLETE && ev.success;
+}
+
+int ts_call_open(ts_call *c, grpc_channel *ch, const char *method,
+                 int64_t deadline_ms) {
+  memset(c, 0, sizeof *c);
+  c->cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_metadata_array_init(&c->md);
+  grpc_metadata_array_init(&c->trailing);
+  c->details = grpc_empty_slice();
+  c->call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
+                                     grpc_slice_from_static_string(method),
+                                     NULL, deadline_in(deadline_ms), NULL);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[0].data.recv_status_on_client.trailing_metadata = &c->trailing;
+  ops[0].data.recv_status_on_client.status = &c->code;
+  ops[0].data.recv_status_on_client.status_details = &c->details;
+  if (grpc_call_start_batch(c->call, ops, 1, &c->status_started, NULL) !=
+      GRPC_CALL_OK)
+    return -1;
+  c->status_started = 1;
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  memset(&ops[0].data, 0, sizeof ops[0].data);
+  return run_batch(c, ops, 1, &c->md) ? 0 : -1;
+}
+
+int ts_call_send(ts_call *c, const void *bytes, size_t len) {
+  grpc_slice s = grpc_slice_from_copied_buffer(bytes, len);
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+  grpc_slice_unref(s);
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_MESSAGE;
+  op.data.send_message.send_message = bb;
+  int ok = run_batch(c, &op, 1, &op);
+  grpc_byte_buffer_destroy(bb);
+  return ok ? 0 : -1;
+}
+
+int ts_call_send_msg(ts_call *c, const ProtobufCMessage *m) {
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = malloc(n ? n : 1);
+  protobuf_c_message_pack(m, buf);
+  int rc = ts_call_send(c, buf, n);
+  free(buf);
+  return rc;
+}
+
+int ts_call_close_send(ts_call *c) {
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  return run_batch(c, &op, 1, &op) ? 0 : -1;
+}
+
+int ts_call_recv(ts_call *c, grpc_byte_buffer **bb) {
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  *bb = NULL;
+  if (!c->got_md) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n++].data.recv_initial_metadata.recv_initial_metadata = &c->md;
+    c->got_md = 1;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n++].data.recv_message.recv_message = bb;
+  return run_batch(c, ops, n, ops) ? 0 : -1;
+}
+
+grpc_status_code ts_call_finish(ts_call *c, char *msg, size_t len) {
+  if (!c->got_md) {
+    /* grpc does not deliver the status before the initial metadata was
+     * asked for. */
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_INITIAL_METADATA;
+    op.data.recv_initial_metadata.recv_initial_metadata = &c->md;
+    c->got_md = 1;
+    run_batch(c, &op, 1, &op);
+  }
+  if (c->status_started == 1) {
+    grpc_completion_queue_pluck(c->cq, &c->status_started,
+                                gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    c->status_started = 2;
+  }
+  if (msg) {
+    size_t n = GRPC_SLICE_LENGTH(c->details);
+    if (n >= len)
+      n = len - 1;
+    memcpy(msg, GRPC_SLICE_START_PTR(c->details), n);
+    msg[n] = '\0';
+  }
+  return c->code;
+}
+
+void ts_call_cancel(ts_call *c) { grpc_call_cancel(c->call, NULL); }
+
+void ts_call_free(ts_call *c) {
+  if (c->call) {
+    if (c->status_started == 1) {
+      grpc_call_cancel(c->call, NULL);
+      ts_call_finish(c, NULL, 0);
+    }
+    grpc_call_unref(c->call);
+  }
+  grpc_metadata_array_destroy(&c->md);
+  grpc_metadata_array_destroy(&c->trailing);
+  grpc_slice_unref(c->details);
+  grpc_completion_queue_shutdown(c->cq);
+  while (grpc_completion_queue_pluck(c->cq, NULL,
+                                     gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+             .type != GRPC_QUEUE_SHUTDOWN)
+    ;
+  grpc_completion_queue_destroy(c->cq);
+  memset(c, 0, sizeof *c);
+}
+
+static ProtobufCMessage *unpack_bb(const ProtobufCMessageDescriptor *d,
+                                   grpc_byte_buffer *bb) {
+  grpc_byte_buffer_reader r;
+  grpc_byte_buffer_reader_init(&r, bb);
+  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+  grpc_byte_buffer_reader_destroy(&r);
+  ProtobufCMessage *m = protobuf_c_message_unpack(
+      d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+  grpc_slice_unref(s);
+  return m;
+}
+
+/* ---- Compute ---- */
+
+int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
+               const void *const *data, const size_t *len, const ts_opts *o,
+               ts_result *r) {
+  ts_opts def = {0};
+  if (!o)
+    o = &def;
+  memset(r, 0, sizeof *r);
+  size_t chunk = o->chunk_bytes ? o->chunk_bytes : (1u << 20);
+  ts_call c;
+  if (ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute",
+                   o->deadline_ms ? o->deadline_ms : 60000) != 0) {
+    ts_call_free(&c);
+    return -1;
+  }
+  /* Header with the first inline_bytes of each tensor. */
+  Convgrad__V1__ComputeHeader h = *h0;
+  Convgrad__V1__Tensor t[3], *tp[3];
+  size_t sent[3] = {0, 0, 0};
+  for (size_t i = 0; i < h.n_inputs && i < 3; i++) {
+    t[i] = *h0->inputs[i];
+    size_t k = len[i] < o->inline_bytes ? len[i] : o->inline_bytes;
+    t[i].data.data = (uint8_t *)data[i];
+    t[i].data.len = k;
+    sent[i] = k;
+    tp[i] = &t[i];
+  }
+  h.inputs = tp;
+  h.response_chunk_bytes = o->response_chunk_bytes;
+  Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  req.header = &h;
+  int alive = ts_call_send_msg(&c, &req.base) == 0;
+  for (size_t i = 0; alive && i < h.n_inputs && i < 3; i++) {
+    while (alive && sent[i] < len[i]) {
+      size_t k = len[i] - sent[i] < chunk ? len[i] - sent[i] : chunk;
+      Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
+      dc.input = (uint32_t)i;
+      dc.data.data = (uint8_t *)data[i] + sent[i];
+      dc.data.len = k;
+      Convgrad__V1__ComputeRequest m = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+      m.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+      m.chunk = &dc;
+      alive = ts_call_send_msg(&c, &m.base) == 0;
+      sent[i] += k;
+    }
+  }
+  if (alive)
+    ts_call_close_send(&c);
+  /* Response: header, then chunks. */
+  for (;;) {
+    grpc_byte_buffer *bb;
+    if (ts_call_recv(&c, &bb) != 0 || !bb)
+      break;
+    Convgrad__V1__ComputeResponse *m = (Convgrad__V1__ComputeResponse *)
+        unpack_bb(&convgrad__v1__compute_response__descriptor, bb);
+    grpc_byte_buffer_destroy(bb);
+    if (!m) {
+      snprintf(r->msg, sizeof r->msg, "test: malformed response");
+      break;
+    }
+    if (m->kind_case == CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER &&
+        !r->hdr) {
+      r->hdr = m->header;
+      m->header = NULL;
+      m->kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND__NOT_SET;
+      r->data = malloc(r->hdr->total_bytes ? r->hdr->total_bytes : 1);
+    } else if (m->kind_case == CONVGRAD__V1__COMPUTE_RESPONSE__KIND_CHUNK &&
+               r->hdr && r->nbytes + m->chunk.len <= r->hdr->total_bytes) {
+      memcpy(r->data + r->nbytes, m->chunk.data, m->chunk.len);
+      r->nbytes += m->chunk.len;
+      r->nchunks++;
+      if (m->chunk.len > r->max_chunk)
+        r->max_chunk = m->chunk.len;
+    } else {
+      snprintf(r->msg, sizeof r->msg, "test: unexpected response message");
+      protobuf_c_message_free_unpacked(&m->base, NULL);
+      break;
+    }
+    protobuf_c_message_free_unpacked(&m->base, NULL);
+  }
+  char msg[512];
+  r->code = ts_call_finish(&c, msg, sizeof msg);
+  if (!r->msg[0])
+    snprintf(r->msg, sizeof r->msg, "%s", msg);
+  ts_call_free(&c);
+  return 0;
+}
+
+void ts_result_free(ts_result *r) {
+  if (r->hdr)
+    protobuf_c_message_free_unpacked(&r->hdr->base, NULL);
+  free(r->data);
+  memset(r, 0, sizeof *r);
+}
+
+int ts_health(grpc_channel *ch, const char *service) {
+  ts_call c;
+  int rc = -GRPC_STATUS_UNKNOWN;
+  if (ts_call_open(&c, ch, "/grpc.health.v1.Health/Check", 10000) == 0) {
+    Grpc__Health__V1__HealthCheckRequest req =
+        GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    ts_call_send_msg(&c, &req.base);
+    ts_call_close_send(&c);
+    grpc_byte_buffer *bb = NULL;
+    ts_call_recv(&c, &bb);
+    grpc_status_code code = ts_call_finish(&c, NULL, 0);
+    if (code != GRPC_STATUS_OK) {
+      rc = -(int)code;
+    } else if (bb) {
+      Grpc__Health__V1__HealthCheckResponse *m =
+          (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
+              &grpc__health__v1__health_check_response__descriptor, bb);
+      if (m) {
+        rc = m->status;
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+      }
+    }
+    if (bb)
+      grpc_byte_buffer_destroy(bb);
+  }
+  ts_call_free(&c);
+  return rc;
+}
+
+/* ---- problems ---- */
+
+static uint64_t lcg(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return *s >> 33;
+}
+
+static void fill_random(cg_dtype dt, void *buf, size_t n, uint64_t seed) {
+  uint64_t s = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; i++) {
+    float v = (float)((double)(lcg(&s) % 2001) / 1000.0 - 1.0);
+    cg_store_f32(dt, buf, i, v);
+  }
+}
+
+/* dims of a data tensor (n, c, sp) in fmt order */
+static int data_dims(int64_t *out, cg_data_format fmt, int64_t n, int64_t c,
+                     const int64_t *sp, int nsp) {
+  int k = 0;
+  out[k++] = n;
+  if (fmt == CG_DATA_NCX)
+    out[k++] = c;
+  for (int i = 0; i < nsp; i++)
+    out[k++] = sp[i];
+  if (fmt != CG_DATA_NCX)
+    out[k++] = c;
+  return k;
+}
+
+/* dims of weights: "O" and "I" as the format letters name them */
+static int weights_dims(int64_t *out, cg_weights_format f, int64_t o,
+                        int64_t i, const int64_t *ks, int nsp) {
+  int k = 0;
+  if (f == CG_WEIGHTS_OIX || f == CG_WEIGHTS_IOX) {
+    out[k++] = f == CG_WEIGHTS_OIX ? o : i;
+    out[k++] = f == CG_WEIGHTS_OIX ? i : o;
+    for (int s = 0; s < nsp; s++)
+      out[k++] = ks[s];
+  } else {
+    for (int s = 0; s < nsp; s++)
+      out[k++] = ks[s];
+    out[k++] = f == CG_WEIGHTS_XIO ? i : o;
+    out[k++] = f == CG_WEIGHTS_XIO ? o : i;
+  }
+  return k;
+}
+
+int ts_problem_init(ts_problem *tp, const ts_desc *d) {
+  memset(tp, 0, sizeof *tp);
+  int deconv = d->op == CG_OP_DECONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_WEIGHTS;
+  cg_weights_format wf = d->wfmt ? d->wfmt
+                                 : deconv ? CG_WEIGHTS_XOI : CG_WEIGHTS_XIO;
+  cg_data_format df = d->dfmt ? d->dfmt : CG_DATA_NXC;
+  int64_t g = d->groups ? d->groups : 1;
+  int64_t os[CG_MAX_SPATIAL];
+  for (int s = 0; s < d->nsp; s++) {
+    int64_t ek = (d->ks[s] - 1) * d->dil + 1;
+    os[s] = deconv ? d->stride * (d->is[s] - 1) + ek - 2 * d->pad
+                   : (d->is[s] + 2 * d->pad - ek) / d->stride + 1;
+    tp->strides[s] = d->stride;
+    tp->pads_begin[s] = tp->pads_end[s] = d->pad;
+    tp->dilations[s] = d->dil;
+  }
+  /* weights dims: conv O=OC, I=ICg; deconv IOX/XOI: I=IC, O=OCg;
+   * deconv OIX/XIO (older spelling): O=OCg, I=IC */
+  int64_t wdims[CG_MAX_RANK];
+  int wr = deconv ? weights_dims(wdims, wf, d->oc / g, d->ic, d->ks, d->nsp)
+                  : weights_dims(wdims, wf, d->oc, d->ic / g, d->ks, d->nsp);
+  int64_t src[CG_MAX_RANK], dst[CG_MAX_RANK];
+  int r = data_dims(src, df, d->mb, d->ic, d->is, d->nsp);
+  data_dims(dst, df, d->mb, d->oc, os, d->nsp);
+  cg_problem *p = &tp->p;
+  cg_problem_init(p);
+  p->op = d->op;
+  p->dtype = d->dtype;
+  p->attrs.strides = (cg_ints){tp->strides, (size_t)d->nsp};
+  p->attrs.pads_begin = (cg_ints){tp->pads_begin, (size_t)d->nsp};
+  p->attrs.pads_end = (cg_ints){tp->pads_end, (size_t)d->nsp};
+  p->attrs.dilations = (cg_ints){tp->dilations, (size_t)d->nsp};
+  p->attrs.groups = g;
+  p->attrs.data_format = df;
+  p->attrs.weights_format = wf;
+  int shape_len = 0;
+  switch (d->op) {
+  case CG_OP_CONV_BWD_DATA:
+  case CG_OP_DECONV_BWD_DATA:
+    memcpy(tp->dims[0], dst, sizeof dst);
+    memcpy(tp->dims[1], wdims, sizeof wdims);
+    if (d->op == CG_OP_CONV_BWD_DATA) {
+      memcpy(tp->shape_attr, src, sizeof src);
+      shape_len = r;
+      p->attrs.dst_shape = (cg_ints){tp->shape_attr, (size_t)r};
+    }
+    break;
+  default:
+    memcpy(tp->dims[0], src, sizeof src);
+    memcpy(tp->dims[1], dst, sizeof dst);
+    memcpy(tp->shape_attr, wdims, sizeof wdims);
+    shape_len = wr;
+    p->attrs.weights_shape = (cg_ints){tp->shape_attr, (size_t)wr};
+    break;
+  }
+  int r1 = (d->op == CG_OP_CONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_DATA)
+               ? wr
+               : r;
+  p->input_dims[0] = (cg_ints){tp->dims[0], (size_t)r};
+  p->input_dims[1] = (cg_ints){tp->dims[1], (size_t)r1};
+  char err[256];
+  int rc = cg_problem_resolve(p, &tp->g, err, sizeof err);
+  if (rc != 0) {
+    fprintf(stderr, "ts_problem_init: %s\n", err);
+    return rc;
+  }
+  for (int i = 0; i < 2; i++) {
+    tp->in[i] = malloc(tp->g.in_bytes[i]);
+    if (!tp->in[i])
+      return CG_ENOMEM;
+    fill_random(d->dtype, tp->in[i], tp->g.in_elems[i], d->seed + (uint64_t)i);
+  }
+
+  /* wire form */
+  Convgrad__V1__Attributes a = CONVGRAD__V1__ATTRIBUTES__INIT;
+  a.n_strides = a.n_pads_begin = a.n_pads_end = a.n_dilations =
+      (size_t)d->nsp;
+  a.strides = tp->strides;
+  a.pads_begin = tp->pads_begin;
+  a.pads_end = tp->pads_end;
+  a.dilations = tp->dilations;
+  a.groups = g;
+  a.data_format = (Convgrad__V1__Layout)df;
+  a.weights_format = (Convgrad__V1__Layout)(wf + 2);
+  if (d->op == CG_OP_CONV_BWD_DATA) {
+    a.n_dst_shape = (size_t)shape_len;
+    a.dst_shape = tp->shape_attr;
+  } else if (cg_op_outputs_weights(d->op)) {
+    a.n_weights_shape = (size_t)shape_len;
+    a.weights_shape = tp->shape_attr;
+  }
+  tp->attrs = a;
+  for (int i = 0; i < 2; i++) {
+    Convgrad__V1__Tensor t = CONVGRAD__V1__TENSOR__INIT;
+    t.dtype = (Convgrad__V1__DType)d->dtype;
+    t.n_shape = p->input_dims[i].len;
+    t.shape = tp->dims[i];
+    tp->tensors[i] = t;
+    tp->tensor_ptrs[i] = &tp->tensors[i];
+  }
+  Convgrad__V1__ComputeHeader h = CONVGRAD__V1__COMPUTE_HEADER__INIT;
+  h.op = (Convgrad__V1__Op)d->op;
+  h.attrs = &tp->attrs;
+  h.n_inputs = 2;
+  h.inputs = tp->tensor_ptrs;
+  tp->header = h;
+  return 0;
+}
+
+int ts_problem_reference(ts_problem *tp) {
+  char err[256];
+  tp->ref = malloc(tp->g.out_bytes);
+  if (!tp->ref)
+    return CG_ENOMEM;
+  int rc = cg_reference_run(&tp->g, tp->in[0], tp->in[1], tp->ref, err,
+                            sizeof err);
+  if (rc != 0)
+    fprintf(stderr, "reference: %s\n", err);
+  return rc;
+}
+
+size_t ts_problem_check(const ts_problem *tp, const void *out) {
+  size_t bad = 0;
+  cg_dtype dt = tp->g.dtype;
+  double rel = dt == CG_DTYPE_F32 ? 1e-4 : dt == CG_DTYPE_BF16 ? 1.0 / 64 : 1.0 / 512;
+  double abs_tol = dt == CG_DTYPE_F32 ? 1e-3 : dt == CG_DTYPE_BF16 ? 2e-2 : 4e-3;
+  for (size_t i = 0; i < tp->g.out_elems; i++) {
+    double got = cg_load_f32(dt, out, i), want = cg_load_f32(dt, tp->ref, i);
+    if (!(fabs(got - want) <= abs_tol + rel * fabs(want))) {
+      if (bad < 5)
+        fprintf(stderr, "  out[%zu] = %g, reference %g\n", i, got, want);
+      bad++;
+    }
+  }
+  return bad;
+}
+
+int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o) {
+  if (!tp->ref && ts_problem_reference(tp) != 0)
+    return -1;
+  const void *data[2] = {tp->in[0], tp->in[1]};
+  size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
+  ts_result r;
+  if (ts_compute(ch, &tp->header, data, len, o, &r) != 0) {
+    fprintf(stderr, "ts_problem_run: transport failure\n");
+    return -1;
+  }
+  int rc = -1;
+  if (r.code != GRPC_STATUS_OK) {
+    fprintf(stderr, "ts_problem_run %s: status %d: %s\n",
+            cg_op_name(tp->g.op), r.code, r.msg);
+    goto out;
+  }
+  if (!r.hdr || r.hdr->total_bytes != tp->g.out_bytes ||
+      r.nbytes != tp->g.out_bytes || r.hdr->n_shape != (size_t)tp->g.in_rank ||
+      r.hdr->dtype != (Convgrad__V1__DType)tp->g.dtype) {
+    fprintf(stderr, "ts_problem_run: bad result header or length (%zu of %zu)\n",
+            r.nbytes, tp->g.out_bytes);
+    goto out;
+  }
+  for (int i = 0; i < tp->g.in_rank; i++)
+    if (r.hdr->shape[i] != tp->g.out_dims[i]) {
+      fprintf(stderr, "ts_problem_run: shape[%d] %lld, want %lld\n", i,
+              (long long)r.hdr->shape[i], (long long)tp->g.out_dims[i]);
+      goto out;
+    }
+  size_t bad = ts_problem_check(tp, r.data);
+  if (bad) {
+    fprintf(stderr, "ts_problem_run %s %s: %zu of %zu elements differ\n",
+            cg_op_name(tp->g.op), cg_dtype_name(tp->g.dtype), bad,
+            tp->g.out_elems);
+    goto out;
+  }
+  rc = 0;
+out:
+  ts_result_free(&r);
+  return rc;
+}
+
+void ts_problem_free(ts_problem *tp) {
+  free(tp->in[0]);
+  free(tp->in[1]);
+  free(tp->ref);
+  memset(tp, 0, sizeof *tp);
+}

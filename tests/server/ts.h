@@ -1,0 +1,147 @@
+/* ts.h - support for the server's end-to-end tests: start a real
+ * convgrad-server on an ephemeral port, talk to it with raw gRPC C-core
+ * calls (so that tests can also send what no well-behaved client would),
+ * and build problems whose expected results come from cg_reference_run.
+ * Not thread-safe unless a function says so. */
+#ifndef TS_H
+#define TS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <grpc/grpc.h>
+
+#include "cg/problem.h"
+#include "convgrad/v1/convgrad.pb-c.h"
+
+/* ---- the server process ---- */
+
+typedef struct ts_server {
+  pid_t pid;
+  int port;
+  char target[64];   /* "127.0.0.1:PORT" */
+  char ready[512];   /* the readiness line */
+  char log_path[128]; /* the server's stderr */
+  int stdout_fd;
+} ts_server;
+
+/* Starts CGS_SERVER_PATH --listen 127.0.0.1:0 plus args (NULL-terminated,
+ * may be NULL) and waits up to 60 s for the readiness line. Returns 0. */
+int ts_server_start(ts_server *s, const char *const *args);
+/* Sends sig (0: none) and waits up to timeout_ms for the exit; SIGKILLs
+ * after that. Returns the exit status, or -1 when it had to be killed or
+ * died from a signal. */
+int ts_server_stop(ts_server *s, int sig, int timeout_ms);
+/* Number of lines of the server's log containing needle. */
+int ts_server_log_count(const ts_server *s, const char *needle);
+
+/* ---- raw calls ---- */
+
+grpc_channel *ts_channel(const ts_server *s);
+
+typedef struct ts_call {
+  grpc_call *call;
+  grpc_completion_queue *cq;
+  grpc_metadata_array md, trailing;
+  grpc_status_code code;
+  grpc_slice details;
+  int got_md;
+  int status_started;
+} ts_call;
+
+/* Opens a call to method ("/convgrad.v1.ConvGrad/Compute"); deadline_ms 0
+ * means none. Sends the initial metadata. Returns 0 or -1. */
+int ts_call_open(ts_call *c, grpc_channel *ch, const char *method,
+                 int64_t deadline_ms);
+/* Sends one message of raw bytes / a packed protobuf. 0, or -1 when the
+ * call is already over. */
+int ts_call_send(ts_call *c, const void *bytes, size_t len);
+int ts_call_send_msg(ts_call *c, const ProtobufCMessage *m);
+int ts_call_close_send(ts_call *c);
+/* Receives one message into *bb (NULL at the end of the stream). Returns 0
+ * or -1 when the call failed. */
+int ts_call_recv(ts_call *c, grpc_byte_buffer **bb);
+/* Waits for the final status; msg gets its details. */
+grpc_status_code ts_call_finish(ts_call *c, char *msg, size_t len);
+void ts_call_cancel(ts_call *c);
+void ts_call_free(ts_call *c);
+
+/* ---- Compute, the well-behaved way ---- */
+
+typedef struct ts_opts {
+  size_t inline_bytes;   /* tensor bytes put in the header's Tensor.data */
+  size_t chunk_bytes;    /* bytes per DataChunk message; 0 = 1 MiB */
+  int64_t deadline_ms;   /* 0 = 60 s */
+  uint32_t response_chunk_bytes;
+} ts_opts;
+
+typedef struct ts_result {
+  grpc_status_code code;
+  char msg[512];
+  Convgrad__V1__ResultHeader *hdr; /* NULL unless the header arrived */
+  unsigned char *data;             /* the output bytes */
+  size_t nbytes;
+  size_t nchunks, max_chunk;
+} ts_result;
+
+/* Sends h (whose inputs' data fields are ignored) with the tensor bytes
+ * data[i] of lengths len[i], then collects the answer. Returns 0 when the
+ * call ran to a status (check r->code), -1 on a transport-level mess. */
+int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h,
+               const void *const *data, const size_t *len, const ts_opts *o,
+               ts_result *r);
+void ts_result_free(ts_result *r);
+
+/* Health Check of service; returns the ServingStatus or -code on error. */
+int ts_health(grpc_channel *ch, const char *service);
+
+/* ---- problems with reference results ---- */
+
+typedef struct ts_problem {
+  cg_problem p;  /* lists point into the arrays below */
+  int64_t dims[2][CG_MAX_RANK];
+  int64_t strides[CG_MAX_SPATIAL], pads_begin[CG_MAX_SPATIAL],
+      pads_end[CG_MAX_SPATIAL], dilations[CG_MAX_SPATIAL];
+  int64_t shape_attr[CG_MAX_RANK]; /* dst_shape / weights_shape */
+  cg_geom g;
+  void *in[2]; /* random inputs, geom sizes */
+  void *ref;   /* reference output (NULL until ts_problem_reference) */
+  /* wire form */
+  Convgrad__V1__Attributes attrs;
+  Convgrad__V1__Tensor tensors[2];
+  Convgrad__V1__Tensor *tensor_ptrs[2];
+  Convgrad__V1__ComputeHeader header;
+} ts_problem;
+
+/* Fills tp from a benchdnn-like description of the FORWARD op shape:
+ * op, dtype, data format (NCX/NXC), weights format (0 = default), groups,
+ * nsp spatial dims, mb, ic, oc, in spatial (is), kernel (ks), stride,
+ * pad (symmetric), dilation (1 = none), and random inputs (seed). Returns 0,
+ * or a CG_E* code when the description is not a valid problem. */
+typedef struct ts_desc {
+  cg_op op;
+  cg_dtype dtype;
+  cg_data_format dfmt;
+  cg_weights_format wfmt;
+  int64_t groups, mb, ic, oc;
+  int nsp;
+  int64_t is[CG_MAX_SPATIAL], ks[CG_MAX_SPATIAL];
+  int64_t stride, pad, dil;
+  uint64_t seed;
+} ts_desc;
+int ts_problem_init(ts_problem *tp, const ts_desc *d);
+/* Computes tp->ref with cg_reference_run. Returns 0 or a CG_E* code. */
+int ts_problem_reference(ts_problem *tp);
+/* Compares out (geom out_bytes) with tp->ref within the dtype's tolerance;
+ * returns the number of mismatches and prints the first few. */
+size_t ts_problem_check(const ts_problem *tp, const void *out);
+/* Sends tp to the server and checks the header and data against ref.
+ * Returns 0 when everything matched, else prints why and returns -1. */
+int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o);
+void ts_problem_free(ts_problem *tp);
+
+/* Monotonic milliseconds. Thread-safe. */
+double ts_now_ms(void);
+
+#endif
