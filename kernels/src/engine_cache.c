@@ -6,14 +6,18 @@
 #include "cg/error.h"
 #include "engine_cache.h"
 
-/* FNV-1a over the key bytes; keys are zero-filled so bytes are defined. */
+/* FNV-1a over the key's 64-bit words (keys are zero-filled, so unused
+ * words are defined), with a final avalanche so the low bits that pick
+ * the bucket depend on every word. */
 static uint64_t key_hash(const cg__key *k) {
-  const unsigned char *p = (const unsigned char *)k->v;
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < sizeof k->v; i++) {
-    h ^= p[i];
+  for (size_t i = 0; i < CG__KEY_LEN; i++) {
+    h ^= (uint64_t)k->v[i];
     h *= 1099511628211ull;
   }
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
   return h;
 }
 

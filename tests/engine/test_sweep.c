@@ -22,7 +22,7 @@
 #include "et.h"
 
 #define DEFAULT_SEED 20261121u
-#define DEFAULT_COUNT 640
+#define DEFAULT_COUNT 2000
 
 typedef struct sweep_stats {
   int count, native, convert;
