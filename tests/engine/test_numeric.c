@@ -150,17 +150,15 @@ static void free_case(ncase *c) {
   free(c->expected.data);
 }
 
-static cg_weights_format other_family(cg_weights_format f) {
-  switch (f) {
-  case CG_WEIGHTS_OIX:
-    return CG_WEIGHTS_IOX;
-  case CG_WEIGHTS_IOX:
+/* The spelling of the same weights array in the other family (conv OIX
+ * (OC, IC/g, K) is ConvTranspose IOX (IC', OC'/g, K), XIO is XOI), or
+ * DEFAULT for the older ConvTranspose spellings, which have none. */
+static cg_weights_format other_family(int conv, cg_weights_format f) {
+  if (conv)
+    return f == CG_WEIGHTS_OIX ? CG_WEIGHTS_IOX : CG_WEIGHTS_XOI;
+  if (f == CG_WEIGHTS_IOX)
     return CG_WEIGHTS_OIX;
-  case CG_WEIGHTS_XIO:
-    return CG_WEIGHTS_XOI;
-  default:
-    return CG_WEIGHTS_XIO;
-  }
+  return f == CG_WEIGHTS_XOI ? CG_WEIGHTS_XIO : CG_WEIGHTS_DEFAULT;
 }
 
 /* A problem of op on c's attributes with the given input shapes. */
@@ -240,12 +238,15 @@ static void run_case(const ncase *c, cg_dtype dt) {
 
   if (strcmp(c->op, "Convolution") == 0 || strcmp(c->op, "ConvTranspose") == 0) {
     int conv = strcmp(c->op, "Convolution") == 0;
+    cg_weights_format other = other_family(conv, c->wf);
     /* The gradient op that computes this forward op. */
-    build(&p, c, conv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA, dt,
-          c->in[0].shape, c->in[1].shape, other_family(c->wf),
-          conv ? NULL : c->expected.shape);
-    g = resolve(&p, c);
-    run_both(c, &g, in0, in1);
+    if (other != CG_WEIGHTS_DEFAULT) {
+      build(&p, c, conv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA, dt,
+            c->in[0].shape, c->in[1].shape, other,
+            conv ? NULL : c->expected.shape);
+      g = resolve(&p, c);
+      run_both(c, &g, in0, in1);
+    }
     /* The reference's forward on a geometry of the op's own family. */
     build(&p, c, conv ? CG_OP_CONV_BWD_DATA : CG_OP_DECONV_BWD_DATA, dt,
           c->expected.shape, c->in[1].shape, c->wf,
@@ -267,18 +268,136 @@ static void run_case(const ncase *c, cg_dtype dt) {
   free(in1);
 }
 
+/* ---- the same case in every layout ------------------------------------ */
+
+/* Offset of data element (n, c, s) (s: flattened spatial index). */
+static size_t d_off(cg_data_format f, int64_t nc, int64_t ns, int64_t n,
+                    int64_t c, int64_t sp) {
+  return (size_t)(f == CG_DATA_NCX ? (n * nc + c) * ns + sp
+                                   : (n * ns + sp) * nc + c);
+}
+
+/* Offset of weights element (o, i, k) given the extents no, ni of the
+ * format's O and I dims and the kernel volume nk. */
+static size_t w_off(cg_weights_format f, int64_t no, int64_t ni, int64_t nk,
+                    int64_t o, int64_t i, int64_t k) {
+  switch (f) {
+  case CG_WEIGHTS_OIX:
+    return (size_t)((o * ni + i) * nk + k);
+  case CG_WEIGHTS_IOX:
+    return (size_t)((i * no + o) * nk + k);
+  case CG_WEIGHTS_XIO:
+    return (size_t)((k * ni + i) * no + o);
+  default: /* XOI */
+    return (size_t)((k * no + o) * ni + i);
+  }
+}
+
+/* Re-lays a data tensor (and its shape) from format `from` to `to`. */
+static void relayout_data(const tensor *t, cg_data_format from,
+                          cg_data_format to, tensor *out) {
+  int r = t->rank, nsp = r - 2;
+  int64_t n = t->shape[0], c = from == CG_DATA_NCX ? t->shape[1] : t->shape[r - 1];
+  const int64_t *sp = from == CG_DATA_NCX ? &t->shape[2] : &t->shape[1];
+  int64_t ns = 1, shape[CG_MAX_RANK];
+  for (int a = 0; a < nsp; a++)
+    ns *= sp[a];
+  et_data_dims(nsp, to, n, c, sp, shape);
+  *out = *t;
+  memcpy(out->shape, shape, sizeof shape);
+  out->data = et_alloc(t->n * sizeof(float));
+  for (int64_t in = 0; in < n; in++)
+    for (int64_t ic = 0; ic < c; ic++)
+      for (int64_t is = 0; is < ns; is++)
+        out->data[d_off(to, c, ns, in, ic, is)] =
+            t->data[d_off(from, c, ns, in, ic, is)];
+}
+
+static void relayout_weights(const tensor *t, cg_weights_format from,
+                             cg_weights_format to, tensor *out) {
+  int r = t->rank, nsp = r - 2;
+  int xfirst = from == CG_WEIGHTS_XIO || from == CG_WEIGHTS_XOI;
+  const int64_t *k = xfirst ? &t->shape[0] : &t->shape[2];
+  int64_t a = t->shape[xfirst ? nsp : 0], b = t->shape[xfirst ? nsp + 1 : 1];
+  /* (a, b) are the channel dims in the order `from` names them. */
+  int o_first = from == CG_WEIGHTS_OIX || from == CG_WEIGHTS_XOI;
+  int64_t no = o_first ? a : b, ni = o_first ? b : a, nk = 1;
+  for (int d = 0; d < nsp; d++)
+    nk *= k[d];
+  *out = *t;
+  int64_t c0 = (to == CG_WEIGHTS_OIX || to == CG_WEIGHTS_XOI) ? no : ni;
+  int64_t c1 = (to == CG_WEIGHTS_OIX || to == CG_WEIGHTS_XOI) ? ni : no;
+  if (to == CG_WEIGHTS_XIO || to == CG_WEIGHTS_XOI) {
+    for (int d = 0; d < nsp; d++)
+      out->shape[d] = k[d];
+    out->shape[nsp] = c0;
+    out->shape[nsp + 1] = c1;
+  } else {
+    int64_t kk[CG_MAX_SPATIAL];
+    memcpy(kk, k, (size_t)nsp * sizeof *kk);
+    out->shape[0] = c0;
+    out->shape[1] = c1;
+    for (int d = 0; d < nsp; d++)
+      out->shape[2 + d] = kk[d];
+  }
+  out->data = et_alloc(t->n * sizeof(float));
+  for (int64_t o = 0; o < no; o++)
+    for (int64_t i = 0; i < ni; i++)
+      for (int64_t kx = 0; kx < nk; kx++)
+        out->data[w_off(to, no, ni, nk, o, i, kx)] =
+            t->data[w_off(from, no, ni, nk, o, i, kx)];
+}
+
+/* c re-laid out in data format df and weights format wf. */
+static void make_variant(const ncase *c, cg_data_format df,
+                         cg_weights_format wf, ncase *v) {
+  *v = *c;
+  relayout_data(&c->in[0], c->df, df, &v->in[0]);
+  relayout_weights(&c->in[1], c->wf, wf, &v->in[1]);
+  relayout_data(&c->expected, c->df, df, &v->expected);
+  if (c->ndst_shape) {
+    tensor t = {.rank = (int)c->ndst_shape};
+    memcpy(t.shape, c->dst_shape, sizeof t.shape);
+    int r = t.rank;
+    int64_t ch = c->df == CG_DATA_NCX ? t.shape[1] : t.shape[r - 1];
+    const int64_t *sp = c->df == CG_DATA_NCX ? &t.shape[2] : &t.shape[1];
+    int64_t spc[CG_MAX_SPATIAL];
+    memcpy(spc, sp, (size_t)(r - 2) * sizeof *spc);
+    et_data_dims(r - 2, df, t.shape[0], ch, spc, v->dst_shape);
+  }
+  v->df = df;
+  v->wf = wf;
+}
+
 static void test_cases(void **state) {
+  static const cg_weights_format conv_f[] = {CG_WEIGHTS_OIX, CG_WEIGHTS_XIO};
+  static const cg_weights_format ct_f[] = {CG_WEIGHTS_IOX, CG_WEIGHTS_XOI,
+                                           CG_WEIGHTS_OIX, CG_WEIGHTS_XIO};
+  static const cg_data_format data_f[] = {CG_DATA_NCX, CG_DATA_NXC};
   cg_dtype dt = *(cg_dtype *)*state;
   const cJSON *j;
-  int n = 0;
+  int n = 0, variants = 0;
   cJSON_ArrayForEach(j, cases_json) {
     ncase c;
     parse_case(j, &c);
-    run_case(&c, dt);
+    int conv = strncmp(c.op, "Convolution", 11) == 0;
+    const cg_weights_format *wfs = conv ? conv_f : ct_f;
+    int nwf = conv ? 2 : 4;
+    for (int d = 0; d < 2; d++)
+      for (int w = 0; w < nwf; w++) {
+        ncase v;
+        make_variant(&c, data_f[d], wfs[w], &v);
+        snprintf(v.name, sizeof v.name, "%.100s [%s/%s]", c.name,
+                 cg_data_format_name(v.df), cg_weights_format_name(v.wf));
+        run_case(&v, dt);
+        free_case(&v);
+        variants++;
+      }
     free_case(&c);
     n++;
   }
   assert_int_equal(n, 6);
+  assert_int_equal(variants, 2 * (2 + 2 + 4 + 4 + 4 + 2));
 }
 
 static int setup(void **state) {
