@@ -4,7 +4,8 @@
  * Owns, per engine: the oneDNN CPU engine and stream, a bounded LRU of
  * prepared problems (engine_cache.h) and the buffers every run borrows:
  * one per tensor in oneDNN's preferred layout plus one user-managed
- * scratchpad. A prepared problem holds the gradient primitive, created on
+ * scratchpad (AMX kernels own theirs, see needs_private_scratch). A
+ * prepared problem holds the gradient primitive, created on
  * format_tag_any so oneDNN picks its fast blocked layouts, and the reorders
  * between those layouts and the caller's, present only where the two
  * differ. Primitives use a user-managed scratchpad so that primitives that
@@ -17,7 +18,9 @@
  * output_padding lengthens the output at the end, so oneDNN's right padding
  * is PE - output_padding; oneDNN requires it to be > -S, and where it is not,
  * the unread tail of diff_dst is simply cut off (the user memory descriptor
- * keeps the full strides). */
+ * keeps the full strides); where nothing is left, the gradient is zero.
+ * oneDNN's brgemm kernels are avoided on problems with positions that see
+ * only padding (see has_dead_positions). */
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -208,20 +211,26 @@ const char *cg_backend_isa(void) {
 
 /* Grows b to at least n bytes (64-byte aligned, contents not kept). */
 static int buf_reserve(eng_buf *b, size_t n, char *err, size_t errlen) {
+  int rc = 0;
   if (n <= b->size)
-    return 0;
-  if (n > SIZE_MAX - CG__ALIGN)
-    return cg_errorf(err, errlen, CG_ERANGE,
-                     "engine: buffer of %zu bytes overflows", n);
+    goto out;
+  if (n > SIZE_MAX - CG__ALIGN) {
+    rc = cg_errorf(err, errlen, CG_ERANGE,
+                   "engine: buffer of %zu bytes overflows", n);
+    goto out;
+  }
   size_t rounded = (n + CG__ALIGN - 1) / CG__ALIGN * CG__ALIGN;
   free(b->p);
   b->size = 0;
   b->p = aligned_alloc(CG__ALIGN, rounded);
-  if (!b->p)
-    return cg_errorf(err, errlen, CG_ENOMEM,
-                     "engine: cannot allocate %zu bytes", rounded);
+  if (!b->p) {
+    rc = cg_errorf(err, errlen, CG_ENOMEM, "engine: cannot allocate %zu bytes",
+                   rounded);
+    goto out;
+  }
   b->size = rounded;
-  return 0;
+out:
+  return rc;
 }
 
 /* ---- problem -> oneDNN descriptors ------------------------------------ */
@@ -469,7 +478,7 @@ static int scratch_create(cg_engine *e, eng_entry *en,
       dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   *bytes = md ? dnnl_memory_desc_get_size(md) : 0;
   if (*bytes == 0)
-    return 0;
+    goto out;
   DNNL_TRY(dnnl_memory_create(&en->scratch_mem[idx], md, e->eng,
                               DNNL_MEMORY_NONE),
            "scratchpad memory", out);
@@ -774,17 +783,22 @@ int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
   const void *user[NSLOTS] = {in0, in1, out};
   dnnl_exec_arg_t args[NSLOTS + 1];
 
-  if (!e || !in0 || !in1 || !out)
-    return cg_errorf(err, errlen, CG_EINVAL, "engine: NULL argument");
+  int prev_threads = 0; /* 0: thread count not changed */
+
+  if (!e || !in0 || !in1 || !out) {
+    rc = cg_errorf(err, errlen, CG_EINVAL, "engine: NULL argument");
+    goto out;
+  }
   rc = geom_check(geom, err, errlen);
   if (rc)
-    return rc;
+    goto out;
 
   /* oneDNN sizes its parallel work from the calling thread's OpenMP
    * thread count, at creation and at execution alike. */
-  int prev_threads = omp_get_max_threads();
-  if (prev_threads != e->threads)
+  if (omp_get_max_threads() != e->threads) {
+    prev_threads = omp_get_max_threads();
     omp_set_num_threads(e->threads);
+  }
 
   key_build(&key, geom, e->threads);
   en = (eng_entry *)cg__cache_get(&e->cache, &key);
@@ -848,7 +862,7 @@ done:
     info->compute_ms = now_ms() - t0;
   }
 out:
-  if (prev_threads != e->threads)
+  if (prev_threads)
     omp_set_num_threads(prev_threads);
   return rc;
 }
