@@ -160,8 +160,8 @@ static int probe_dtype(dnnl_engine_t eng, dnnl_data_type_t dt) {
       dnnl_memory_desc_init_by_tag(&d, 4, sd, dt, dnnl_format_tag_any))
     goto out;
   if (dnnl_dilated_convolution_forward_desc_init(
-          &fd, dnnl_forward_training, dnnl_convolution_direct, &s, &w, NULL,
-          &d, st, dil, pad, pad) ||
+          &fd, dnnl_forward_training, dnnl_convolution_direct, &s, &w, NULL, &d,
+          st, dil, pad, pad) ||
       dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL))
     goto out;
   if (dnnl_dilated_convolution_backward_data_desc_init(
@@ -245,7 +245,7 @@ static int is_bwd_data(cg_op op) {
 
 /* Everything oneDNN needs to know about a problem's shapes. */
 typedef struct eng_shape {
-  int nd; /* data ndims */
+  int nd;  /* data ndims */
   int wnd; /* weights ndims (one more with groups) */
   dnnl_dims_t src, wei, dst;
   dnnl_dims_t strides, dilates, pad_l, pad_r;
@@ -288,7 +288,8 @@ static int shape_init(eng_shape *s, const cg_geom *g) {
 /* The caller's memory descriptor for slot i (dims as oneDNN sees them,
  * strides from the caller's layout). */
 static dnnl_status_t user_md(dnnl_memory_desc_t *md, const cg_geom *g,
-                             const eng_shape *s, int slot, dnnl_data_type_t dt) {
+                             const eng_shape *s, int slot,
+                             dnnl_data_type_t dt) {
   int64_t st[CG_MAX_RANK + 1];
   dnnl_dims_t strides;
   const int64_t *dims;
@@ -332,7 +333,8 @@ static int has_dead_positions(const cg_geom *g) {
     int64_t hi = ct ? g->out_sp[a] : g->in_sp[a];
     for (int64_t p = 0; p < lo; p++) {
       int64_t first = p * g->stride[a] - g->pad_begin[a];
-      int64_t k0 = first >= 0 ? 0 : (-first + g->dilation[a] - 1) / g->dilation[a];
+      int64_t k0 =
+          first >= 0 ? 0 : (-first + g->dilation[a] - 1) / g->dilation[a];
       int64_t q = first + k0 * g->dilation[a];
       if (k0 >= g->kernel[a] || q >= hi)
         return 1;
@@ -346,16 +348,15 @@ static int has_dead_positions(const cg_geom *g) {
  * implementation oneDNN offers. */
 static int pick_impl(cg_engine *e, const void *op_desc,
                      const_dnnl_primitive_desc_t hint, int avoid_brgemm,
-                     dnnl_primitive_desc_t *pd_out, char *err,
-                     size_t errlen) {
+                     dnnl_primitive_desc_t *pd_out, char *err, size_t errlen) {
   int rc = 0;
   dnnl_primitive_desc_iterator_t it = NULL;
   dnnl_primitive_desc_t pd = NULL;
   const char *impl;
 
-  DNNL_TRY(dnnl_primitive_desc_iterator_create(&it, op_desc, e->attr, e->eng,
-                                               hint),
-           "backward primitive descriptor", out);
+  DNNL_TRY(
+      dnnl_primitive_desc_iterator_create(&it, op_desc, e->attr, e->eng, hint),
+      "backward primitive descriptor", out);
   for (;;) {
     pd = dnnl_primitive_desc_iterator_fetch(it);
     if (!pd) {
@@ -435,8 +436,8 @@ static int op_pd_create(cg_engine *e, const cg_geom *g, const eng_shape *s,
              "deconvolution forward hint", out);
     if (is_bwd_data(g->op))
       DNNL_TRY(dnnl_dilated_deconvolution_backward_data_desc_init(
-                   &bd, dnnl_deconvolution_direct, &src, &wei, &dst,
-                   s->strides, s->dilates, s->pad_l, s->pad_r),
+                   &bd, dnnl_deconvolution_direct, &src, &wei, &dst, s->strides,
+                   s->dilates, s->pad_l, s->pad_r),
                "deconvolution backward data descriptor", out);
     else
       DNNL_TRY(dnnl_dilated_deconvolution_backward_weights_desc_init(
@@ -479,9 +480,9 @@ static int scratch_create(cg_engine *e, eng_entry *en,
   *bytes = md ? dnnl_memory_desc_get_size(md) : 0;
   if (*bytes == 0)
     goto out;
-  DNNL_TRY(dnnl_memory_create(&en->scratch_mem[idx], md, e->eng,
-                              DNNL_MEMORY_NONE),
-           "scratchpad memory", out);
+  DNNL_TRY(
+      dnnl_memory_create(&en->scratch_mem[idx], md, e->eng, DNNL_MEMORY_NONE),
+      "scratchpad memory", out);
 out:
   return rc;
 }
@@ -548,9 +549,9 @@ static int entry_create(cg_engine *e, const cg_geom *g, eng_entry **out,
   if (g->dtype != CG_DTYPE_F32 && cg_backend_dtype_native(g->dtype)) {
     rc = op_pd_create(e, g, &s, udt, &pd, err, errlen);
     if (rc == 0) {
-      DNNL_TRY(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0,
-                                         &impl),
-               "implementation query", fail);
+      DNNL_TRY(
+          dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl),
+          "implementation query", fail);
       if (impl_is_reference(impl)) {
         dnnl_primitive_desc_destroy(pd);
         pd = NULL;
@@ -592,13 +593,14 @@ static int entry_create(cg_engine *e, const cg_geom *g, eng_entry **out,
     if (!pmd) {
       rc = cg_errorf(err, errlen, CG_EBACKEND,
                      "oneDNN: primitive has no memory descriptor for "
-                     "tensor %d", i);
+                     "tensor %d",
+                     i);
       goto fail;
     }
     DNNL_TRY(user_md(&umd, g, &s, i, udt), "user memory descriptor", fail);
-    DNNL_TRY(dnnl_memory_create(&en->user_mem[i], &umd, e->eng,
-                                DNNL_MEMORY_NONE),
-             "user memory", fail);
+    DNNL_TRY(
+        dnnl_memory_create(&en->user_mem[i], &umd, e->eng, DNNL_MEMORY_NONE),
+        "user memory", fail);
     if (dnnl_memory_desc_equal(&umd, pmd))
       continue;
     if (i == SLOT_OUT)
@@ -618,9 +620,9 @@ static int entry_create(cg_engine *e, const cg_geom *g, eng_entry **out,
       en->scratch_bytes = bytes;
     dnnl_primitive_desc_destroy(rpd);
     rpd = NULL;
-    DNNL_TRY(dnnl_memory_create(&en->prim_mem[i], pmd, e->eng,
-                                DNNL_MEMORY_NONE),
-             "primitive-layout memory", fail);
+    DNNL_TRY(
+        dnnl_memory_create(&en->prim_mem[i], pmd, e->eng, DNNL_MEMORY_NONE),
+        "primitive-layout memory", fail);
     en->prim_bytes[i] = dnnl_memory_desc_get_size(pmd);
   }
   *out = en;
@@ -682,8 +684,8 @@ int cg_engine_new(cg_engine **out, const cg_engine_config *cfg, char *err,
                   size_t errlen) {
   int rc = 0;
   cg_engine *e = NULL;
-  size_t cap = cfg && cfg->cache_capacity ? cfg->cache_capacity
-                                          : CG__DEFAULT_CAPACITY;
+  size_t cap =
+      cfg && cfg->cache_capacity ? cfg->cache_capacity : CG__DEFAULT_CAPACITY;
 
   *out = NULL;
   if (cfg && cfg->threads < 0) {
@@ -746,8 +748,8 @@ out:
 }
 
 static int execute(cg_engine *e, eng_entry *en, dnnl_primitive_t prim,
-                   int scratch_idx, int nargs, dnnl_exec_arg_t *args,
-                   char *err, size_t errlen) {
+                   int scratch_idx, int nargs, dnnl_exec_arg_t *args, char *err,
+                   size_t errlen) {
   int rc = 0;
   dnnl_memory_t sm = en->scratch_mem[scratch_idx];
   if (sm) {
@@ -821,8 +823,8 @@ int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
     if (!rc && en->reorder[i]) {
       rc = buf_reserve(&e->buf[i], en->prim_bytes[i], err, errlen);
       if (!rc)
-        rc = mem_bind(en->prim_mem[i], &en->prim_ptr[i],
-                      e->buf[i].p, err, errlen);
+        rc = mem_bind(en->prim_mem[i], &en->prim_ptr[i], e->buf[i].p, err,
+                      errlen);
     }
   }
   if (rc)

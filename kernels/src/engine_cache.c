@@ -21,7 +21,8 @@ static uint64_t key_hash(const cg__key *k) {
   return h;
 }
 
-int cg__cache_init(cg__cache *c, size_t capacity, cg__cache_destroy_fn destroy) {
+int cg__cache_init(cg__cache *c, size_t capacity,
+                   cg__cache_destroy_fn destroy) {
   memset(c, 0, sizeof *c);
   size_t n = 16;
   while (n < capacity * 2 && n < ((size_t)1 << 20))

@@ -43,9 +43,8 @@ static void pad3(int nsp, const int64_t *v, int64_t fill, int64_t out[3]) {
 
 /* Data strides of a tensor with the given channels/spatial dims in fmt,
  * as [n][c][x0][x1][x2] with zero strides on padded axes. */
-static void data_strides(const cg_geom *g, cg_data_format fmt,
-                         int64_t channels, const int64_t *sp,
-                         int64_t out[5]) {
+static void data_strides(const cg_geom *g, cg_data_format fmt, int64_t channels,
+                         const int64_t *sp, int64_t out[5]) {
   int64_t st[CG_MAX_RANK];
   cg_geom_data_strides(g, fmt, channels, sp, st);
   out[0] = st[0];
@@ -107,8 +106,10 @@ static void plan_run(const ref_plan *pl, ref_kind kind, cg_dtype dt,
     for (int64_t gr = 0; gr < pl->groups; gr++)
       for (int64_t cl = 0; cl < pl->lo_cg; cl++)
         for (int64_t ch = 0; ch < pl->hi_cg; ch++) {
-          int64_t lo_c = n * pl->lo_st[0] + (gr * pl->lo_cg + cl) * pl->lo_st[1];
-          int64_t hi_c = n * pl->hi_st[0] + (gr * pl->hi_cg + ch) * pl->hi_st[1];
+          int64_t lo_c =
+              n * pl->lo_st[0] + (gr * pl->lo_cg + cl) * pl->lo_st[1];
+          int64_t hi_c =
+              n * pl->hi_st[0] + (gr * pl->hi_cg + ch) * pl->hi_st[1];
           int64_t w_c = gr * pl->w_st[0] + cl * pl->w_st[1] + ch * pl->w_st[2];
           for (int64_t p0 = 0; p0 < pl->lo_sp[0]; p0++)
             for (int64_t p1 = 0; p1 < pl->lo_sp[1]; p1++)
@@ -251,12 +252,12 @@ int cg_reference_forward(const cg_geom *geom, const void *src,
   cg_data_format df = geom->data_format;
   if (geom->op == CG_OP_CONV_BWD_DATA || geom->op == CG_OP_CONV_BWD_WEIGHTS) {
     plan_init(&pl, geom, df, df, geom->weights_format); /* lo = dst */
-    rc = run_plan(geom, &pl, REF_TO_LO, NULL, src, weights, dst, n, err,
-                  errlen);
+    rc =
+        run_plan(geom, &pl, REF_TO_LO, NULL, src, weights, dst, n, err, errlen);
   } else {
     plan_init(&pl, geom, df, df, geom->weights_format); /* hi = dst */
-    rc = run_plan(geom, &pl, REF_TO_HI, src, NULL, weights, dst, n, err,
-                  errlen);
+    rc =
+        run_plan(geom, &pl, REF_TO_HI, src, NULL, weights, dst, n, err, errlen);
   }
   return rc;
 }

@@ -81,8 +81,8 @@ static dnnl_status_t user_md(dnnl_memory_desc_t *md, const cg_geom *g, int i,
                              dnnl_data_type_t dt) {
   int64_t st[CG_MAX_RANK + 1];
   dnnl_dims_t strides;
-  int weights = (i == 1 && is_bwd_data(g->op)) ||
-                (i == 2 && !is_bwd_data(g->op));
+  int weights =
+      (i == 1 && is_bwd_data(g->op)) || (i == 2 && !is_bwd_data(g->op));
   if (weights) {
     cg_geom_weights_strides(
         g, i == 2 ? g->out_weights_format : g->weights_format, st);
@@ -135,9 +135,12 @@ static int direct_init(direct *d, const cg_geom *g, const void *in0,
   }
   DNNL_OK(dnnl_engine_create(&d->eng, dnnl_cpu, 0));
   DNNL_OK(dnnl_stream_create(&d->stream, d->eng, dnnl_stream_default_flags));
-  DNNL_OK(dnnl_memory_desc_init_by_tag(&smd, nd, src, cdt, dnnl_format_tag_any));
-  DNNL_OK(dnnl_memory_desc_init_by_tag(&wmd, wnd, wei, cdt, dnnl_format_tag_any));
-  DNNL_OK(dnnl_memory_desc_init_by_tag(&dmd, nd, dst, cdt, dnnl_format_tag_any));
+  DNNL_OK(
+      dnnl_memory_desc_init_by_tag(&smd, nd, src, cdt, dnnl_format_tag_any));
+  DNNL_OK(
+      dnnl_memory_desc_init_by_tag(&wmd, wnd, wei, cdt, dnnl_format_tag_any));
+  DNNL_OK(
+      dnnl_memory_desc_init_by_tag(&dmd, nd, dst, cdt, dnnl_format_tag_any));
   if (!is_deconv(g->op)) {
     dnnl_convolution_desc_t fd, bd;
     DNNL_OK(dnnl_dilated_convolution_forward_desc_init(
@@ -156,8 +159,8 @@ static int direct_init(direct *d, const cg_geom *g, const void *in0,
   } else {
     dnnl_deconvolution_desc_t fd, bd;
     DNNL_OK(dnnl_dilated_deconvolution_forward_desc_init(
-        &fd, dnnl_forward_training, dnnl_deconvolution_direct, &smd, &wmd,
-        NULL, &dmd, strides, dil, pl, pr));
+        &fd, dnnl_forward_training, dnnl_deconvolution_direct, &smd, &wmd, NULL,
+        &dmd, strides, dil, pl, pr));
     DNNL_OK(dnnl_primitive_desc_create(&hint, &fd, NULL, d->eng, NULL));
     if (is_bwd_data(g->op))
       DNNL_OK(dnnl_dilated_deconvolution_backward_data_desc_init(
@@ -165,8 +168,8 @@ static int direct_init(direct *d, const cg_geom *g, const void *in0,
           pr));
     else
       DNNL_OK(dnnl_dilated_deconvolution_backward_weights_desc_init(
-          &bd, dnnl_deconvolution_direct, &smd, &wmd, NULL, &dmd, strides,
-          dil, pl, pr));
+          &bd, dnnl_deconvolution_direct, &smd, &wmd, NULL, &dmd, strides, dil,
+          pl, pr));
     DNNL_OK(dnnl_primitive_desc_create(&pd, &bd, NULL, d->eng, hint));
   }
   DNNL_OK(dnnl_primitive_create(&d->prim, pd));
@@ -188,8 +191,8 @@ static int direct_init(direct *d, const cg_geom *g, const void *in0,
     DNNL_OK(dnnl_memory_create(&d->user[i], &umd, d->eng, ptr[i]));
     if (dnnl_memory_desc_equal(&umd, pmd))
       continue;
-    DNNL_OK(dnnl_memory_create(&d->inner[i], pmd, d->eng,
-                               DNNL_MEMORY_ALLOCATE));
+    DNNL_OK(
+        dnnl_memory_create(&d->inner[i], pmd, d->eng, DNNL_MEMORY_ALLOCATE));
     if (i == 2)
       DNNL_OK(dnnl_reorder_primitive_desc_create(&rpd, pmd, d->eng, &umd,
                                                  d->eng, NULL));
@@ -220,8 +223,8 @@ static int direct_run(direct *d) {
       DNNL_OK(dnnl_primitive_execute(d->reorder[i], d->stream, 2, args));
     }
   for (int i = 0; i < 3; i++)
-    args[i] = (dnnl_exec_arg_t){d->arg[i],
-                                d->inner[i] ? d->inner[i] : d->user[i]};
+    args[i] =
+        (dnnl_exec_arg_t){d->arg[i], d->inner[i] ? d->inner[i] : d->user[i]};
   DNNL_OK(dnnl_primitive_execute(d->prim, d->stream, 3, args));
   if (d->reorder[2]) {
     args[0] = (dnnl_exec_arg_t){DNNL_ARG_FROM, d->inner[2]};
@@ -378,19 +381,20 @@ static int bench_desc(const options *o, const cg_bdesc *bd, cg_engine *e) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: cg_bench_kernels [options]\n"
-          "  -p, --problems FILE   benchdnn descriptor list (default %s)\n"
-          "  -P, --problem DESC    one descriptor instead of a file\n"
-          "  -f, --filter TEXT     only problems whose name contains TEXT\n"
-          "  -d, --dtypes LIST     comma list of f32,bf16,f16 (default f32,bf16)\n"
-          "  -n, --iters N         timed iterations per row (default 15)\n"
-          "  -w, --warmup N        untimed runs first (default 3)\n"
-          "  -t, --threads N       OpenMP threads (default: omp_get_max_threads)\n"
-          "  -l, --layout FMT      data layout NCX or NXC (default NXC)\n"
-          "  -W, --weights FMT     weights layout (default: the op's default)\n"
-          "  -h, --help\n",
-          CG_BENCH_PROBLEMS);
+  fprintf(
+      f,
+      "usage: cg_bench_kernels [options]\n"
+      "  -p, --problems FILE   benchdnn descriptor list (default %s)\n"
+      "  -P, --problem DESC    one descriptor instead of a file\n"
+      "  -f, --filter TEXT     only problems whose name contains TEXT\n"
+      "  -d, --dtypes LIST     comma list of f32,bf16,f16 (default f32,bf16)\n"
+      "  -n, --iters N         timed iterations per row (default 15)\n"
+      "  -w, --warmup N        untimed runs first (default 3)\n"
+      "  -t, --threads N       OpenMP threads (default: omp_get_max_threads)\n"
+      "  -l, --layout FMT      data layout NCX or NXC (default NXC)\n"
+      "  -W, --weights FMT     weights layout (default: the op's default)\n"
+      "  -h, --help\n",
+      CG_BENCH_PROBLEMS);
 }
 
 static int parse_dtypes(const char *s, int *dtypes) {
@@ -431,8 +435,8 @@ int main(int argc, char **argv) {
   cg_engine *e = NULL;
   FILE *f = NULL;
 
-  while ((c = getopt_long(argc, argv, "p:P:f:d:n:w:t:l:W:h", longopts,
-                          NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "p:P:f:d:n:w:t:l:W:h", longopts, NULL)) !=
+         -1) {
     switch (c) {
     case 'p':
       o.problems = optarg;

@@ -23,7 +23,9 @@ int64_t et_range(et_rng *r, int64_t lo, int64_t hi) {
   return lo + (int64_t)(et_next(r) % (uint64_t)(hi - lo + 1));
 }
 
-static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 /* Pads as SEMANTICS.md "auto_pad" defines them for axis a; `in` is the
  * Convolution reference size (unused for ConvTranspose). */
@@ -132,7 +134,7 @@ void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
     c->owf = et_range(r, 0, 1) ? CG_WEIGHTS_DEFAULT : f[et_range(r, 0, 3)];
   } else {
     c->wf = et_range(r, 0, 1) ? CG_WEIGHTS_OIX : CG_WEIGHTS_XIO;
-    c->owf = et_range(r, 0, 1) ? CG_WEIGHTS_DEFAULT
+    c->owf = et_range(r, 0, 1)   ? CG_WEIGHTS_DEFAULT
              : et_range(r, 0, 1) ? CG_WEIGHTS_OIX
                                  : CG_WEIGHTS_XIO;
   }
@@ -154,7 +156,7 @@ void et_data_dims(int nsp, cg_data_format f, int64_t mb, int64_t ch,
 }
 
 void et_weights_dims(const et_case *c, cg_weights_format f, int64_t *dims) {
-  int64_t o, i; /* the dims the format calls O and I */
+  int64_t o, i;     /* the dims the format calls O and I */
   if (!c->deconv) { /* (OC, IC/g) */
     o = c->oc;
     i = c->ic / c->groups;
@@ -180,7 +182,9 @@ void et_weights_dims(const et_case *c, cg_weights_format f, int64_t *dims) {
   }
 }
 
-static cg_ints ints(const int64_t *v, size_t n) { return (cg_ints){v, n}; }
+static cg_ints ints(const int64_t *v, size_t n) {
+  return (cg_ints){v, n};
+}
 
 static int all_eq(const int64_t *v, int n, int64_t x) {
   for (int a = 0; a < n; a++)
@@ -255,13 +259,13 @@ void et_problem_build(et_problem *ep, const et_case *c, cg_op op) {
 }
 
 void et_case_str(const et_case *c, cg_op op, char *buf, size_t n) {
-  int w = snprintf(buf, n,
-                   "%s %s mb%lld g%lld ic%lld oc%lld %s/%s->%s/%s ap=%s",
-                   cg_op_name(op), cg_dtype_name(c->dtype), (long long)c->mb,
-                   (long long)c->groups, (long long)c->ic, (long long)c->oc,
-                   cg_data_format_name(c->df), cg_weights_format_name(c->wf),
-                   cg_data_format_name(c->odf), cg_weights_format_name(c->owf),
-                   cg_auto_pad_name(c->auto_pad));
+  int w =
+      snprintf(buf, n, "%s %s mb%lld g%lld ic%lld oc%lld %s/%s->%s/%s ap=%s",
+               cg_op_name(op), cg_dtype_name(c->dtype), (long long)c->mb,
+               (long long)c->groups, (long long)c->ic, (long long)c->oc,
+               cg_data_format_name(c->df), cg_weights_format_name(c->wf),
+               cg_data_format_name(c->odf), cg_weights_format_name(c->owf),
+               cg_auto_pad_name(c->auto_pad));
   for (int a = 0; a < c->nsp && w > 0 && (size_t)w < n; a++)
     w += snprintf(buf + w, n - (size_t)w,
                   " [i%lld o%lld k%lld s%lld d%lld p%lld,%lld op%lld]",
@@ -279,8 +283,8 @@ cg_geom et_resolve(const et_case *c, cg_op op) {
   et_case_str(c, op, desc, sizeof desc);
   int rc = cg_problem_resolve(&ep.p, &g, err, sizeof err);
   if (rc)
-    fail_msg("resolve rejected a valid case (%s: %s): %s", cg_err_name(rc),
-             err, desc);
+    fail_msg("resolve rejected a valid case (%s: %s): %s", cg_err_name(rc), err,
+             desc);
   int ok = g.mb == c->mb && g.groups == c->groups && g.ic == c->ic &&
            g.oc == c->oc && g.nsp == c->nsp;
   for (int a = 0; ok && a < c->nsp; a++)

@@ -22,7 +22,7 @@ typedef struct et_case {
   int64_t pb[3], pe[3]; /* resolved pads (what auto_pad yields) */
   int64_t opad[3];      /* ConvTranspose output_padding */
   cg_auto_pad auto_pad;
-  int give_opad;     /* pass output_padding explicitly */
+  int give_opad;      /* pass output_padding explicitly */
   int give_dst_shape; /* ConvolutionBackwardData: pass dst_shape */
   int shape_as_input; /* dst_shape / weights_shape as the shape input */
   cg_data_format df;
@@ -83,8 +83,7 @@ double et_max_abs(cg_dtype dt, const void *buf, size_t n);
  * 1e-5 * scale. bf16/f16: one rounding of the result to the type on each
  * side (2 * eps * scale) plus f32 accumulation error over the reduction
  * length L (L * 2^-24 * L * amax0 * amax1). */
-double et_tolerance(const cg_geom *g, double scale, double amax0,
-                    double amax1);
+double et_tolerance(const cg_geom *g, double scale, double amax0, double amax1);
 /* Number of products summed into one output element of g. */
 int64_t et_reduction_length(const cg_geom *g);
 

@@ -39,8 +39,7 @@ typedef int (*grad_fn)(cg_engine *e, const cg_geom *g, const void *in0,
                        const void *in1, void *out, char *err, size_t errlen);
 
 static int run_reference(cg_engine *e, const cg_geom *g, const void *in0,
-                         const void *in1, void *out, char *err,
-                         size_t errlen) {
+                         const void *in1, void *out, char *err, size_t errlen) {
   (void)e;
   return cg_reference_run(g, in0, in1, out, err, errlen);
 }

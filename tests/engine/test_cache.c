@@ -64,8 +64,7 @@ static int correct(const fixture *f, const void *out) {
 static void test_hits_and_lru_eviction(void **state) {
   (void)state;
   static const cg_op ops[4] = {CG_OP_CONV_BWD_DATA, CG_OP_CONV_BWD_WEIGHTS,
-                               CG_OP_DECONV_BWD_DATA,
-                               CG_OP_DECONV_BWD_WEIGHTS};
+                               CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS};
   et_rng r = {42};
   fixture f[4];
   cg_engine *e;

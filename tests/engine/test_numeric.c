@@ -64,8 +64,8 @@ static void read_tensor(const cJSON *t, tensor *out) {
   int64_t n = 1;
   const cJSON *it;
   assert_non_null(t);
-  out->rank = (int)read_ints(cJSON_GetObjectItem(t, "shape"), out->shape,
-                             CG_MAX_RANK);
+  out->rank =
+      (int)read_ints(cJSON_GetObjectItem(t, "shape"), out->shape, CG_MAX_RANK);
   for (int i = 0; i < out->rank; i++)
     n *= out->shape[i];
   out->n = (size_t)n;
@@ -115,16 +115,16 @@ static void parse_case(const cJSON *j, ncase *c) {
   c->ndst_shape = read_ints(cJSON_GetObjectItem(attrs, "dst_shape"),
                             c->dst_shape, CG_MAX_RANK);
   c->groups = (int64_t)cJSON_GetObjectItem(attrs, "groups")->valuedouble;
-  assert_int_equal(cg_data_format_parse(
-                       cJSON_GetStringValue(
-                           cJSON_GetObjectItem(attrs, "data_format")),
-                       &c->df),
-                   0);
-  assert_int_equal(cg_weights_format_parse(
-                       cJSON_GetStringValue(
-                           cJSON_GetObjectItem(attrs, "weights_format")),
-                       &c->wf),
-                   0);
+  assert_int_equal(
+      cg_data_format_parse(
+          cJSON_GetStringValue(cJSON_GetObjectItem(attrs, "data_format")),
+          &c->df),
+      0);
+  assert_int_equal(
+      cg_weights_format_parse(
+          cJSON_GetStringValue(cJSON_GetObjectItem(attrs, "weights_format")),
+          &c->wf),
+      0);
   /* Inputs come in op order: the gradient ops name theirs, the forward
    * ops take src and weights. */
   cg_op op;
@@ -236,7 +236,8 @@ static void run_case(const ncase *c, cg_dtype dt) {
   void *in0 = to_dtype(dt, &c->in[0]), *in1 = to_dtype(dt, &c->in[1]);
   cg_op op;
 
-  if (strcmp(c->op, "Convolution") == 0 || strcmp(c->op, "ConvTranspose") == 0) {
+  if (strcmp(c->op, "Convolution") == 0 ||
+      strcmp(c->op, "ConvTranspose") == 0) {
     int conv = strcmp(c->op, "Convolution") == 0;
     cg_weights_format other = other_family(conv, c->wf);
     /* The gradient op that computes this forward op. */
@@ -297,7 +298,8 @@ static size_t w_off(cg_weights_format f, int64_t no, int64_t ni, int64_t nk,
 static void relayout_data(const tensor *t, cg_data_format from,
                           cg_data_format to, tensor *out) {
   int r = t->rank, nsp = r - 2;
-  int64_t n = t->shape[0], c = from == CG_DATA_NCX ? t->shape[1] : t->shape[r - 1];
+  int64_t n = t->shape[0],
+          c = from == CG_DATA_NCX ? t->shape[1] : t->shape[r - 1];
   const int64_t *sp = from == CG_DATA_NCX ? &t->shape[2] : &t->shape[1];
   int64_t ns = 1, shape[CG_MAX_RANK];
   for (int a = 0; a < nsp; a++)

@@ -26,15 +26,14 @@
 
 typedef struct sweep_stats {
   int count, native, convert;
-  double worst; /* largest max_err / tolerance */
+  double worst;     /* largest max_err / tolerance */
   double worst_rel; /* largest max_err / scale */
 } sweep_stats;
 
 static void test_sweep(void **state) {
   (void)state;
   static const cg_op ops[4] = {CG_OP_CONV_BWD_DATA, CG_OP_CONV_BWD_WEIGHTS,
-                               CG_OP_DECONV_BWD_DATA,
-                               CG_OP_DECONV_BWD_WEIGHTS};
+                               CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS};
   static const cg_dtype dts[4] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F32,
                                   CG_DTYPE_F16};
   const char *s_seed = getenv("CG_SWEEP_SEED"), *s_n = getenv("CG_SWEEP_COUNT");
@@ -136,9 +135,9 @@ static void test_sweep(void **state) {
                   st[dt].convert, st[dt].worst, st[dt].worst_rel);
   for (int k = 0; k < nimpl; k++)
     print_message("sweep impl %s: %d\n", impls[k], impl_n[k]);
-  assert_true(count < 500 || (st[CG_DTYPE_F32].count > 0 &&
-                              st[CG_DTYPE_BF16].count > 0 &&
-                              st[CG_DTYPE_F16].count > 0));
+  assert_true(count < 500 ||
+              (st[CG_DTYPE_F32].count > 0 && st[CG_DTYPE_BF16].count > 0 &&
+               st[CG_DTYPE_F16].count > 0));
 }
 
 int main(void) {
