@@ -343,7 +343,7 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
   /* Same kernels on the same data: only the f32 path of f16 may round
    * differently. */
   double limit = dt == CG_DTYPE_F32 ? 1e-5 : 2 * cg_dtype_epsilon(dt);
-  printf("%-30s %-28s %-5s %10.3f %9.1f %10.3f %6.2f  %-9s %-28s %s\n",
+  printf("%-42s %-28s %-5s %10.3f %9.1f %10.3f %6.2f  %-9s %-28s %s\n",
          bd->name, cg_op_name(op), cg_dtype_name(dt), me, g.flops / (me * 1e6),
          md, md / me, info.path == CG_PATH_NATIVE ? "native" : "via-f32",
          info.impl, diff <= limit ? "ok" : "MISMATCH");
@@ -499,7 +499,7 @@ int main(int argc, char **argv) {
          cg_data_format_name(o.df),
          o.wf == CG_WEIGHTS_DEFAULT ? "default" : cg_weights_format_name(o.wf),
          o.iters);
-  printf("%-30s %-28s %-5s %10s %9s %10s %6s  %-9s %-28s %s\n", "# problem",
+  printf("%-42s %-28s %-5s %10s %9s %10s %6s  %-9s %-28s %s\n", "# problem",
          "op", "dtype", "engine_ms", "GFLOP/s", "direct_ms", "ratio", "path",
          "impl", "check");
 

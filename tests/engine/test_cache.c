@@ -2,6 +2,7 @@
  * capacity, identical results from cached primitives) and engines running
  * concurrently on several threads. */
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -207,10 +208,32 @@ static void test_concurrent_engines(void **state) {
     fixture_free(&fix[i]);
 }
 
+/* The engine runs with its own OpenMP thread count and gives the calling
+ * thread its own back. */
+static void test_thread_count_restored(void **state) {
+  (void)state;
+  et_rng r = {5};
+  fixture f;
+  cg_engine *e;
+  cg_engine_config cfg = {1, 0};
+  char err[256];
+  fixture_init(&f, &r, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32);
+  void *out = et_alloc(f.g.out_bytes);
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  omp_set_num_threads(3);
+  run(e, &f, out);
+  assert_int_equal(omp_get_max_threads(), 3);
+  assert_true(correct(&f, out));
+  cg_engine_free(e);
+  free(out);
+  fixture_free(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hits_and_lru_eviction),
       cmocka_unit_test(test_concurrent_engines),
+      cmocka_unit_test(test_thread_count_restored),
   };
   return cmocka_run_group_tests_name("engine_cache", tests, NULL, NULL);
 }
