@@ -157,8 +157,10 @@ static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
   return 0;
 }
 
+/* Adds the rows of descriptor d (text: how it was written, the row name
+ * when the descriptor has no n<name> of its own). */
 static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
-                          cg_op only, cg_dtype dt, cg_data_format df,
+                          const char *text, cg_op only, cg_dtype dt, cg_data_format df,
                           cg_weights_format wf) {
   cg_op ops[2];
   if (d->deconv) {
@@ -191,7 +193,15 @@ static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
       fprintf(stderr, "convgrad bench: %s: %s\n", d->name, err);
       return CGC_EXIT_INPUT;
     }
-    snprintf(r->name, sizeof r->name, "%s", d->name);
+    if (d->name[0]) {
+      snprintf(r->name, sizeof r->name, "%s", d->name);
+    } else {
+      text += strspn(text, " \t");
+      if (!strncmp(text, "deconv:", 7))
+        text += 7 + strspn(text + 7, " \t");
+      snprintf(r->name, sizeof r->name, "%.*s", (int)strcspn(text, " \t#"),
+               text);
+    }
     (*nrows)++;
   }
   return 0;
@@ -216,7 +226,7 @@ static int cgc__bench_load(const char *path, cgc__bench_row *rows, int *nrows,
       fprintf(stderr, "convgrad bench: %s:%d: %s\n", path, lineno, err);
       code = CGC_EXIT_INPUT;
     } else if (is_problem) {
-      code = cgc__bench_add(rows, nrows, &d, only, dt, df, wf);
+      code = cgc__bench_add(rows, nrows, &d, line, only, dt, df, wf);
     }
   }
   fclose(fp);
@@ -315,7 +325,7 @@ int cgc_cmd_bench(int argc, char **argv) {
       code = cgc_cli_usage("bench", "--problem: %s", err);
       break;
     }
-    code = cgc__bench_add(rows, &nrows, &d, only, dt, df, wf);
+    code = cgc__bench_add(rows, &nrows, &d, descs[i], only, dt, df, wf);
   }
   if (!code && nrows == 0) {
     fprintf(stderr, "convgrad bench: no problem matches\n");

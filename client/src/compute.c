@@ -479,9 +479,9 @@ static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
              : CGC_ERPC;
 }
 
-/* One Compute call: a per-call completion queue and three kinds of batches
- * (sends, one receive at a time, the final status) driven until all three
- * have completed. */
+/* One Compute call on a completion queue of its own: send batches (one at
+ * a time), receive batches (one at a time) and the status batch, driven
+ * until none is pending. */
 static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
                                 gpr_timespec deadline, cgc_status *st) {
   cgc__attempt *a = vctx;
@@ -493,9 +493,9 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   grpc_status_code code = GRPC_STATUS_UNKNOWN;
   grpc_slice details = grpc_empty_slice();
   const char *error_string = NULL;
-  int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 1;
-  int local_rc = 0;
-  grpc_op ops[3];
+  int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 0;
+  int status_started = 0, batch_failed = 0, local_rc = 0;
+  grpc_op ops[5];
   double t0 = cgc__now_ms();
 
   grpc_metadata_array_init(&initial_md);
@@ -530,36 +530,44 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     goto out;
   }
 
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[0].data.recv_status_on_client.trailing_metadata = &trailing_md;
-  ops[0].data.recv_status_on_client.status = &code;
-  ops[0].data.recv_status_on_client.status_details = &details;
-  ops[0].data.recv_status_on_client.error_string = &error_string;
-  if (cgc__start(call, ops, 1, CGC__TAG_STATUS))
-    goto start_failed;
-  status_busy = 1;
+  grpc_op status_op;
+  memset(&status_op, 0, sizeof status_op);
+  status_op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  status_op.data.recv_status_on_client.trailing_metadata = &trailing_md;
+  status_op.data.recv_status_on_client.status = &code;
+  status_op.data.recv_status_on_client.status_details = &details;
+  status_op.data.recv_status_on_client.error_string = &error_string;
 
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  /* A request that fits the header message goes out in one batch. */
-  int more = cgc__upload_left(a);
-  if (cgc__start(call, ops, more ? 2 : 3, CGC__TAG_SEND))
-    goto start_failed;
-  send_busy = 1;
-  sending = more;
-
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[0].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-  ops[1].op = GRPC_OP_RECV_MESSAGE;
-  ops[1].data.recv_message.recv_message = &recv_bb;
-  if (cgc__start(call, ops, 2, CGC__TAG_RECV))
-    goto start_failed;
-  recv_busy = 1;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &recv_bb;
+  sending = cgc__upload_left(a);
+  if (!sending) {
+    /* The whole request fits one message: a single batch sends it and
+     * waits for the first answer, which keeps small calls to three
+     * completions (this, the data, the status). */
+    if (cgc__start(call, ops, 5, CGC__TAG_RECV))
+      goto start_failed;
+    recv_busy = 1;
+  } else {
+    /* A long upload: ask for the status now so that a rejection stops
+     * the upload early. */
+    if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS))
+      goto start_failed;
+    status_busy = status_started = 1;
+    if (cgc__start(call, ops, 2, CGC__TAG_SEND))
+      goto start_failed;
+    send_busy = 1;
+    if (cgc__start(call, ops + 3, 2, CGC__TAG_RECV))
+      goto start_failed;
+    recv_busy = 1;
+  }
 
   while (send_busy || recv_busy || status_busy) {
     /* The call's deadline bounds every pending batch. */
@@ -576,46 +584,64 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
         sending = 0; /* the call is over; the status says why */
       if (sending) {
         send_bb = cgc__encode_chunk(a);
-        more = cgc__upload_left(a);
+        sending = cgc__upload_left(a);
         memset(ops, 0, sizeof ops);
         ops[0].op = GRPC_OP_SEND_MESSAGE;
         ops[0].data.send_message.send_message = send_bb;
         ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-        if (cgc__start(call, ops, more ? 1 : 2, CGC__TAG_SEND) == 0)
+        if (cgc__start(call, ops, sending ? 1 : 2, CGC__TAG_SEND) == 0)
           send_busy = 1;
         else
-          grpc_call_cancel(call, NULL);
-        sending = more;
+          batch_failed = 1;
       }
       break;
-    case CGC__TAG_RECV:
+    case CGC__TAG_RECV: {
       recv_busy = 0;
-      if (!recv_bb)
-        break; /* end of the response stream */
-      if (!local_rc)
+      if (recv_bb && !local_rc)
         local_rc = cgc__on_message(a, recv_bb);
-      grpc_byte_buffer_destroy(recv_bb);
+      int ended = !recv_bb;
+      if (recv_bb)
+        grpc_byte_buffer_destroy(recv_bb);
       recv_bb = NULL;
-      if (local_rc) {
+      if (local_rc)
         grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
                                      "client rejected the response", NULL);
-        break;
+      /* All the announced bytes are in: only the status is left, and it
+       * does not need the end-of-stream read. */
+      int done = ended || local_rc ||
+                 (a->have_header && a->received == a->out->nbytes);
+      if (!done) {
+        grpc_op rop;
+        memset(&rop, 0, sizeof rop);
+        rop.op = GRPC_OP_RECV_MESSAGE;
+        rop.data.recv_message.recv_message = &recv_bb;
+        if (cgc__start(call, &rop, 1, CGC__TAG_RECV) == 0)
+          recv_busy = 1;
+        else
+          batch_failed = 1;
+      } else if (!status_started) {
+        if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS) == 0)
+          status_busy = status_started = 1;
+        else
+          batch_failed = 1;
       }
-      memset(ops, 0, sizeof ops);
-      ops[0].op = GRPC_OP_RECV_MESSAGE;
-      ops[0].data.recv_message.recv_message = &recv_bb;
-      if (cgc__start(call, ops, 1, CGC__TAG_RECV) == 0)
-        recv_busy = 1;
-      else
-        grpc_call_cancel(call, NULL);
       break;
+    }
     case CGC__TAG_STATUS:
       status_busy = 0;
       break;
     }
+    if (batch_failed) {
+      /* Everything pending completes (as failed) after a cancel. */
+      grpc_call_cancel(call, NULL);
+      sending = 0;
+    }
   }
 
-  if (local_rc) {
+  if (batch_failed) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+    rc = CGC_ERPC;
+  } else if (local_rc) {
     cgc__status_set(st,
                     local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
                                            : GRPC_STATUS_RESOURCE_EXHAUSTED,
