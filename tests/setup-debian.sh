@@ -7,7 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler libuv1-dev libdnnl-dev libcmocka-dev libcjson-dev
-  python3 python3-grpcio python3-protobuf python3-numpy
+  python3 python3-grpcio python3-protobuf python3-numpy python3-torch
 )
 
 missing=()
