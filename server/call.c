@@ -33,8 +33,8 @@ typedef enum {
 } call_state;
 
 static const char *const state_names[] = {"receiving the header",
-                                          "receiving data", "queued/running",
-                                          "sending", "done"};
+                                          "receiving data", "queued", "sending",
+                                          "done"};
 
 /* The output tensor, shared with grpc slices that reference it. */
 typedef struct outbuf {
@@ -66,6 +66,7 @@ struct cgs_call {
   int status_slice_set;
   grpc_status_code status;
   char msg[512];
+  const char *ended_in; /* state when the end was decided, for messages */
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
 
   /* request */
@@ -217,6 +218,7 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   if (c->finished)
     return;
   c->finished = 1;
+  c->ended_in = state_names[c->st];
   c->status = code;
   va_list ap;
   va_start(ap, fmt);
@@ -275,6 +277,7 @@ static void send_next(cgs_call *c) {
   if (c->sent == total) {
     /* The last chunk carries the OK status in the same batch. */
     c->finished = 1;
+    c->ended_in = state_names[c->st];
     c->status = GRPC_STATUS_OK;
     c->st = ST_DONE;
     c->status_slice = grpc_slice_from_static_string("");
@@ -353,10 +356,11 @@ static void on_send(cgs_tag *t, int ok) {
     /* Nothing of this batch reached the client, a final status included:
      * the stream broke (client cancelled, deadline, shutdown). */
     int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+    const char *in = c->finished ? c->ended_in : state_names[c->st];
     c->finished = 1;
     c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
-    snprintf(c->msg, sizeof c->msg, "stream broken while %s",
-             state_names[c->st]);
+    snprintf(c->msg, sizeof c->msg, "%s while %s",
+             late ? "deadline exceeded" : "cancelled by the client", in);
   } else if (!c->finished) {
     send_next(c);
   }
@@ -852,6 +856,18 @@ static void on_recv(cgs_tag *t, int ok) {
 
 /* ---- deadline, cancellation ------------------------------------------- */
 
+/* Where the call is, for messages; takes a queued job back from the pool
+ * so that the answer ("queued" or "running") stays true. */
+static const char *where(cgs_call *c) {
+  if (c->st != ST_QUEUED)
+    return state_names[c->st];
+  if (c->job_busy && cgs_pool_cancel(c->s->pool, &c->job)) {
+    c->job_busy = 0;
+    return "queued";
+  }
+  return "running";
+}
+
 static void on_close(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_close);
   (void)ok;
@@ -859,17 +875,18 @@ static void on_close(cgs_tag *t, int ok) {
   if (!c->finished) {
     int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
     /* Nothing goes out any more; finish() only records and stops work. */
+    const char *in = where(c);
     finish(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,
-           "%s by the client while %s", late ? "deadline exceeded" : "cancelled",
-           state_names[c->st]);
+           "%s while %s", late ? "deadline exceeded" : "cancelled by the client",
+           in);
   }
   maybe_free(c);
 }
 
 static void on_deadline(uv_timer_t *h) {
   cgs_call *c = h->data;
-  finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s",
-         state_names[c->st]);
+  const char *in = where(c);
+  finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s", in);
   maybe_free(c);
 }
 

@@ -81,6 +81,8 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
     snprintf(job->err, sizeof job->err, "discarded before it ran");
     return;
   }
+  cgs_debug("%s runs a job after %.3f ms in the queue", w->name,
+            job->queue_ms);
   job->rc = cg_engine_run(engine, job->geom, job->in0, job->in1, job->out,
                           &job->info, job->err, sizeof job->err);
 }

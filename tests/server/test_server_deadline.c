@@ -1,0 +1,252 @@
+/* test_server_deadline.c - backpressure, deadlines and cancellation with a
+ * single worker: a request whose deadline passes while it waits in the
+ * queue leaves it with DEADLINE_EXCEEDED; a full queue answers
+ * RESOURCE_EXHAUSTED at once; a client cancelling mid-stream stops the
+ * stream and releases its memory; the server stays healthy throughout. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ts.h"
+
+static ts_server srv;
+static grpc_channel *ch;
+static ts_problem small; /* fast, checked */
+
+static int setup(void **state) {
+  (void)state;
+  grpc_init();
+  static const char *const args[] = {"--workers",           "1",
+                                     "--queue-depth",       "2",
+                                     "--max-inflight-bytes", "160M",
+                                     "--log-level",         "debug",
+                                     NULL};
+  if (ts_server_start(&srv, args) != 0)
+    return -1;
+  ch = ts_channel(&srv);
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
+               .nsp = 2, .is = {6, 6}, .ks = {3, 3}, .stride = 1, .pad = 1,
+               .dil = 1, .seed = 31};
+  if (ts_problem_init(&small, &d) != 0 || ts_problem_reference(&small) != 0)
+    return -1;
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  ts_problem_free(&small);
+  grpc_channel_destroy(ch);
+  int rc = ts_server_stop(&srv, SIGTERM, 30000);
+  grpc_shutdown();
+  return rc == 0 ? 0 : -1;
+}
+
+static void assert_healthy(void) {
+  assert_int_equal(ts_health(ch, ""), 1);
+  assert_int_equal(ts_problem_run(ch, &small, NULL), 0);
+}
+
+/* A compute-heavy problem with small tensors, grown until one run takes
+ * at least min_ms on this machine. */
+static void make_slow(ts_problem *tp, double min_ms, double *took) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
+               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
+               .pad = 2, .dil = 1, .seed = 32};
+  for (;;) {
+    assert_int_equal(ts_problem_init(tp, &d), 0);
+    const void *data[2] = {tp->in[0], tp->in[1]};
+    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
+    ts_result r;
+    double t0 = ts_now_ms();
+    assert_int_equal(ts_compute(ch, &tp->header, data, len, NULL, &r), 0);
+    *took = ts_now_ms() - t0;
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    ts_result_free(&r);
+    if (*took >= min_ms || d.mb >= 256)
+      break;
+    ts_problem_free(tp);
+    d.mb *= 2;
+  }
+  fprintf(stderr, "  slow problem: mb %lld, %.0f ms\n", (long long)d.mb,
+          *took);
+}
+
+typedef struct bg_call {
+  ts_problem *tp;
+  int64_t deadline_ms;
+  grpc_status_code code;
+  int checked; /* the result matched the reference */
+  pthread_t th;
+} bg_call;
+
+static void *bg_main(void *p) {
+  bg_call *b = p;
+  const void *data[2] = {b->tp->in[0], b->tp->in[1]};
+  size_t len[2] = {b->tp->g.in_bytes[0], b->tp->g.in_bytes[1]};
+  ts_opts o = {.deadline_ms = b->deadline_ms};
+  ts_result r;
+  if (ts_compute(ch, &b->tp->header, data, len, &o, &r) == 0) {
+    b->code = r.code;
+    b->checked = r.code == GRPC_STATUS_OK && b->tp->ref &&
+                 r.nbytes == b->tp->g.out_bytes &&
+                 ts_problem_check(b->tp, r.data) == 0;
+    ts_result_free(&r);
+  }
+  return NULL;
+}
+
+static void bg_start(bg_call *b, ts_problem *tp, int64_t deadline_ms) {
+  memset(b, 0, sizeof *b);
+  b->tp = tp;
+  b->code = GRPC_STATUS_UNKNOWN;
+  b->deadline_ms = deadline_ms;
+  assert_int_equal(pthread_create(&b->th, NULL, bg_main, b), 0);
+}
+
+/* Waits until the server log has count lines containing needle. */
+static void wait_log(const char *needle, int count) {
+  for (int i = 0; i < 2000 && ts_server_log_count(&srv, needle) < count; i++)
+    usleep(5000);
+  assert_true(ts_server_log_count(&srv, needle) >= count);
+}
+
+static void test_deadline_while_queued_and_queue_full(void **state) {
+  (void)state;
+  ts_problem slow;
+  double took;
+  make_slow(&slow, 600, &took);
+
+  /* The worker runs slow; two small calls fill the queue (depth 2). */
+  int admitted = ts_server_log_count(&srv, "admitted");
+  int runs = ts_server_log_count(&srv, "runs a job");
+  bg_call busy, q1, q2;
+  bg_start(&busy, &slow, 60000);
+  wait_log("runs a job", runs + 1);
+  bg_start(&q1, &small, 60000);
+  wait_log("admitted", admitted + 2);
+  /* This one waits in the queue and its deadline passes there. */
+  int expired = ts_server_log_count(&srv, "deadline exceeded while queued");
+  bg_start(&q2, &small, (int64_t)(took / 2));
+  wait_log("admitted", admitted + 3);
+
+  /* Queue full: refused at once, before any upload. */
+  const void *data[2] = {small.in[0], small.in[1]};
+  size_t len[2] = {small.g.in_bytes[0], small.g.in_bytes[1]};
+  ts_result r;
+  double t0 = ts_now_ms();
+  assert_int_equal(ts_compute(ch, &small.header, data, len, NULL, &r), 0);
+  assert_int_equal(r.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(r.msg, "queue full"));
+  assert_true(ts_now_ms() - t0 < took / 2);
+  ts_result_free(&r);
+
+  pthread_join(q2.th, NULL);
+  assert_int_equal(q2.code, GRPC_STATUS_DEADLINE_EXCEEDED);
+  /* The server took it out of the queue when the deadline passed. */
+  wait_log("deadline exceeded while queued", expired + 1);
+  pthread_join(busy.th, NULL);
+  pthread_join(q1.th, NULL);
+  assert_int_equal(busy.code, GRPC_STATUS_OK);
+  assert_int_equal(q1.code, GRPC_STATUS_OK);
+  assert_true(q1.checked);
+  ts_problem_free(&slow);
+  assert_healthy();
+}
+
+/* A 52 MB output streamed in 64 KiB chunks; the client reads a few and
+ * cancels. The call's 104 MB reservation must come back: the same request
+ * fits in --max-inflight-bytes 160M only once at a time. */
+static void test_cancel_while_streaming(void **state) {
+  (void)state;
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
+               .nsp = 2, .is = {900, 900}, .ks = {1, 1}, .stride = 1,
+               .pad = 0, .dil = 1, .seed = 33};
+  ts_problem big; /* 52 MB in + 52 MB out: fits once in 160M, not twice */
+  assert_int_equal(ts_problem_init(&big, &d), 0);
+  int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
+
+  ts_call c;
+  assert_int_equal(
+      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+  Convgrad__V1__ComputeHeader h = big.header;
+  h.response_chunk_bytes = 64 * 1024;
+  Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  req.header = &h;
+  assert_int_equal(ts_call_send_msg(&c, &req.base), 0);
+  for (int i = 0; i < 2; i++) {
+    size_t sent = 0, n = big.g.in_bytes[i];
+    while (sent < n) {
+      size_t k = n - sent < (1u << 20) ? n - sent : (1u << 20);
+      Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
+      dc.input = (uint32_t)i;
+      dc.data.data = (uint8_t *)big.in[i] + sent;
+      dc.data.len = k;
+      Convgrad__V1__ComputeRequest m = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+      m.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+      m.chunk = &dc;
+      assert_int_equal(ts_call_send_msg(&c, &m.base), 0);
+      sent += k;
+    }
+  }
+  assert_int_equal(ts_call_close_send(&c), 0);
+  for (int i = 0; i < 4; i++) { /* the header and three chunks */
+    grpc_byte_buffer *bb = NULL;
+    assert_int_equal(ts_call_recv(&c, &bb), 0);
+    assert_non_null(bb);
+    grpc_byte_buffer_destroy(bb);
+  }
+  ts_call_cancel(&c);
+  assert_int_equal(ts_call_finish(&c, NULL, 0), GRPC_STATUS_CANCELLED);
+  ts_call_free(&c);
+  wait_log("status=CANCELLED", cancelled + 1);
+  assert_true(ts_server_log_count(&srv, "while sending") >= 1);
+
+  /* Its memory is back: the same request fits again and is correct. */
+  assert_int_equal(ts_problem_run(ch, &big, NULL), 0);
+  ts_problem_free(&big);
+  assert_healthy();
+}
+
+/* A client that goes away in the middle of its upload. */
+static void test_cancel_while_uploading(void **state) {
+  (void)state;
+  int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
+  int admitted = ts_server_log_count(&srv, "admitted");
+  ts_call c;
+  assert_int_equal(
+      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+  Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  req.header = &small.header;
+  assert_int_equal(ts_call_send_msg(&c, &req.base), 0);
+  wait_log("admitted", admitted + 1);
+  ts_call_cancel(&c);
+  ts_call_free(&c);
+  wait_log("status=CANCELLED", cancelled + 1);
+  assert_true(ts_server_log_count(&srv, "cancelled by the client while "
+                                        "receiving data") >= 1);
+  assert_healthy();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_deadline_while_queued_and_queue_full),
+      cmocka_unit_test(test_cancel_while_streaming),
+      cmocka_unit_test(test_cancel_while_uploading),
+  };
+  if (getenv("TS_FILTER"))
+    cmocka_set_test_filter(getenv("TS_FILTER"));
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
