@@ -36,6 +36,10 @@
     }                                                                          \
   } while (0)
 
+/* Iteration cap and per-side time budget for short rows. */
+#define MAX_ITERS 200
+#define ITER_BUDGET_MS 500.0
+
 typedef struct options {
   const char *problems, *single, *filter;
   int dtypes[4]; /* indexed by cg_dtype */
@@ -298,8 +302,8 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
   in1 = malloc(g.in_bytes[1]);
   out_e = calloc(1, g.out_bytes);
   out_d = calloc(1, g.out_bytes);
-  te = calloc((size_t)o->iters, sizeof *te);
-  td = calloc((size_t)o->iters, sizeof *td);
+  te = calloc(MAX_ITERS, sizeof *te);
+  td = calloc(MAX_ITERS, sizeof *td);
   if (!in0 || !in1 || !out_e || !out_d || !te || !td) {
     fprintf(stderr, "%s: out of memory\n", bd->name);
     goto out;
@@ -311,17 +315,29 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
     goto out;
   have_direct = 1;
 
+  double warm_ms = 0;
   for (int i = 0; i < o->warmup; i++) {
+    double t0 = now_ms();
     if (cg_engine_run(e, &g, in0, in1, out_e, &info, err, sizeof err)) {
       fprintf(stderr, "%s: engine: %s\n", bd->name, err);
       goto out;
     }
+    warm_ms = now_ms() - t0;
     if (direct_run(&d))
       goto out;
   }
+  /* Short rows get more iterations (up to ~0.5 s per side) so that the
+   * median is not at the mercy of a few scheduler hiccups. */
+  int iters = o->iters;
+  if (warm_ms > 0 && warm_ms * iters < ITER_BUDGET_MS)
+    iters = (int)(ITER_BUDGET_MS / warm_ms);
+  if (iters > MAX_ITERS)
+    iters = MAX_ITERS;
+  if (iters < o->iters)
+    iters = o->iters;
   /* Alternate which side runs first so neither always finds the inputs
    * warm in cache from the other. */
-  for (int i = 0; i < o->iters; i++) {
+  for (int i = 0; i < iters; i++) {
     for (int side = 0; side < 2; side++) {
       int engine_turn = (side == 0) == (i % 2 == 0);
       double t0 = now_ms();
@@ -338,7 +354,7 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
       }
     }
   }
-  double me = median(te, o->iters), md = median(td, o->iters);
+  double me = median(te, iters), md = median(td, iters);
   double diff = rel_diff(dt, out_e, out_d, g.out_elems);
   /* Same kernels on the same data: only the f32 path of f16 may round
    * differently. */
@@ -388,7 +404,8 @@ static void usage(FILE *f) {
       "  -P, --problem DESC    one descriptor instead of a file\n"
       "  -f, --filter TEXT     only problems whose name contains TEXT\n"
       "  -d, --dtypes LIST     comma list of f32,bf16,f16 (default f32,bf16)\n"
-      "  -n, --iters N         timed iterations per row (default 15)\n"
+      "  -n, --iters N         least timed iterations per row (default 15;\n"
+      "                        short rows run more, up to 0.5 s a side)\n"
       "  -w, --warmup N        untimed runs first (default 3)\n"
       "  -t, --threads N       OpenMP threads (default: omp_get_max_threads)\n"
       "  -l, --layout FMT      data layout NCX or NXC (default NXC)\n"
@@ -482,8 +499,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (o.iters < 1 || o.warmup < 0 || o.threads < 0) {
-    fprintf(stderr, "--iters must be >= 1, --warmup and --threads >= 0\n");
+  if (o.iters < 1 || o.iters > MAX_ITERS || o.warmup < 0 || o.threads < 0) {
+    fprintf(stderr, "--iters must be in 1..%d, --warmup and --threads >= 0\n",
+            MAX_ITERS);
     return 2;
   }
   if (o.threads)
@@ -493,7 +511,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "engine: %s\n", err);
     return 1;
   }
-  printf("# oneDNN %s, ISA %s, %d threads, data %s, weights %s, %d iters "
+  printf("# oneDNN %s, ISA %s, %d threads, data %s, weights %s, >= %d iters "
          "(median)\n",
          cg_backend_version(), cg_backend_isa(), cfg.threads,
          cg_data_format_name(o.df),
