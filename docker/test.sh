@@ -174,3 +174,18 @@ set -e
 [ "$client_rc" = 124 ] && die "compose run exceeded ${run_timeout} s"
 [ "$client_rc" = 0 ] || die "client exited with $client_rc"
 step_time "compose run"
+
+# --- 4. what the run left to check -------------------------------------------------
+# The servers are still up (compose down runs in the trap). The image's
+# HEALTHCHECK is run by hand: without systemd nothing schedules it.
+# The server logs one "compute ... status=OK" line per op call served, so
+# each replica having some shows that round_robin spread the smoke run.
+for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
+  c="${project}_server_$n"
+  podman healthcheck run "$c" >/dev/null || die "$c: image HEALTHCHECK failed"
+  uid=$(podman exec "$c" id -u) || die "$c: podman exec failed"
+  [ "$uid" != 0 ] || die "$c runs as root"
+  calls=$(podman logs "$c" 2>&1 | grep -c ' compute id=.* status=OK' || true)
+  log "$c: healthy, uid $uid, served $calls calls"
+  [ "$calls" -gt 0 ] || die "$c served no calls: round_robin did not reach it"
+done
