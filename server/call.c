@@ -872,8 +872,17 @@ static void on_close(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_close);
   (void)ok;
   c->close_received = 1;
+  int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+  if (c->finished && c->cancelled && c->status != GRPC_STATUS_CANCELLED &&
+      c->status != GRPC_STATUS_DEADLINE_EXCEEDED) {
+    /* Our status never reached the client: a cancel can look like a
+     * half-close, which ended the call as a truncated stream. */
+    c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
+    snprintf(c->msg, sizeof c->msg, "%s while %s",
+             late ? "deadline exceeded" : "cancelled by the client",
+             c->ended_in);
+  }
   if (!c->finished) {
-    int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
     /* Nothing goes out any more; finish() only records and stops work. */
     const char *in = where(c);
     finish(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,

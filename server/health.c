@@ -199,6 +199,7 @@ void cgs_health_watch(cgs_health *h, grpc_call *call,
   w->call = call;
   w->known = known_service(service);
   w->sent = -1;
+  cgs_debug("health watch started (service '%.100s')", service);
   free(service);
   w->next = h->watchers;
   if (h->watchers)

@@ -243,7 +243,7 @@ void cgs_rpc_reply(cgs_server *s, grpc_call *call, grpc_byte_buffer *msg,
 static void maybe_finish_drain(cgs_server *s) {
   /* Watch streams would hold the server open forever: end them once the
    * real work is done. */
-  if (s->draining && s->compute_active == 0)
+  if (s->draining && s->compute_active == 0 && !s->torn_down)
     cgs_health_end_watches(s->health);
 }
 
@@ -308,7 +308,9 @@ static void teardown(cgs_server *s) {
   grpc_completion_queue_destroy(s->cq);
   s->cq = NULL;
   /* Workers finish what they run; their jobs' calls free themselves. */
+  cgs_debug("waiting for the workers to finish their current jobs");
   cgs_pool_close(s->pool);
+  cgs_debug("workers stopped");
   s->pool = NULL;
   cgs_health_free(s->health);
   s->health = NULL;

@@ -3,7 +3,6 @@
  * queue leaves it with DEADLINE_EXCEEDED; a full queue answers
  * RESOURCE_EXHAUSTED at once; a client cancelling mid-stream stops the
  * stream and releases its memory; the server stays healthy throughout. */
-#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -55,88 +54,28 @@ static void assert_healthy(void) {
   assert_int_equal(ts_problem_run(ch, &small, NULL), 0);
 }
 
-/* A compute-heavy problem with small tensors, grown until one run takes
- * at least min_ms on this machine. */
-static void make_slow(ts_problem *tp, double min_ms, double *took) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
-               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
-               .pad = 2, .dil = 1, .seed = 32};
-  for (;;) {
-    assert_int_equal(ts_problem_init(tp, &d), 0);
-    const void *data[2] = {tp->in[0], tp->in[1]};
-    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
-    ts_result r;
-    double t0 = ts_now_ms();
-    assert_int_equal(ts_compute(ch, &tp->header, data, len, NULL, &r), 0);
-    *took = ts_now_ms() - t0;
-    assert_int_equal(r.code, GRPC_STATUS_OK);
-    ts_result_free(&r);
-    if (*took >= min_ms || d.mb >= 256)
-      break;
-    ts_problem_free(tp);
-    d.mb *= 2;
-  }
-  fprintf(stderr, "  slow problem: mb %lld, %.0f ms\n", (long long)d.mb,
-          *took);
-}
-
-typedef struct bg_call {
-  ts_problem *tp;
-  int64_t deadline_ms;
-  grpc_status_code code;
-  int checked; /* the result matched the reference */
-  pthread_t th;
-} bg_call;
-
-static void *bg_main(void *p) {
-  bg_call *b = p;
-  const void *data[2] = {b->tp->in[0], b->tp->in[1]};
-  size_t len[2] = {b->tp->g.in_bytes[0], b->tp->g.in_bytes[1]};
-  ts_opts o = {.deadline_ms = b->deadline_ms};
-  ts_result r;
-  if (ts_compute(ch, &b->tp->header, data, len, &o, &r) == 0) {
-    b->code = r.code;
-    b->checked = r.code == GRPC_STATUS_OK && b->tp->ref &&
-                 r.nbytes == b->tp->g.out_bytes &&
-                 ts_problem_check(b->tp, r.data) == 0;
-    ts_result_free(&r);
-  }
-  return NULL;
-}
-
-static void bg_start(bg_call *b, ts_problem *tp, int64_t deadline_ms) {
-  memset(b, 0, sizeof *b);
-  b->tp = tp;
-  b->code = GRPC_STATUS_UNKNOWN;
-  b->deadline_ms = deadline_ms;
-  assert_int_equal(pthread_create(&b->th, NULL, bg_main, b), 0);
-}
-
 /* Waits until the server log has count lines containing needle. */
 static void wait_log(const char *needle, int count) {
-  for (int i = 0; i < 2000 && ts_server_log_count(&srv, needle) < count; i++)
-    usleep(5000);
-  assert_true(ts_server_log_count(&srv, needle) >= count);
+  assert_int_equal(ts_server_wait_log(&srv, needle, count, 10000), 0);
 }
 
 static void test_deadline_while_queued_and_queue_full(void **state) {
   (void)state;
   ts_problem slow;
   double took;
-  make_slow(&slow, 600, &took);
+  assert_int_equal(ts_problem_slow(ch, &slow, 600, &took), 0);
 
   /* The worker runs slow; two small calls fill the queue (depth 2). */
   int admitted = ts_server_log_count(&srv, "admitted");
   int runs = ts_server_log_count(&srv, "runs a job");
-  bg_call busy, q1, q2;
-  bg_start(&busy, &slow, 60000);
+  ts_bg busy, q1, q2;
+  assert_int_equal(ts_bg_start(&busy, ch, &slow, 60000), 0);
   wait_log("runs a job", runs + 1);
-  bg_start(&q1, &small, 60000);
+  assert_int_equal(ts_bg_start(&q1, ch, &small, 60000), 0);
   wait_log("admitted", admitted + 2);
   /* This one waits in the queue and its deadline passes there. */
   int expired = ts_server_log_count(&srv, "deadline exceeded while queued");
-  bg_start(&q2, &small, (int64_t)(took / 2));
+  assert_int_equal(ts_bg_start(&q2, ch, &small, (int64_t)(took / 2)), 0);
   wait_log("admitted", admitted + 3);
 
   /* Queue full: refused at once, before any upload. */
@@ -150,12 +89,12 @@ static void test_deadline_while_queued_and_queue_full(void **state) {
   assert_true(ts_now_ms() - t0 < took / 2);
   ts_result_free(&r);
 
-  pthread_join(q2.th, NULL);
+  ts_bg_join(&q2);
   assert_int_equal(q2.code, GRPC_STATUS_DEADLINE_EXCEEDED);
   /* The server took it out of the queue when the deadline passed. */
   wait_log("deadline exceeded while queued", expired + 1);
-  pthread_join(busy.th, NULL);
-  pthread_join(q1.th, NULL);
+  ts_bg_join(&busy);
+  ts_bg_join(&q1);
   assert_int_equal(busy.code, GRPC_STATUS_OK);
   assert_int_equal(q1.code, GRPC_STATUS_OK);
   assert_true(q1.checked);

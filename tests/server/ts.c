@@ -380,29 +380,29 @@ void ts_result_free(ts_result *r) {
 int ts_health(grpc_channel *ch, const char *service) {
   ts_call c;
   int rc = -GRPC_STATUS_UNKNOWN;
-  if (ts_call_open(&c, ch, "/grpc.health.v1.Health/Check", 10000) == 0) {
-    Grpc__Health__V1__HealthCheckRequest req =
-        GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-    req.service = (char *)service;
-    ts_call_send_msg(&c, &req.base);
-    ts_call_close_send(&c);
-    grpc_byte_buffer *bb = NULL;
-    ts_call_recv(&c, &bb);
-    grpc_status_code code = ts_call_finish(&c, NULL, 0);
-    if (code != GRPC_STATUS_OK) {
-      rc = -(int)code;
-    } else if (bb) {
-      Grpc__Health__V1__HealthCheckResponse *m =
-          (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
-              &grpc__health__v1__health_check_response__descriptor, bb);
-      if (m) {
-        rc = m->status;
-        protobuf_c_message_free_unpacked(&m->base, NULL);
-      }
+  /* Each step may fail when the server is gone; the status says why. */
+  ts_call_open(&c, ch, "/grpc.health.v1.Health/Check", 10000);
+  Grpc__Health__V1__HealthCheckRequest req =
+      GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  req.service = (char *)service;
+  ts_call_send_msg(&c, &req.base);
+  ts_call_close_send(&c);
+  grpc_byte_buffer *bb = NULL;
+  ts_call_recv(&c, &bb);
+  grpc_status_code code = ts_call_finish(&c, NULL, 0);
+  if (code != GRPC_STATUS_OK) {
+    rc = -(int)code;
+  } else if (bb) {
+    Grpc__Health__V1__HealthCheckResponse *m =
+        (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
+            &grpc__health__v1__health_check_response__descriptor, bb);
+    if (m) {
+      rc = m->status;
+      protobuf_c_message_free_unpacked(&m->base, NULL);
     }
-    if (bb)
-      grpc_byte_buffer_destroy(bb);
   }
+  if (bb)
+    grpc_byte_buffer_destroy(bb);
   ts_call_free(&c);
   return rc;
 }
@@ -638,4 +638,115 @@ void ts_problem_free(ts_problem *tp) {
   free(tp->in[1]);
   free(tp->ref);
   memset(tp, 0, sizeof *tp);
+}
+
+int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
+                    double *took) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
+               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
+               .pad = 2, .dil = 1, .seed = 32};
+  for (;;) {
+    if (ts_problem_init(tp, &d) != 0)
+      return -1;
+    const void *data[2] = {tp->in[0], tp->in[1]};
+    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
+    ts_result r;
+    double t0 = ts_now_ms();
+    if (ts_compute(ch, &tp->header, data, len, NULL, &r) != 0)
+      return -1;
+    *took = ts_now_ms() - t0;
+    grpc_status_code code = r.code;
+    ts_result_free(&r);
+    if (code != GRPC_STATUS_OK) {
+      fprintf(stderr, "ts_problem_slow: status %d\n", code);
+      return -1;
+    }
+    if (*took >= min_ms || d.mb >= 256)
+      break;
+    ts_problem_free(tp);
+    d.mb *= 2;
+  }
+  fprintf(stderr, "  slow problem: mb %lld, %.0f ms\n", (long long)d.mb,
+          *took);
+  return 0;
+}
+
+/* ---- background calls ---- */
+
+static void *bg_main(void *p) {
+  ts_bg *b = p;
+  const void *data[2] = {b->tp->in[0], b->tp->in[1]};
+  size_t len[2] = {b->tp->g.in_bytes[0], b->tp->g.in_bytes[1]};
+  ts_opts o = {.deadline_ms = b->deadline_ms};
+  ts_result r;
+  if (ts_compute(b->ch, &b->tp->header, data, len, &o, &r) == 0) {
+    b->code = r.code;
+    snprintf(b->msg, sizeof b->msg, "%s", r.msg);
+    b->checked = r.code == GRPC_STATUS_OK && b->tp->ref &&
+                 r.nbytes == b->tp->g.out_bytes &&
+                 ts_problem_check(b->tp, r.data) == 0;
+    ts_result_free(&r);
+  }
+  return NULL;
+}
+
+int ts_bg_start(ts_bg *b, grpc_channel *ch, ts_problem *tp,
+                int64_t deadline_ms) {
+  memset(b, 0, sizeof *b);
+  b->ch = ch;
+  b->tp = tp;
+  b->code = GRPC_STATUS_UNKNOWN;
+  b->deadline_ms = deadline_ms;
+  return pthread_create(&b->th, NULL, bg_main, b) == 0 ? 0 : -1;
+}
+
+void ts_bg_join(ts_bg *b) { pthread_join(b->th, NULL); }
+
+static void *watch_main(void *p) {
+  ts_watch *w = p;
+  ts_call c;
+  w->code = GRPC_STATUS_UNKNOWN;
+  if (ts_call_open(&c, w->ch, "/grpc.health.v1.Health/Watch", 120000) == 0) {
+    Grpc__Health__V1__HealthCheckRequest req =
+        GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    ts_call_send_msg(&c, &req.base);
+    ts_call_close_send(&c);
+    grpc_byte_buffer *bb;
+    while (ts_call_recv(&c, &bb) == 0 && bb) {
+      Grpc__Health__V1__HealthCheckResponse *m =
+          (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
+              &grpc__health__v1__health_check_response__descriptor, bb);
+      grpc_byte_buffer_destroy(bb);
+      if (m && w->nseen < 16)
+        w->seen[w->nseen++] = m->status;
+      if (m)
+        protobuf_c_message_free_unpacked(&m->base, NULL);
+    }
+    w->code = ts_call_finish(&c, NULL, 0);
+  }
+  ts_call_free(&c);
+  return NULL;
+}
+
+int ts_watch_start(ts_watch *w, grpc_channel *ch) {
+  memset(w, 0, sizeof *w);
+  w->ch = ch;
+  return pthread_create(&w->th, NULL, watch_main, w) == 0 ? 0 : -1;
+}
+
+void ts_watch_join(ts_watch *w) { pthread_join(w->th, NULL); }
+
+int ts_server_wait_log(const ts_server *s, const char *needle, int count,
+                       int timeout_ms) {
+  double t0 = ts_now_ms();
+  while (ts_server_log_count(s, needle) < count) {
+    if (ts_now_ms() - t0 > timeout_ms) {
+      fprintf(stderr, "timed out waiting for %d log lines with '%s'\n",
+              count, needle);
+      return -1;
+    }
+    usleep(5000);
+  }
+  return 0;
 }

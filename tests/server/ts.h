@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <sys/types.h>
 
 #include <grpc/grpc.h>
@@ -140,6 +141,43 @@ size_t ts_problem_check(const ts_problem *tp, const void *out);
  * Returns 0 when everything matched, else prints why and returns -1. */
 int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o);
 void ts_problem_free(ts_problem *tp);
+/* A compute-heavy problem with small tensors (no reference), grown until
+ * one run on the server behind ch takes at least min_ms; *took gets that
+ * time. Returns 0 or -1. */
+int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
+                    double *took);
+
+/* ---- calls in background threads ---- */
+
+/* Runs tp on ch in a thread; when tp->ref is set the result is checked. */
+typedef struct ts_bg {
+  grpc_channel *ch;
+  ts_problem *tp;
+  int64_t deadline_ms;
+  grpc_status_code code; /* UNKNOWN until joined */
+  char msg[512];
+  int checked; /* OK and equal to tp->ref */
+  pthread_t th;
+} ts_bg;
+int ts_bg_start(ts_bg *b, grpc_channel *ch, ts_problem *tp,
+                int64_t deadline_ms);
+void ts_bg_join(ts_bg *b);
+
+/* A Health/Watch("") stream read in a thread until it ends. */
+typedef struct ts_watch {
+  grpc_channel *ch;
+  int seen[16]; /* statuses in order of arrival */
+  int nseen;
+  grpc_status_code code; /* the stream's final status */
+  pthread_t th;
+} ts_watch;
+int ts_watch_start(ts_watch *w, grpc_channel *ch);
+void ts_watch_join(ts_watch *w);
+
+/* Waits up to timeout_ms until the server log has count lines containing
+ * needle. Returns 0 or -1. */
+int ts_server_wait_log(const ts_server *s, const char *needle, int count,
+                       int timeout_ms);
 
 /* Monotonic milliseconds. Thread-safe. */
 double ts_now_ms(void);
