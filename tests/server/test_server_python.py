@@ -1,0 +1,183 @@
+#!/usr/bin/python3
+"""test_server_python.py - a client generated from proto/ alone by a standard
+toolchain (Python grpcio, stubs made here with grpc_tools or protoc +
+grpc_python_plugin) talks to a real convgrad-server: health Check and Watch,
+GetServerInfo, ConvolutionBackwardData against a numpy reference with the
+request and the response both chunked, and an error status. Exits 77 (ctest
+skip) when no stub generator is installed."""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+
+def generate_stubs(proto_dir, out_dir):
+    """convgrad.v1 as convgrad/v1/*_pb2*.py; the health proto as top-level
+    health_pb2*.py, because a package named grpc would shadow grpcio."""
+    os.makedirs(out_dir, exist_ok=True)
+    jobs = [(proto_dir, "convgrad/v1/convgrad.proto"),
+            (os.path.join(proto_dir, "grpc/health/v1"), "health.proto")]
+    try:
+        from grpc_tools import protoc  # noqa: F401
+        base = [sys.executable, "-m", "grpc_tools.protoc"]
+        plugin = []
+    except ImportError:
+        plugin_path = shutil.which("grpc_python_plugin")
+        if not shutil.which("protoc") or not plugin_path:
+            return False
+        base = ["protoc"]
+        plugin = ["--plugin=protoc-gen-grpc=" + plugin_path]
+    for include, proto in jobs:
+        subprocess.run(base + plugin + ["-I" + include,
+                                        "--python_out=" + out_dir,
+                                        "--grpc_out=" + out_dir, proto],
+                       check=True, cwd=include)
+    return True
+
+
+def start_server(path, log):
+    proc = subprocess.Popen([path, "--listen", "127.0.0.1:0", "--workers", "2",
+                             "--chunk-bytes", "4096"],
+                            stdout=subprocess.PIPE, stderr=log, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
+    if not m:
+        proc.kill()
+        raise SystemExit("server did not get ready: %r" % line)
+    return proc, int(m.group(1))
+
+
+def conv_bwd_data_ref(dy, w, groups, stride, pad, dil, in_hw):
+    """diff_src of a 2D NCHW convolution with OIHW weights (O = OC,
+    I = IC/groups): the adjoint of the forward convolution."""
+    n, oc, oh, ow = dy.shape
+    _, icg, kh, kw = w.shape
+    ocg = oc // groups
+    ih, iw = in_hw
+    dx = np.zeros((n, icg * groups, ih + 2 * pad, iw + 2 * pad), np.float64)
+    for g in range(groups):
+        dyg = dy[:, g * ocg:(g + 1) * ocg].astype(np.float64)
+        wg = w[g * ocg:(g + 1) * ocg].astype(np.float64)
+        for y in range(kh):
+            for x in range(kw):
+                contrib = np.einsum("nohw,oi->nihw", dyg, wg[:, :, y, x])
+                y0, x0 = y * dil, x * dil
+                dx[:, g * icg:(g + 1) * icg,
+                   y0:y0 + stride * (oh - 1) + 1:stride,
+                   x0:x0 + stride * (ow - 1) + 1:stride] += contrib
+    return dx[:, :, pad:pad + ih, pad:pad + iw]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--proto", required=True)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+
+    out = args.workdir or tempfile.mkdtemp(prefix="cgs-py-")
+    if not generate_stubs(args.proto, out):
+        print("no grpc_tools and no protoc + grpc_python_plugin: skipped")
+        return 77
+    sys.path.insert(0, out)
+    import grpc
+    from convgrad.v1 import convgrad_pb2 as pb
+    from convgrad.v1 import convgrad_pb2_grpc as pbg
+    import health_pb2
+    import health_pb2_grpc
+
+    log = open(os.path.join(out, "server.log"), "w")
+    proc, port = start_server(args.server, log)
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        health = health_pb2_grpc.HealthStub(ch)
+        r = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, r
+        watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        try:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"),
+                         timeout=10)
+            raise AssertionError("unknown service accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND, e
+
+        stub = pbg.ConvGradStub(ch)
+        info = stub.GetServerInfo(pb.ServerInfoRequest(), timeout=10)
+        names = {o.op: list(o.names) for o in info.ops}
+        assert names[pb.CONVOLUTION_BACKWARD_DATA][0] == \
+            "ConvolutionBackwardData", names
+        assert "ConvolutionBackpropData" in names[pb.CONVOLUTION_BACKWARD_DATA]
+        assert info.workers == 2 and info.limits.default_chunk_bytes == 4096
+        assert info.onednn_version and info.cpu_isa
+
+        # ConvolutionBackwardData, NCX / OIX, 2 groups, stride 2.
+        rng = np.random.default_rng(7)
+        n, ic, oc, groups, ih, iw, k, s, p, d = 2, 6, 4, 2, 11, 9, 3, 2, 1, 1
+        oh = (ih + 2 * p - ((k - 1) * d + 1)) // s + 1
+        ow = (iw + 2 * p - ((k - 1) * d + 1)) // s + 1
+        dy = rng.uniform(-1, 1, (n, oc, oh, ow)).astype("<f4")
+        w = rng.uniform(-1, 1, (oc, ic // groups, k, k)).astype("<f4")
+        header = pb.ComputeHeader(
+            op=pb.CONVOLUTION_BACKPROP_DATA,  # the older spec's name
+            attrs=pb.Attributes(strides=[s, s], pads_begin=[p, p],
+                                pads_end=[p, p], dilations=[d, d],
+                                groups=groups, data_format=pb.NCX,
+                                weights_format=pb.OIX,
+                                dst_shape=[n, ic, ih, iw]),
+            inputs=[pb.Tensor(dtype=pb.F32, shape=list(dy.shape),
+                              data=dy.tobytes()[:100]),
+                    pb.Tensor(dtype=pb.F32, shape=list(w.shape))],
+            response_chunk_bytes=1000)
+
+        def requests():
+            yield pb.ComputeRequest(header=header)
+            rest = dy.tobytes()[100:]
+            for i in range(0, len(rest), 512):
+                yield pb.ComputeRequest(
+                    chunk=pb.DataChunk(input=0, data=rest[i:i + 512]))
+            yield pb.ComputeRequest(chunk=pb.DataChunk(input=1,
+                                                       data=w.tobytes()))
+
+        msgs = list(stub.Compute(requests(), timeout=30))
+        head = msgs[0].header
+        assert msgs[0].WhichOneof("kind") == "header"
+        assert list(head.shape) == [n, ic, ih, iw], head
+        assert head.layout == pb.NCX and head.dtype == pb.F32
+        data = b"".join(m.chunk for m in msgs[1:])
+        assert all(len(m.chunk) <= 1000 for m in msgs[1:])
+        assert len(data) == head.total_bytes == n * ic * ih * iw * 4
+        got = np.frombuffer(data, "<f4").reshape(n, ic, ih, iw)
+        want = conv_bwd_data_ref(dy, w, groups, s, p, d, (ih, iw))
+        err = np.max(np.abs(got - want))
+        assert err < 1e-4, err
+
+        # A truncated stream is INVALID_ARGUMENT, naming the input.
+        def truncated():
+            yield pb.ComputeRequest(header=header)
+        try:
+            list(stub.Compute(truncated(), timeout=30))
+            raise AssertionError("truncated stream accepted")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert "inputs[0]" in e.details(), e.details()
+        ch.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        log.close()
+    assert rc == 0, rc
+    print("python grpcio client: health, info, compute (max error %.2g) ok"
+          % err)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
