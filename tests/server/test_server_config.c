@@ -1,0 +1,154 @@
+/* test_server_config.c - unit tests of the option table (server/config.c):
+ * defaults, CONVGRAD_* variables, flags winning over them, bounds and
+ * suffixes, cpu lists, --help and automatic values. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cgs_config.h"
+
+static void test_defaults(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  assert_string_equal(c.listen, "127.0.0.1:50051");
+  assert_int_equal(c.threads_per_worker, 1);
+  assert_int_equal(c.queue_depth, 64);
+  assert_int_equal(c.chunk_bytes, 1 << 20);
+  assert_int_equal(c.grace_ms, 30000);
+  assert_int_equal(c.max_request_bytes, 3ull << 30);
+  assert_int_equal(c.log_level, CGS_LOG_INFO);
+  /* automatic values */
+  c.max_inflight_bytes = 0;
+  assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
+  assert_true(c.ncpus >= 1);
+  assert_true(c.workers >= 1);
+  assert_true(c.max_inflight_bytes > 0);
+  assert_true(c.max_request_bytes <= c.max_inflight_bytes);
+}
+
+static void test_env_then_flags(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  setenv("CONVGRAD_QUEUE_DEPTH", "7", 1);
+  setenv("CONVGRAD_MAX_REQUEST_BYTES", "2MiB", 1);
+  setenv("CONVGRAD_LOG_LEVEL", "debug", 1);
+  assert_int_equal(cgs_config_from_env(&c, err, sizeof err), 0);
+  assert_int_equal(c.queue_depth, 7);
+  assert_int_equal(c.max_request_bytes, 2 << 20);
+  assert_int_equal(c.log_level, CGS_LOG_DEBUG);
+  char *argv[] = {"convgrad-server", "--queue-depth", "9", "--cpus", "0,2-3",
+                  "--grace=1.5", "--listen", "0.0.0.0:0", NULL};
+  assert_int_equal(cgs_config_from_args(&c, 8, argv, stdout, err, sizeof err),
+                   0);
+  assert_int_equal(c.queue_depth, 9);
+  assert_int_equal(c.ncpus, 3);
+  assert_int_equal(c.cpus[0], 0);
+  assert_int_equal(c.cpus[2], 3);
+  assert_int_equal(c.grace_ms, 1500);
+  assert_string_equal(c.listen, "0.0.0.0:0");
+  c.threads_per_worker = 2;
+  assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
+  assert_int_equal(c.workers, 1); /* 3 cpus / 2 threads */
+  unsetenv("CONVGRAD_QUEUE_DEPTH");
+  unsetenv("CONVGRAD_MAX_REQUEST_BYTES");
+  unsetenv("CONVGRAD_LOG_LEVEL");
+}
+
+static void expect_bad(const char *name, const char *value, const char *want) {
+  cgs_config c;
+  char err[256] = "";
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  assert_int_equal(cgs_config_set(&c, name, value, err, sizeof err), -1);
+  if (!strstr(err, want)) {
+    fprintf(stderr, "'%s' lacks '%s'\n", err, want);
+    fail();
+  }
+}
+
+static void test_bounds(void **state) {
+  (void)state;
+  expect_bad("workers", "257", "--workers: expected a number in [0, 256]");
+  expect_bad("threads-per-worker", "0", "--threads-per-worker");
+  expect_bad("queue-depth", "-1", "--queue-depth");
+  expect_bad("queue-depth", "12abc", "got '12abc'");
+  expect_bad("chunk-bytes", "8M", "--chunk-bytes");
+  expect_bad("chunk-bytes", "1", "--chunk-bytes");
+  expect_bad("max-request-bytes", "99999999999999999999999", "--max-request");
+  expect_bad("max-request-bytes", "1X", "suffixes");
+  expect_bad("grace", "-3", "--grace: expected seconds");
+  expect_bad("cpus", "3-1", "--cpus");
+  expect_bad("cpus", "0,,1", "--cpus");
+  expect_bad("cpus", "999", "--cpus");
+  expect_bad("log-level", "loud", "--log-level");
+  expect_bad("nonsense", "1", "unknown option");
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  assert_int_equal(cgs_config_set(&c, "chunk-bytes", "64K", err, sizeof err),
+                   0);
+  assert_int_equal(c.chunk_bytes, 65536);
+  assert_int_equal(cgs_config_set(&c, "max-inflight-bytes", "1GB", err,
+                                  sizeof err),
+                   0);
+  assert_int_equal(c.max_inflight_bytes, 1ull << 30);
+}
+
+static void test_bad_env_and_args(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  setenv("CONVGRAD_WORKERS", "many", 1);
+  assert_int_equal(cgs_config_from_env(&c, err, sizeof err), -1);
+  assert_non_null(strstr(err, "CONVGRAD_WORKERS"));
+  unsetenv("CONVGRAD_WORKERS");
+  char *a1[] = {"convgrad-server", "--bogus", NULL};
+  assert_int_equal(cgs_config_from_args(&c, 2, a1, stdout, err, sizeof err), -1);
+  assert_non_null(strstr(err, "unknown option"));
+  char *a2[] = {"convgrad-server", "--workers", NULL};
+  assert_int_equal(cgs_config_from_args(&c, 2, a2, stdout, err, sizeof err), -1);
+  assert_non_null(strstr(err, "missing value"));
+  char *a3[] = {"convgrad-server", "extra", NULL};
+  assert_int_equal(cgs_config_from_args(&c, 2, a3, stdout, err, sizeof err), -1);
+  assert_non_null(strstr(err, "unexpected argument"));
+}
+
+static void test_help_documents_every_option(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  char buf[16384] = "";
+  FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+  char *argv[] = {"convgrad-server", "--help", NULL};
+  assert_int_equal(cgs_config_from_args(&c, 2, argv, f, err, sizeof err), 1);
+  fclose(f);
+  static const char *const opts[] = {
+      "--listen",       "CONVGRAD_LISTEN",   "--workers",
+      "--threads-per-worker", "--cpus",      "--queue-depth",
+      "--max-request-bytes",  "--max-tensor-elements",
+      "--max-inflight-bytes", "--chunk-bytes", "--grace",
+      "--log-level",    "CONVGRAD_LOG_LEVEL", "ready listen="};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    assert_non_null(strstr(buf, opts[i]));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_env_then_flags),
+      cmocka_unit_test(test_bounds),
+      cmocka_unit_test(test_bad_env_and_args),
+      cmocka_unit_test(test_help_documents_every_option),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
