@@ -336,8 +336,12 @@ int cgc_cmd_bench(int argc, char **argv) {
 
   uint64_t seed = 7;
   cJSON *jrows = json ? cJSON_CreateArray() : NULL;
+  int w = 7; /* the problem column fits the longest name */
+  for (int i = 0; i < nrows; i++)
+    if ((int)strlen(rows[i].name) > w)
+      w = (int)strlen(rows[i].name);
   if (!json)
-    printf("%-34s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", "problem",
+    printf("%-*s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", w, "problem",
            "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms", "req/s",
            "MB/s", "compute ms");
   for (int i = 0; i < nrows; i++) {
@@ -383,9 +387,9 @@ int cgc_cmd_bench(int argc, char **argv) {
                               r->geom.flops * rps / 1e9);
       cJSON_AddItemToArray(jrows, o);
     } else {
-      printf("%-34s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
+      printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
              "%10.3f\n",
-             r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
+             w, r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
              (long long)conc, r->n, p50, p90, p99, rps, mbs, cms);
       fflush(stdout);
     }

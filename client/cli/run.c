@@ -268,7 +268,7 @@ static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
   } else {
     cgc_diff d;
     cgc_compare(&g, out->data, ref, &d);
-    printf("check: max abs err %.3g, max rel err %.3g (tolerance %.3g): %s\n",
+    printf("check: max abs err %.3g, max rel err %.3g (rel tolerance %.3g): %s\n",
            d.max_abs, d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
            d.ok ? "OK" : "MISMATCH");
     if (!d.ok) {
@@ -408,6 +408,12 @@ int cgc_cmd_run(int argc, char **argv) {
          res.total_ms, res.attempts, res.attempts == 1 ? "" : "s",
          (unsigned long long)res.bytes_sent,
          (unsigned long long)res.bytes_received);
+  /* Bandwidth only means something for streams of several chunks. */
+  if (res.upload_ms > 0 && res.download_ms > 0)
+    printf("transfer: upload %.1f ms (%.2f GB/s), download %.1f ms "
+           "(%.2f GB/s)\n",
+           res.upload_ms, (double)res.bytes_sent / res.upload_ms / 1e6,
+           res.download_ms, (double)res.bytes_received / res.download_ms / 1e6);
   if (V(R_OUT)) {
     if (cgc_npy_write(V(R_OUT), out->dtype, out->rank, out->dims, out->data,
                       out->nbytes, err, sizeof err)) {

@@ -67,6 +67,7 @@ typedef struct cgc__attempt {
   uint8_t *hbuf;
   size_t hlen;
   int have_header;
+  double t_header; /* cgc__now_ms() when the ResultHeader arrived */
   cgc_tensor *out;
   uint64_t received;
   cgc_result res;
@@ -341,6 +342,7 @@ static int cgc__on_header(cgc__attempt *a) {
   t->nbytes = n;
   a->out = t;
   a->have_header = 1;
+  a->t_header = cgc__now_ms();
   a->res.queue_ms = h->queue_ms;
   a->res.compute_ms = h->compute_ms;
   snprintf(a->res.compute_path, sizeof a->res.compute_path, "%s",
@@ -496,7 +498,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 0;
   int status_started = 0, batch_failed = 0, local_rc = 0;
   grpc_op ops[5];
-  double t0 = cgc__now_ms();
+  double t0 = cgc__now_ms(), t_last = t0;
 
   grpc_metadata_array_init(&initial_md);
   grpc_metadata_array_init(&trailing_md);
@@ -582,6 +584,8 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
       send_bb = NULL;
       if (!ev.success)
         sending = 0; /* the call is over; the status says why */
+      else if (!sending)
+        a->res.upload_ms = cgc__now_ms() - t0;
       if (sending) {
         send_bb = cgc__encode_chunk(a);
         sending = cgc__upload_left(a);
@@ -610,6 +614,8 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
        * does not need the end-of-stream read. */
       int done = ended || local_rc ||
                  (a->have_header && a->received == a->out->nbytes);
+      if (done)
+        t_last = cgc__now_ms();
       if (!done) {
         grpc_op rop;
         memset(&rop, 0, sizeof rop);
@@ -658,6 +664,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     rc = CGC_EPROTO;
   } else {
     a->res.total_ms = cgc__now_ms() - t0;
+    a->res.download_ms = t_last - a->t_header;
     a->res.bytes_received = a->received;
     cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
   }

@@ -141,6 +141,12 @@ static void test_run_flags_check_and_out(void **state) {
                       "1,5,5,3", "--in1-shape", "1,11,11,4", "--strides", "2,2",
                       "--weights-shape", "3,3,4,3", "--check", NULL};
   expect(&r, 0, ": OK", bw);
+  /* A benchdnn descriptor instead of shapes. */
+  const char *desc[] = {cli, "run", tflag, "--op", "ConvolutionBackwardWeights",
+                        "--problem", "g2mb2ic8ih10oc4oh5kh3sh2ph1",
+                        "--dtype", "bf16", "--check", NULL};
+  expect(&r, 0, "ConvolutionBackwardWeights bf16: diff_weights", desc);
+  assert_non_null(strstr(r.out, ": OK"));
 }
 
 static void test_run_graph_json(void **state) {

@@ -287,6 +287,15 @@ static void test_targets_and_options(void **state) {
   assert_int_equal(cgc_health(ch, "", 0, &hs, &st), 0);
   cgc_channel_free(ch);
 
+  /* dns:/// goes to gRPC's resolver as is; round_robin uses whichever of
+   * localhost's addresses answers. */
+  snprintf(list, sizeof list, "dns:///localhost:%d", srv.port);
+  assert_int_equal(cgc_channel_new(&ch, list, NULL, err, sizeof err), 0);
+  assert_string_equal(cgc_channel_target(ch), list);
+  assert_int_equal(cgc_health(ch, "", 0, &hs, &st), 0);
+  assert_int_equal(hs, CGC_HEALTH_SERVING);
+  cgc_channel_free(ch);
+
   assert_int_equal(cgc_channel_new(&ch, "[::1]:5,[::1]:6", NULL, err,
                                    sizeof err),
                    0);

@@ -174,6 +174,11 @@ typedef struct cgc_result {
   int attempts;          /* 1 + retries that were needed */
   uint64_t bytes_sent;   /* tensor bytes uploaded (last attempt) */
   uint64_t bytes_received;
+  /* Client-side phases of the successful attempt, for bandwidth figures:
+   * upload_ms from the start until the last request chunk was accepted by
+   * gRPC (0 when the request fit one message), download_ms from the
+   * ResultHeader to the last output byte. */
+  double upload_ms, download_ms;
 } cgc_result;
 
 /* One request. The attributes are the kernels' cg_attrs (same meaning as
