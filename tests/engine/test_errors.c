@@ -121,11 +121,45 @@ static void test_backend_facts(void **state) {
                 cg_backend_dtype_native(CG_DTYPE_F16));
 }
 
+/* The reported path follows cg_backend_dtype_native: f32 and native types
+ * run in their own type, the others through f32. */
+static void test_compute_path(void **state) {
+  (void)state;
+  cg_engine *e;
+  cg_engine_config cfg = {0, 0};
+  char err[256];
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  for (int dt = CG_DTYPE_F32; dt <= CG_DTYPE_F16; dt++) {
+    et_rng r = {11};
+    et_case c;
+    do
+      et_case_random(&r, &c, 0, (cg_dtype)dt);
+    while (c.nsp != 2 || c.groups != 1);
+    cg_geom g = et_resolve(&c, CG_OP_CONV_BWD_DATA);
+    void *in0 = et_random_tensor(&r, g.dtype, g.in_elems[0]);
+    void *in1 = et_random_tensor(&r, g.dtype, g.in_elems[1]);
+    void *out = et_alloc(g.out_bytes);
+    cg_run_info info;
+    assert_int_equal(
+        cg_engine_run(e, &g, in0, in1, out, &info, err, sizeof err), 0);
+    assert_int_equal(info.path, cg_backend_dtype_native(g.dtype)
+                                    ? CG_PATH_NATIVE
+                                    : CG_PATH_F32_CONVERT);
+    assert_non_null(info.impl);
+    assert_true(info.compute_ms >= 0);
+    free(in0);
+    free(in1);
+    free(out);
+  }
+  cg_engine_free(e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_config),
       cmocka_unit_test(test_errors_surface_as_codes),
       cmocka_unit_test(test_backend_facts),
+      cmocka_unit_test(test_compute_path),
   };
   return cmocka_run_group_tests_name("engine_errors", tests, NULL, NULL);
 }
