@@ -225,8 +225,13 @@ def gen_case(rng, idx, op, dt):
     c.idx, c.op, c.dt = idx, op, dt
     c.deconv = op in (OP_DECONV_BWD_DATA, OP_DECONV_BWD_WEIGHTS)
     nsp = c.nsp = int(rng.choice([1, 2, 3], p=[0.35, 0.4, 0.25]))
-    kind = rng.choice(["plain", "grouped", "depthwise"], p=[0.5, 0.3, 0.2])
-    if kind == "plain":
+    kind = rng.choice(["plain", "grouped", "depthwise", "wide"],
+                      p=[0.45, 0.25, 0.2, 0.1])
+    if kind == "wide":
+        # Channel counts oneDNN blocks by 16: its jit/brgemm/AMX kernels.
+        c.g = int(rng.choice([1, 1, 2]))
+        icg, ocg = int(rng.choice([16, 32])), int(rng.choice([16, 32]))
+    elif kind == "plain":
         c.g, icg, ocg = 1, rint(rng, 1, 4), rint(rng, 1, 4)
     elif kind == "grouped":
         c.g, icg, ocg = rint(rng, 2, 3), rint(rng, 1, 3), rint(rng, 1, 3)
@@ -457,6 +462,7 @@ class Result:
         self.rel = {"engine": 0.0, "reference": 0.0}
         self.ratio = {"engine": 0.0, "reference": 0.0}
         self.native = None
+        self.impl = ""
 
     def fail(self, msg):
         self.ok = False
@@ -521,18 +527,26 @@ def compare(name, got, want, absum, c, acc_unit, res):
 
 def features(c):
     """Tags of what a case covers, counted for the coverage line."""
-    tags = ["rank%d" % c.nsp, DFMT_NAMES[c.dfmt], "w:" + FMT_NAMES[c.wfmt],
-            "auto_pad:" + AP_NAMES[c.ap]]
+    fam = "deconv" if c.deconv else "conv"
+    tags = ["rank%d" % c.nsp, DFMT_NAMES[c.dfmt],
+            "%s w:%s" % (fam, FMT_NAMES[c.wfmt]), "auto_pad:" + AP_NAMES[c.ap]]
     if c.out_wfmt_req and c.out_wfmt != c.wfmt:
-        tags.append("out_w:" + FMT_NAMES[c.out_wfmt])
+        tags.append("%s out_w:%s" % (fam, FMT_NAMES[c.out_wfmt]))
     if c.out_dfmt != c.dfmt:
         tags.append("out_data_changed")
     if c.g > 1:
-        tags.append("depthwise" if c.ic == c.g == c.oc else "grouped")
+        tags.append("%s %s" % (fam, "depthwise" if c.ic == c.g == c.oc
+                               else "grouped"))
+    if max(c.ic, c.oc) >= 16:
+        tags.append("wide")
     tags += [t for t, on in (("strided", max(c.s) > 1),
                              ("dilated", max(c.d) > 1),
                              ("asym_pads", c.pb != c.pe),
-                             ("output_padding", c.deconv and any(c.opad)))
+                             ("output_padding", c.deconv and any(c.opad)),
+                             ("output_padding>=stride", c.deconv and any(
+                                 o >= s for o, s in zip(c.opad, c.s))),
+                             ("pad>=EK", any(p >= e for p, e in
+                                             zip(c.pb + c.pe, c.ek + c.ek))))
              if on]
     if c.shape_mode != "none":
         tags.append("shape:" + c.shape_mode)
@@ -589,6 +603,7 @@ def run_case(lib, eng, rng, c):
                                    bufs[1].ctypes.data, out.ctypes.data,
                                    C.byref(info), err, len(err))
             res.native = info.path == 0
+            res.impl = (info.impl or b"").decode()
         else:
             rc = lib.cg_reference_run(C.byref(g), bufs[0].ctypes.data,
                                       bufs[1].ctypes.data, out.ctypes.data,
@@ -631,7 +646,7 @@ def main():
 
     rng = np.random.RandomState(args.seed)
     dts = [DT_F32, DT_BF16, DT_F32, DT_F16]
-    stats, cover = {}, {}
+    stats, cover, impls = {}, {}, {}
     passed = failed = 0
     t0 = time.monotonic()
     try:
@@ -645,6 +660,7 @@ def main():
             st["n"] += 1
             for t in features(c) + ["native" if res.native else "converted"]:
                 cover[t] = cover.get(t, 0) + 1
+            impls[res.impl] = impls.get(res.impl, 0) + 1
             for k in ("engine", "reference"):
                 st["rel"][k] = max(st["rel"].get(k, 0.0), res.rel[k])
                 st["ratio"][k] = max(st["ratio"].get(k, 0.0), res.ratio[k])
@@ -665,6 +681,8 @@ def main():
                   st["rel"]["engine"], st["rel"]["reference"],
                   st["ratio"]["engine"], st["ratio"]["reference"]))
     print("coverage: " + ", ".join("%s %d" % kv for kv in sorted(cover.items())))
+    print("oneDNN implementations: " +
+          ", ".join("%s %d" % kv for kv in sorted(impls.items())))
     print("%.1f s" % (time.monotonic() - t0))
     print("%d passed, %d failed" % (passed, failed))
     return 0 if failed == 0 else 1
