@@ -33,7 +33,7 @@ struct cgs_pool {
   unsigned queued;
   int stop;
   unsigned ready, failed; /* start-up accounting */
-  char start_err[256];
+  char start_err[320]; /* worker name + engine message */
 
   pthread_mutex_t done_mu;
   cgs_job *done_head, *done_tail;
