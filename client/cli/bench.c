@@ -13,7 +13,8 @@
 #include "cli.h"
 
 static const char cgc__bench_help[] =
-    "Usage: convgrad bench (--problems FILE | --problem DESC) [flags] [options]\n"
+    "Usage: convgrad bench (--problems FILE | --problem DESC) [flags] "
+    "[options]\n"
     "Measures end-to-end latency (p50/p90/p99) and throughput per problem\n"
     "and op, with N concurrent callers sharing one channel.\n"
     "  --problems FILE  benchdnn-style list: one descriptor per line,\n"
@@ -160,8 +161,8 @@ static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
 /* Adds the rows of descriptor d (text: how it was written, the row name
  * when the descriptor has no n<name> of its own). */
 static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
-                          const char *text, cg_op only, cg_dtype dt, cg_data_format df,
-                          cg_weights_format wf) {
+                          const char *text, cg_op only, cg_dtype dt,
+                          cg_data_format df, cg_weights_format wf) {
   cg_op ops[2];
   if (d->deconv) {
     ops[0] = CG_OP_DECONV_BWD_DATA;
@@ -177,8 +178,7 @@ static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
     if (only && ops[i] != only)
       continue;
     if (*nrows >= CGC__MAX_PROBLEMS) {
-      fprintf(stderr, "convgrad bench: more than %d rows\n",
-              CGC__MAX_PROBLEMS);
+      fprintf(stderr, "convgrad bench: more than %d rows\n", CGC__MAX_PROBLEMS);
       return CGC_EXIT_USAGE;
     }
     cgc__bench_row *r = &rows[*nrows];
@@ -257,8 +257,8 @@ int cgc_cmd_bench(int argc, char **argv) {
   cg_weights_format wf = CG_WEIGHTS_DEFAULT;
   int64_t conc = 1, nreq = 200, warmup = 10;
   cgc_cli_init(&cli);
-  while ((c = cgc_cli_next(&cli, "bench", cgc__bench_help, argc, argv,
-                           longopts, &code)) != -1) {
+  while ((c = cgc_cli_next(&cli, "bench", cgc__bench_help, argc, argv, longopts,
+                           &code)) != -1) {
     switch (c) {
     case CGC_CLI_DONE:
       return code;
@@ -362,11 +362,14 @@ int cgc_cmd_bench(int argc, char **argv) {
       code = cgc_cli_fail(&cli, "bench", r->first_rc, &r->first_st);
       goto done;
     }
-    double p50 = cgc__pct(r->lat_ms, r->n, 50), p90 = cgc__pct(r->lat_ms, r->n, 90),
+    double p50 = cgc__pct(r->lat_ms, r->n, 50),
+           p90 = cgc__pct(r->lat_ms, r->n, 90),
            p99 = cgc__pct(r->lat_ms, r->n, 99);
     double rps = (double)r->n / r->wall_s;
-    double mbs = rps * (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] +
-                                r->geom.out_bytes) / 1e6;
+    double mbs = rps *
+                 (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] +
+                          r->geom.out_bytes) /
+                 1e6;
     double cms = r->compute_ms_sum / (double)r->n;
     if (json) {
       cJSON *o = cJSON_CreateObject();
@@ -383,8 +386,7 @@ int cgc_cmd_bench(int argc, char **argv) {
       cJSON_AddNumberToObject(o, "server_compute_ms", cms);
       cJSON_AddNumberToObject(o, "server_queue_ms",
                               r->queue_ms_sum / (double)r->n);
-      cJSON_AddNumberToObject(o, "gflops",
-                              r->geom.flops * rps / 1e9);
+      cJSON_AddNumberToObject(o, "gflops", r->geom.flops * rps / 1e9);
       cJSON_AddItemToArray(jrows, o);
     } else {
       printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "

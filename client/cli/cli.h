@@ -29,14 +29,16 @@ enum {
   {"target", required_argument, NULL, CGC_OPT_TARGET},                         \
       {"deadline", required_argument, NULL, CGC_OPT_DEADLINE},                 \
       {"retries", required_argument, NULL, CGC_OPT_RETRIES},                   \
-      {"chunk-bytes", required_argument, NULL, CGC_OPT_CHUNK},                 \
-      {"help", no_argument, NULL, 'h'}
+      {"chunk-bytes", required_argument, NULL, CGC_OPT_CHUNK}, {               \
+    "help", no_argument, NULL, 'h'                                             \
+  }
 #define CGC_COMMON_HELP                                                        \
   "Common options:\n"                                                          \
   "  --target T       server: HOST:PORT, HOST:PORT,HOST:PORT (round_robin),\n" \
-  "                   dns:///NAME:PORT or ipv4:A:P,B:P. Default $CONVGRAD_TARGET\n" \
+  "                   dns:///NAME:PORT or ipv4:A:P,B:P. Default "              \
+  "$CONVGRAD_TARGET\n"                                                         \
   "                   or " CGC_DEFAULT_TARGET ".\n"                            \
-  "  --deadline MS    deadline of each call, retries included\n"             \
+  "  --deadline MS    deadline of each call, retries included\n"               \
   "  --retries N      retries after UNAVAILABLE (default 5)\n"                 \
   "  --chunk-bytes N  upload chunk size (default 1048576)\n"                   \
   "  -h, --help       this help\n"

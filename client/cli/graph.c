@@ -38,8 +38,8 @@ static int cgc__graph_attr(const cJSON *a, cgc_spec *s, const char *path,
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(a, "value");
   cgc_list *list = NULL;
   if (!v)
-    return cg_errorf(err, errlen, CG_EINVAL, "%s: attrs.%s: no \"value\"",
-                     path, name);
+    return cg_errorf(err, errlen, CG_EINVAL, "%s: attrs.%s: no \"value\"", path,
+                     name);
   if (!strcmp(name, "strides"))
     list = &s->strides;
   else if (!strcmp(name, "pads_begin"))
@@ -211,13 +211,13 @@ int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
   }
   /* The output tensor pins the shape the op must produce. */
   const cJSON *outs = cJSON_GetObjectItemCaseSensitive(op, "outputs");
-  cgc_list *want = s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape
+  cgc_list *want = s->op == CG_OP_CONV_BWD_DATA   ? &s->dst_shape
                    : cg_op_outputs_weights(s->op) ? &s->weights_shape
                                                   : NULL;
   if (want && want->len == 0 && cJSON_GetArraySize(outs) >= 1) {
     cg_dtype dt;
-    rc = cgc__graph_tensor(cJSON_GetArrayItem(outs, 0), "outputs[0]", &dt,
-                           want, path, err, errlen);
+    rc = cgc__graph_tensor(cJSON_GetArrayItem(outs, 0), "outputs[0]", &dt, want,
+                           path, err, errlen);
     if (rc)
       goto out;
   }

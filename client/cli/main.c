@@ -75,8 +75,8 @@ int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
   /* Only CGC_CLI_DONE sets *code; every exit from here but --help is a
    * usage error. */
   if (r < 0) {
-    *code = cgc_cli_usage(cmd, "bad value '%s' for %s", optarg,
-                          argv[optind - 1]);
+    *code =
+        cgc_cli_usage(cmd, "bad value '%s' for %s", optarg, argv[optind - 1]);
     return CGC_CLI_DONE;
   }
   if (c == 'h') {
@@ -148,7 +148,8 @@ static const char cgc__health_help[] =
     "Asks grpc.health.v1.Health/Check and prints the serving status.\n"
     "Exits 0 only when the server reports SERVING (for container\n"
     "healthchecks).\n"
-    "  --service NAME   service to ask about (default \"\": the whole server)\n";
+    "  --service NAME   service to ask about (default \"\": the whole "
+    "server)\n";
 
 int cgc_cmd_health(int argc, char **argv) {
   static const struct option longopts[] = {
@@ -293,8 +294,8 @@ int cgc_cmd_info(int argc, char **argv) {
   int c, code, json = 0;
   cgc_cli_init(&cli);
   cli.opts.deadline_ms = 10000;
-  while ((c = cgc_cli_next(&cli, "info", cgc__info_help, argc, argv,
-                           longopts, &code)) != -1) {
+  while ((c = cgc_cli_next(&cli, "info", cgc__info_help, argc, argv, longopts,
+                           &code)) != -1) {
     if (c == CGC_CLI_DONE)
       return code;
     json = 1; /* --json, the only local option */

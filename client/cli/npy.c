@@ -162,8 +162,8 @@ out:
 int cgc_npy_write(const char *path, cg_dtype dtype, int rank,
                   const int64_t *dims, const void *data, size_t nbytes,
                   char *err, size_t errlen) {
-  const char *descr = dtype == CG_DTYPE_F32   ? "<f4"
-                      : dtype == CG_DTYPE_F16 ? "<f2"
+  const char *descr = dtype == CG_DTYPE_F32    ? "<f4"
+                      : dtype == CG_DTYPE_F16  ? "<f2"
                       : dtype == CG_DTYPE_BF16 ? "<u2"
                                                : NULL;
   char dict[256], shape[160];
@@ -176,9 +176,10 @@ int cgc_npy_write(const char *path, cg_dtype dtype, int rank,
                            i ? ", " : "", (long long)dims[i]);
   /* Python writes a 1-tuple with a trailing comma. */
   const char *comma = rank == 1 ? "," : "";
-  int dl = snprintf(dict, sizeof dict,
-                    "{'descr': '%s', 'fortran_order': False, 'shape': (%s%s), }",
-                    descr, shape, comma);
+  int dl =
+      snprintf(dict, sizeof dict,
+               "{'descr': '%s', 'fortran_order': False, 'shape': (%s%s), }",
+               descr, shape, comma);
   /* Magic (6) + version (2) + length (2) + dict + padding + '\n' is a
    * multiple of 64, as NumPy writes it. */
   size_t total = 10 + (size_t)dl + 1;
@@ -197,8 +198,7 @@ int cgc_npy_write(const char *path, cg_dtype dtype, int rank,
            fwrite(dict, 1, (size_t)dl, fp) == (size_t)dl;
   for (size_t i = 0; ok && i < pad; i++)
     ok = fputc(' ', fp) != EOF;
-  ok = ok && fputc('\n', fp) != EOF &&
-       fwrite(data, 1, nbytes, fp) == nbytes;
+  ok = ok && fputc('\n', fp) != EOF && fwrite(data, 1, nbytes, fp) == nbytes;
   if (fclose(fp) != 0)
     ok = 0;
   if (!ok)

@@ -16,16 +16,22 @@ static const char cgc__run_help[] =
     "Runs one convolution-gradient op on the server.\n"
     "\n"
     "Problem:\n"
-    "  --op NAME            ConvolutionBackwardData, ConvolutionBackwardWeights,\n"
-    "                       ConvTransposeBackwardData, ConvTransposeBackwardWeights\n"
+    "  --op NAME            ConvolutionBackwardData, "
+    "ConvolutionBackwardWeights,\n"
+    "                       ConvTransposeBackwardData, "
+    "ConvTransposeBackwardWeights\n"
     "                       (or the older ...BackpropData/...BackpropFilters)\n"
-    "  --graph FILE         op, attrs, dtype and input shapes from a oneDNN graph\n"
+    "  --graph FILE         op, attrs, dtype and input shapes from a oneDNN "
+    "graph\n"
     "                       JSON op file; flags below override it\n"
     "  --graph-op N         use the N-th gradient op of the file (default 0)\n"
-    "  --problem DESC       benchdnn descriptor (mb2ic16ih14oc32oh14kh3ph1) for\n"
-    "                       --op; a ConvTranspose op reads it as a deconvolution\n"
+    "  --problem DESC       benchdnn descriptor (mb2ic16ih14oc32oh14kh3ph1) "
+    "for\n"
+    "                       --op; a ConvTranspose op reads it as a "
+    "deconvolution\n"
     "  --dtype T            f32 (default), bf16, f16\n"
-    "  --strides L --pads-begin L --pads-end L --dilations L --output-padding L\n"
+    "  --strides L --pads-begin L --pads-end L --dilations L --output-padding "
+    "L\n"
     "                       comma lists, one value per spatial dim\n"
     "  --groups G --auto-pad none|same_upper|same_lower|valid\n"
     "  --data-format NCX|NXC --weights-format OIX|XIO|IOX|XOI\n"
@@ -124,7 +130,7 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
       {R_DST_SHAPE, offsetof(cgc_spec, dst_shape)},
       {R_WEIGHTS_SHAPE, offsetof(cgc_spec, weights_shape)},
   };
-#define V(id) v[(id) - CGC_OPT_LOCAL_BASE]
+#define V(id) v[(id)-CGC_OPT_LOCAL_BASE]
   if (V(R_OP) && cg_op_parse(V(R_OP), &s->op))
     return cgc_cli_usage("run", "unknown op '%s'", V(R_OP));
   if (V(R_DTYPE) && cg_dtype_parse(V(R_DTYPE), &s->dtype))
@@ -133,8 +139,9 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
   for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
     const char *t = V(lists[i].id);
     if (t && cgc_list_parse(t, (cgc_list *)((char *)s + lists[i].off)))
-      return cgc_cli_usage("run", "--%s: expected a comma list of integers, "
-                                  "got '%s'",
+      return cgc_cli_usage("run",
+                           "--%s: expected a comma list of integers, "
+                           "got '%s'",
                            cgc__run_flag(lists[i].id), t);
   }
   if (V(R_GROUPS)) {
@@ -151,7 +158,8 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
     return cgc_cli_usage("run", "--data-format must be NCX or NXC");
   if (V(R_WEIGHTS_FORMAT) &&
       cg_weights_format_parse(V(R_WEIGHTS_FORMAT), &s->weights_format))
-    return cgc_cli_usage("run", "--weights-format must be OIX, XIO, IOX or XOI");
+    return cgc_cli_usage("run",
+                         "--weights-format must be OIX, XIO, IOX or XOI");
   if (V(R_OUTPUT_FORMAT) && s->op) {
     const char *f = V(R_OUTPUT_FORMAT);
     int bad = cg_op_outputs_weights(s->op)
@@ -173,8 +181,8 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
     memcpy(s->dims[i], l.v, l.len * sizeof(int64_t));
   }
   if (V(R_SHAPE_INPUT)) {
-    const cgc_list *l = s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape
-                                                     : &s->weights_shape;
+    const cgc_list *l =
+        s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape : &s->weights_shape;
     if (!s->op || s->op == CG_OP_DECONV_BWD_DATA || l->len == 0)
       return cgc_cli_usage("run", "--shape-input needs --dst-shape "
                                   "(ConvolutionBackwardData) or "
@@ -268,12 +276,14 @@ static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
   } else {
     cgc_diff d;
     cgc_compare(&g, out->data, ref, &d);
-    printf("check: max abs err %.3g, max rel err %.3g (rel tolerance %.3g): %s\n",
-           d.max_abs, d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
-           d.ok ? "OK" : "MISMATCH");
+    printf(
+        "check: max abs err %.3g, max rel err %.3g (rel tolerance %.3g): %s\n",
+        d.max_abs, d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
+        d.ok ? "OK" : "MISMATCH");
     if (!d.ok) {
-      fprintf(stderr, "convgrad run: result differs from the reference "
-                      "(max abs err %.3g at element %zu)\n",
+      fprintf(stderr,
+              "convgrad run: result differs from the reference "
+              "(max abs err %.3g at element %zu)\n",
               d.max_abs, d.worst);
       code = CGC_EXIT_FAIL;
     }
@@ -301,7 +311,7 @@ int cgc_cmd_run(int argc, char **argv) {
       return code;
     v[c - CGC_OPT_LOCAL_BASE] = optarg ? optarg : "1";
   }
-#define V(id) v[(id) - CGC_OPT_LOCAL_BASE]
+#define V(id) v[(id)-CGC_OPT_LOCAL_BASE]
   if (V(R_SEED) && cgc_cli_int(V(R_SEED), 0, INT64_MAX, &seed))
     return cgc_cli_usage("run", "--seed: expected a non-negative integer");
   if (V(R_GRAPH_OP) && cgc_cli_int(V(R_GRAPH_OP), 0, 1000, &graph_op))
@@ -353,8 +363,9 @@ int cgc_cmd_run(int argc, char **argv) {
       continue;
     }
     if (s.rank[i] == 0) {
-      code = cgc_cli_usage("run", "input %d (%s): give --in%d FILE.npy or "
-                                  "--in%d-shape",
+      code = cgc_cli_usage("run",
+                           "input %d (%s): give --in%d FILE.npy or "
+                           "--in%d-shape",
                            i, cg_op_input_name(s.op, i), i, i);
       goto out;
     }
@@ -377,8 +388,7 @@ int cgc_cmd_run(int argc, char **argv) {
       code = CGC_EXIT_INTERNAL;
       goto out;
     }
-    cgc_fill_random(s.dtype, in[i], nbytes[i] / cg_dtype_size(s.dtype),
-                    &state);
+    cgc_fill_random(s.dtype, in[i], nbytes[i] / cg_dtype_size(s.dtype), &state);
   }
 
   if ((code = cgc_cli_connect(&cli, &ch)) != 0)

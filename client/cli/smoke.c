@@ -36,8 +36,18 @@ static const cgc__case cgc__cases[] = {
     {"2d", 2, 2, 4, 6, 1, {7, 7}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 0},
     {"2d-g2-s2", 2, 2, 4, 6, 2, {8, 6}, {3, 2}, {2, 2}, {1, 1}, {1, 0}, 0},
     {"1d-dil2-s2", 1, 2, 3, 4, 1, {11}, {3}, {2}, {2}, {2}, 0},
-    {"3d-depthwise", 3, 1, 4, 4, 4, {4, 5, 4}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1},
-     {0, 0, 0}, 0},
+    {"3d-depthwise",
+     3,
+     1,
+     4,
+     4,
+     4,
+     {4, 5, 4},
+     {2, 2, 2},
+     {1, 1, 1},
+     {1, 1, 1},
+     {0, 0, 0},
+     0},
     {"2d-same-upper", 2, 1, 2, 4, 1, {6, 5}, {3, 3}, {2, 2}, {1, 1}, {0, 0}, 1},
 };
 
@@ -127,8 +137,8 @@ static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
     wrank = cgc__weights_dims(style, c->nsp, c->ic, c->oc / c->g, c->k, wd);
   } else {
     s->weights_format = style == 3 ? CG_WEIGHTS_XIO : CG_WEIGHTS_OIX;
-    wrank = cgc__weights_dims(style == 3, c->nsp, c->oc / c->g, c->ic, c->k,
-                              wd);
+    wrank =
+        cgc__weights_dims(style == 3, c->nsp, c->oc / c->g, c->ic, c->k, wd);
   }
   int64_t src[CG_MAX_RANK], dst[CG_MAX_RANK];
   int drank = cgc__data_dims(s->data_format, c->nsp, c->mb, c->ic, c->in, src);
@@ -171,8 +181,8 @@ static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
 }
 
 /* Runs one case; returns 1 if it matched. */
-static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s,
-                          const char *label, uint64_t seed, int quiet) {
+static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s, const char *label,
+                          uint64_t seed, int quiet) {
   cg_problem p;
   cg_geom g;
   char err[512], what[160];
@@ -219,8 +229,7 @@ static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s,
   cgc_compare(&g, out->data, ref, &d);
   ok = d.ok;
   if (!ok || !quiet)
-    printf("%s  %s  max rel err %.2g\n", ok ? "ok  " : "FAIL", what,
-           d.max_rel);
+    printf("%s  %s  max rel err %.2g\n", ok ? "ok  " : "FAIL", what, d.max_rel);
 out:
   cgc_tensor_free(out);
   free(in0);
@@ -250,8 +259,7 @@ static int cgc__smoke_wait(const cgc_cli *cli, cgc_channel *ch, double wait_s) {
         fprintf(stderr,
                 "convgrad smoke: server %s not reachable after %.0f s: %s: "
                 "%s\n",
-                cli->target, wait_s, cgc_status_code_name(st.code),
-                st.message);
+                cli->target, wait_s, cgc_status_code_name(st.code), st.message);
       return CGC_EXIT_UNAVAILABLE;
     }
     struct timespec ts = {0, 200 * 1000 * 1000};
@@ -269,8 +277,8 @@ int cgc_cmd_smoke(int argc, char **argv) {
   int c, code, quiet = 0;
   int64_t wait_s = 30;
   cgc_cli_init(&cli);
-  while ((c = cgc_cli_next(&cli, "smoke", cgc__smoke_help, argc, argv,
-                           longopts, &code)) != -1) {
+  while ((c = cgc_cli_next(&cli, "smoke", cgc__smoke_help, argc, argv, longopts,
+                           &code)) != -1) {
     if (c == CGC_CLI_DONE)
       return code;
     if (c == CGC_OPT_LOCAL_BASE) {

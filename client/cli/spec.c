@@ -81,7 +81,8 @@ void cgc_spec_from_problem(cgc_spec *s, const cg_problem *p) {
 size_t cgc_spec_input_bytes(const cgc_spec *s, int i) {
   size_t n = cg_dtype_size(s->dtype);
   for (int d = 0; d < s->rank[i]; d++)
-    if (s->dims[i][d] < 0 || __builtin_mul_overflow(n, (size_t)s->dims[i][d], &n))
+    if (s->dims[i][d] < 0 ||
+        __builtin_mul_overflow(n, (size_t)s->dims[i][d], &n))
       return 0;
   return n;
 }

@@ -26,7 +26,7 @@ enum {
 };
 
 #define CGC_EXIT_CODES_HELP                                                    \
-  "Exit codes: 0 ok, 1 mismatch or not SERVING, 2 usage error, 3 bad input\n" \
+  "Exit codes: 0 ok, 1 mismatch or not SERVING, 2 usage error, 3 bad input\n"  \
   "file or problem, 4 server unavailable or deadline exceeded, 5 server\n"     \
   "rejected the request (INVALID_ARGUMENT), 6 other server error, 7 local\n"   \
   "failure (memory, writing output).\n"

@@ -51,9 +51,9 @@ void cgc__call_end(grpc_call *call, grpc_completion_queue *cq) {
   if (call)
     grpc_call_unref(call);
   grpc_completion_queue_shutdown(cq);
-  while (grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                    NULL)
-             .type != GRPC_QUEUE_SHUTDOWN)
+  while (
+      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+          .type != GRPC_QUEUE_SHUTDOWN)
     ;
   grpc_completion_queue_destroy(cq);
 }
@@ -112,8 +112,8 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     goto out;
   }
   /* The call's deadline bounds this wait. */
-  ev = grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                  NULL);
+  ev =
+      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
   if (ev.type != GRPC_OP_COMPLETE || code != GRPC_STATUS_OK) {
     if (ev.type != GRPC_OP_COMPLETE)
       cgc__status_set(st, GRPC_STATUS_INTERNAL, "completion queue failed");

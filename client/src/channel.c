@@ -62,8 +62,8 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
 }
 
 static int cgc__has_scheme(const char *t) {
-  static const char *const schemes[] = {"dns:", "ipv4:", "ipv6:", "unix:",
-                                        "unix-abstract:", "vsock:"};
+  static const char *const schemes[] = {
+      "dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:"};
   for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
     if (strncmp(t, schemes[i], strlen(schemes[i])) == 0)
       return 1;
@@ -72,9 +72,8 @@ static int cgc__has_scheme(const char *t) {
 
 /* Resolves one "HOST:PORT" or "[V6]:PORT": v4 / v6 receive "a.b.c.d:p" /
  * "[v6]:p" for the first address of each family ("" if none). */
-static int cgc__resolve_item(const char *item, size_t len, char *v4,
-                             char *v6, size_t outsz, char *err,
-                             size_t errlen) {
+static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
+                             size_t outsz, char *err, size_t errlen) {
   char buf[300], host[256], port[16];
   v4[0] = v6[0] = '\0';
   if (len == 0 || len >= sizeof buf)
@@ -126,8 +125,8 @@ static int cgc__resolve_item(const char *item, size_t len, char *v4,
   for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
     char addr[INET6_ADDRSTRLEN];
     if (ai->ai_family == AF_INET && !v4[0] &&
-        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr,
-                  addr, sizeof addr))
+        inet_ntop(AF_INET, &((struct sockaddr_in *)ai->ai_addr)->sin_addr, addr,
+                  sizeof addr))
       snprintf(v4, outsz, "%s:%ld", addr, p);
     else if (ai->ai_family == AF_INET6 && !v6[0] &&
              inet_ntop(AF_INET6,
@@ -172,9 +171,11 @@ static int cgc__rewrite_target(const char *target, char **out, char *err,
     all4 &= v4[0] != '\0';
     all6 &= v6[0] != '\0';
     if (all4)
-      snprintf(l4 + strlen(l4), cap - strlen(l4), "%s%s", p == target ? "" : ",", v4);
+      snprintf(l4 + strlen(l4), cap - strlen(l4), "%s%s",
+               p == target ? "" : ",", v4);
     if (all6)
-      snprintf(l6 + strlen(l6), cap - strlen(l6), "%s%s", p == target ? "" : ",", v6);
+      snprintf(l6 + strlen(l6), cap - strlen(l6), "%s%s",
+               p == target ? "" : ",", v6);
     p += len;
     if (*p == ',')
       p++;
@@ -218,25 +219,30 @@ int cgc_channel_new(cgc_channel **out, const char *target,
     goto fail_opts;
 
   grpc_init();
-  int reconnect_max = (int)(ch->opts.backoff_max_ms > 100
-                                ? (ch->opts.backoff_max_ms < 120000
-                                       ? ch->opts.backoff_max_ms
-                                       : 120000)
-                                : 100);
+  int reconnect_max =
+      (int)(ch->opts.backoff_max_ms > 100
+                ? (ch->opts.backoff_max_ms < 120000 ? ch->opts.backoff_max_ms
+                                                    : 120000)
+                : 100);
   grpc_arg args[] = {
-      {GRPC_ARG_STRING, GRPC_ARG_SERVICE_CONFIG,
+      {GRPC_ARG_STRING,
+       GRPC_ARG_SERVICE_CONFIG,
        {.string = (char *)cgc__service_config}},
-      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+      {GRPC_ARG_INTEGER,
+       GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
        {.integer = (int)ch->opts.max_message_bytes}},
-      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+      {GRPC_ARG_INTEGER,
+       GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
        {.integer = (int)ch->opts.max_message_bytes}},
       /* gRPC's own reconnect backoff starts at 1 s and grows to 120 s;
        * bounding it by our retry backoff lets a server that starts late be
        * reached by the retries of the call that is waiting for it. */
-      {GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+      {GRPC_ARG_INTEGER,
+       GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
        {.integer = 100}},
       {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 100}},
-      {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+      {GRPC_ARG_INTEGER,
+       GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
        {.integer = reconnect_max}},
   };
   grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
@@ -248,8 +254,8 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   ch->chan = grpc_channel_create(ch->target, creds, &cargs);
   grpc_channel_credentials_release(creds);
   if (!ch->chan) {
-    rc = cg_errorf(err, errlen, CG_EINVAL, "target: cannot create channel to '%s'",
-                   ch->target);
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "target: cannot create channel to '%s'", ch->target);
     goto fail_grpc;
   }
   *out = ch;
@@ -272,7 +278,9 @@ void cgc_channel_free(cgc_channel *ch) {
   grpc_shutdown();
 }
 
-const char *cgc_channel_target(const cgc_channel *ch) { return ch->target; }
+const char *cgc_channel_target(const cgc_channel *ch) {
+  return ch->target;
+}
 
 gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms) {
   if (deadline_ms <= 0)
@@ -296,19 +304,23 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
    * state keeps this thread-safe without a shared generator. */
   uint64_t seed = (uint64_t)(cgc__now_ms() * 1e6) ^ (uint64_t)(uintptr_t)&seed;
   int rc, n = 0;
+  /* The decision needs the status even when the caller did not ask. */
+  cgc_status local;
+  if (!st)
+    st = &local;
   for (;;) {
     n++;
     rc = attempt(ch, ctx, deadline, st);
-    if (rc != CGC_ERPC || !st || st->code != GRPC_STATUS_UNAVAILABLE ||
-        n > o->retries)
+    if (rc != CGC_ERPC || st->code != GRPC_STATUS_UNAVAILABLE || n > o->retries)
       break;
     seed ^= seed << 13;
     seed ^= seed >> 7;
     seed ^= seed << 17;
     double jitter = 0.8 + 0.4 * (double)(seed % 1000) / 1000.0;
     int64_t wait_ms = (int64_t)(backoff * jitter);
-    gpr_timespec wake = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                     gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+    gpr_timespec wake =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                     gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
     if (gpr_time_cmp(wake, deadline) >= 0)
       break;
     gpr_sleep_until(wake);

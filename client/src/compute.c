@@ -100,16 +100,9 @@ static Convgrad__V1__Layout cgc__wire_weights(cg_weights_format f) {
                                  : (Convgrad__V1__Layout)(f + 2);
 }
 
-/* Element sizes of the data dtypes (wire and cg_dtype share values). */
-static size_t cgc__esize(cg_dtype dt) {
-  return dt == CG_DTYPE_F32 ? 4
-         : (dt == CG_DTYPE_BF16 || dt == CG_DTYPE_F16) ? 2
-                                                        : 0;
-}
-
 static int cgc__check_view(const cgc_tensor_view *v, int index,
                            cgc_status *st) {
-  size_t es = cgc__esize(v->dtype), n = 1;
+  size_t es = cg_dtype_size(v->dtype), n = 1;
   if (es == 0) {
     cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
                     "inputs[%d].dtype: invalid (%d)", index, (int)v->dtype);
@@ -127,8 +120,7 @@ static int cgc__check_view(const cgc_tensor_view *v, int index,
     return CG_EINVAL;
   }
   for (int i = 0; i < v->rank; i++) {
-    if (v->dims[i] < 0 ||
-        __builtin_mul_overflow(n, (size_t)v->dims[i], &n)) {
+    if (v->dims[i] < 0 || __builtin_mul_overflow(n, (size_t)v->dims[i], &n)) {
       cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
                       "inputs[%d].dims[%d]: negative or overflowing (%lld)",
                       index, i, (long long)v->dims[i]);
@@ -143,8 +135,8 @@ static int cgc__check_view(const cgc_tensor_view *v, int index,
     return CG_EINVAL;
   }
   if (v->nbytes && !v->data) {
-    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
-                    "inputs[%d].data: NULL", index);
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "inputs[%d].data: NULL",
+                    index);
     return CG_EINVAL;
   }
   return 0;
@@ -246,12 +238,12 @@ static int cgc__upload_left(cgc__attempt *a) {
 static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
   const cgc_tensor_view *v = &a->req->inputs[a->cur];
   size_t left = v->nbytes - a->off;
-  size_t n = left < a->opts->upload_chunk_bytes ? left
-                                                : a->opts->upload_chunk_bytes;
+  size_t n =
+      left < a->opts->upload_chunk_bytes ? left : a->opts->upload_chunk_bytes;
   uint32_t idx = (uint32_t)a->cur;
   /* proto3 omits a zero input index. */
-  uint64_t dc_len = (idx ? 1 + cgc__varint_len(idx) : 0) + 1 +
-                    cgc__varint_len(n) + n;
+  uint64_t dc_len =
+      (idx ? 1 + cgc__varint_len(idx) : 0) + 1 + cgc__varint_len(n) + n;
   uint8_t pre[32];
   size_t p = 0;
   pre[p++] = 0x12; /* ComputeRequest.chunk, length-delimited */
@@ -290,7 +282,7 @@ static int cgc__on_header(cgc__attempt *a) {
   if (!h)
     return cgc__perr(a, "undecodable ResultHeader");
   cg_dtype dt = (cg_dtype)h->dtype;
-  size_t es = cgc__esize(dt), n = 1;
+  size_t es = cg_dtype_size(dt), n = 1;
   if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16) {
     rc = cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
     goto out;
@@ -300,8 +292,7 @@ static int cgc__on_header(cgc__attempt *a) {
     goto out;
   }
   for (size_t i = 0; i < h->n_shape; i++)
-    if (h->shape[i] < 0 ||
-        __builtin_mul_overflow(n, (size_t)h->shape[i], &n)) {
+    if (h->shape[i] < 0 || __builtin_mul_overflow(n, (size_t)h->shape[i], &n)) {
       rc = cgc__perr(a, "ResultHeader.shape overflows");
       goto out;
     }
@@ -326,8 +317,7 @@ static int cgc__on_header(cgc__attempt *a) {
   size_t alloc = (n + 63) & ~(size_t)63;
   if (!t || posix_memalign(&data, 64, alloc ? alloc : 64) != 0) {
     free(t);
-    snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result",
-             n);
+    snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result", n);
     rc = CG_ENOMEM;
     goto out;
   }
@@ -657,8 +647,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     cgc__status_from_grpc(st, code, details);
     rc = CGC_ERPC;
   } else if (!a->have_header || a->received != a->out->nbytes) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL,
-                    "malformed response: %s",
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
                     a->have_header ? "the stream ended before all data"
                                    : "no ResultHeader");
     rc = CGC_EPROTO;
@@ -717,7 +706,7 @@ out:
 
 void cgc_request_init(cgc_request *r) {
   memset(r, 0, sizeof *r);
-  r->attrs.groups = 1;
+  cg_attrs_init(&r->attrs);
 }
 
 void cgc_tensor_free(cgc_tensor *t) {
@@ -786,8 +775,8 @@ int cgc_conv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
                          const cgc_tensor_view *diff_dst,
                          cgc_tensor **diff_weights, cgc_result *res,
                          cgc_status *st) {
-  return cgc__op(ch, CG_OP_CONV_BWD_WEIGHTS, attrs, src, diff_dst,
-                 diff_weights, res, st);
+  return cgc__op(ch, CG_OP_CONV_BWD_WEIGHTS, attrs, src, diff_dst, diff_weights,
+                 res, st);
 }
 
 int cgc_deconv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,

@@ -23,8 +23,7 @@ static int cgc__health_attempt(cgc_channel *ch, void *vctx,
   req.service = (char *)ctx->service;
   if (grpc__health__v1__health_check_request__get_packed_size(&req) >
       sizeof buf) {
-    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
-                    "service: name too long");
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "service: name too long");
     return CG_EINVAL;
   }
   size_t len = grpc__health__v1__health_check_request__pack(&req, buf);
@@ -67,8 +66,8 @@ typedef struct cgc__info_ctx {
   cgc_server_info *info;
 } cgc__info_ctx;
 
-static int cgc__info_attempt(cgc_channel *ch, void *vctx,
-                             gpr_timespec deadline, cgc_status *st) {
+static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
+                             cgc_status *st) {
   cgc__info_ctx *ctx = vctx;
   void *resp = NULL;
   size_t resplen = 0;

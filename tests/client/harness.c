@@ -63,8 +63,8 @@ int th_server_start(th_server *s, const char *exe, int port,
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
   posix_spawn_file_actions_addclose(&fa, pipefd[0]);
-  posix_spawn_file_actions_addopen(&fa, 2, s->log,
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, s->log, O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   int rc = posix_spawn(&s->pid, exe, &fa, NULL, (char *const *)argv, environ);
   posix_spawn_file_actions_destroy(&fa);
   close(pipefd[1]);

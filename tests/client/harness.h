@@ -10,7 +10,7 @@
 typedef struct th_server {
   pid_t pid;
   int port;
-  int out_fd; /* read end of the server's stdout */
+  int out_fd;    /* read end of the server's stdout */
   char log[256]; /* the server's stderr (one line per request) */
 } th_server;
 

@@ -68,8 +68,7 @@ static void expect(th_run *r, int code, const char *needle,
 
 static void test_help_everywhere(void **state) {
   (void)state;
-  static const char *const cmds[] = {"health", "info", "run", "smoke",
-                                     "bench"};
+  static const char *const cmds[] = {"health", "info", "run", "smoke", "bench"};
   th_run r;
   for (size_t i = 0; i < 5; i++) {
     const char *argv[] = {cli, cmds[i], "--help", NULL};
@@ -118,13 +117,36 @@ static void test_run_flags_check_and_out(void **state) {
   th_run r;
   char out[256];
   snprintf(out, sizeof out, "%s/flags_out.npy", tmpdir);
-  const char *argv[] = {cli, "run", tflag, "--op", "ConvolutionBackpropData",
-                        "--data-format", "NCX", "--weights-format", "OIX",
-                        "--in0-shape", "2,6,4,4", "--in1-shape", "6,2,3,3",
-                        "--groups", "2", "--strides", "2,2", "--pads-begin",
-                        "1,1", "--pads-end", "1,1", "--dst-shape", "2,4,8,8",
-                        "--shape-input", "--seed", "9", "--out", out,
-                        "--check", NULL};
+  const char *argv[] = {cli,
+                        "run",
+                        tflag,
+                        "--op",
+                        "ConvolutionBackpropData",
+                        "--data-format",
+                        "NCX",
+                        "--weights-format",
+                        "OIX",
+                        "--in0-shape",
+                        "2,6,4,4",
+                        "--in1-shape",
+                        "6,2,3,3",
+                        "--groups",
+                        "2",
+                        "--strides",
+                        "2,2",
+                        "--pads-begin",
+                        "1,1",
+                        "--pads-end",
+                        "1,1",
+                        "--dst-shape",
+                        "2,4,8,8",
+                        "--shape-input",
+                        "--seed",
+                        "9",
+                        "--out",
+                        out,
+                        "--check",
+                        NULL};
   expect(&r, 0, "check: max abs err", argv);
   assert_non_null(strstr(r.out, ": OK"));
   assert_non_null(strstr(r.out, "diff_src [2, 4, 8, 8]"));
@@ -136,15 +158,34 @@ static void test_run_flags_check_and_out(void **state) {
   assert_int_equal(n.dtype, CG_DTYPE_F32);
   cgc_npy_free(&n);
   /* Each op by name, with the reference check. */
-  const char *bw[] = {cli, "run", tflag, "--op",
-                      "ConvTransposeBackwardWeights-1", "--in0-shape",
-                      "1,5,5,3", "--in1-shape", "1,11,11,4", "--strides", "2,2",
-                      "--weights-shape", "3,3,4,3", "--check", NULL};
+  const char *bw[] = {cli,
+                      "run",
+                      tflag,
+                      "--op",
+                      "ConvTransposeBackwardWeights-1",
+                      "--in0-shape",
+                      "1,5,5,3",
+                      "--in1-shape",
+                      "1,11,11,4",
+                      "--strides",
+                      "2,2",
+                      "--weights-shape",
+                      "3,3,4,3",
+                      "--check",
+                      NULL};
   expect(&r, 0, ": OK", bw);
   /* A benchdnn descriptor instead of shapes. */
-  const char *desc[] = {cli, "run", tflag, "--op", "ConvolutionBackwardWeights",
-                        "--problem", "g2mb2ic8ih10oc4oh5kh3sh2ph1",
-                        "--dtype", "bf16", "--check", NULL};
+  const char *desc[] = {cli,
+                        "run",
+                        tflag,
+                        "--op",
+                        "ConvolutionBackwardWeights",
+                        "--problem",
+                        "g2mb2ic8ih10oc4oh5kh3sh2ph1",
+                        "--dtype",
+                        "bf16",
+                        "--check",
+                        NULL};
   expect(&r, 0, "ConvolutionBackwardWeights bf16: diff_weights", desc);
   assert_non_null(strstr(r.out, ": OK"));
 }
@@ -163,11 +204,10 @@ static void test_run_graph_json(void **state) {
          b);
   assert_non_null(strstr(r.out, ": OK"));
   /* Flags override the file. */
-  const char *c[] = {cli, "run", tflag, "--graph", f1, "--dtype", "f16",
-                     "--check", NULL};
+  const char *c[] = {cli,       "run", tflag,     "--graph", f1,
+                     "--dtype", "f16", "--check", NULL};
   expect(&r, 0, "ConvolutionBackwardData f16", c);
-  const char *bad[] = {cli, "run", tflag, "--graph", "/nonexistent.json",
-                       NULL};
+  const char *bad[] = {cli, "run", tflag, "--graph", "/nonexistent.json", NULL};
   expect(&r, 3, "/nonexistent.json", bad);
 }
 
@@ -187,11 +227,27 @@ static void test_npy_interop_numpy(void **state) {
     snprintf(in0, sizeof in0, "%s/dd_%s.npy", tmpdir, dts[i]);
     snprintf(in1, sizeof in1, "%s/w_%s.npy", tmpdir, dts[i]);
     snprintf(out, sizeof out, "%s/out_%s.npy", tmpdir, dts[i]);
-    const char *run[] = {cli, "run", tflag, "--op",
-                         "ConvolutionBackwardData", "--data-format", "NCX",
-                         "--weights-format", "OIX", "--pads-begin", "1,1",
-                         "--pads-end", "1,1", "--in0", in0, "--in1", in1,
-                         "--out", out, "--check", NULL};
+    const char *run[] = {cli,
+                         "run",
+                         tflag,
+                         "--op",
+                         "ConvolutionBackwardData",
+                         "--data-format",
+                         "NCX",
+                         "--weights-format",
+                         "OIX",
+                         "--pads-begin",
+                         "1,1",
+                         "--pads-end",
+                         "1,1",
+                         "--in0",
+                         in0,
+                         "--in1",
+                         in1,
+                         "--out",
+                         out,
+                         "--check",
+                         NULL};
     expect(&r, 0, ": OK", run);
     const char *chk[] = {py, tool, "check", out, dts[i], "2,4,7,7", NULL};
     th_run_cmd(&r, chk);
@@ -201,9 +257,20 @@ static void test_npy_interop_numpy(void **state) {
   char bad[256], in1[256];
   snprintf(in1, sizeof in1, "%s/w_f32.npy", tmpdir);
   snprintf(bad, sizeof bad, "%s/fortran.npy", tmpdir);
-  const char *f[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
-                     "--data-format", "NCX", "--weights-format", "OIX",
-                     "--in0", bad, "--in1", in1, NULL};
+  const char *f[] = {cli,
+                     "run",
+                     tflag,
+                     "--op",
+                     "ConvolutionBackwardData",
+                     "--data-format",
+                     "NCX",
+                     "--weights-format",
+                     "OIX",
+                     "--in0",
+                     bad,
+                     "--in1",
+                     in1,
+                     NULL};
   expect(&r, 3, "Fortran-order", f);
   snprintf(bad, sizeof bad, "%s/f64.npy", tmpdir);
   f[10] = bad;
@@ -219,22 +286,48 @@ static void test_failure_exit_codes(void **state) {
   expect(&r, 2, "--op needs a value", noval);
   const char *cmd[] = {cli, "transmogrify", NULL};
   expect(&r, 2, "unknown command", cmd);
-  const char *list[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
-                        "--strides", "2,x", NULL};
+  const char *list[] = {
+      cli,         "run", tflag, "--op", "ConvolutionBackwardData",
+      "--strides", "2,x", NULL};
   expect(&r, 2, "--strides", list);
-  const char *npy[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
-                       "--in0", "/nonexistent/a.npy", "--in1-shape",
-                       "3,3,4,4", NULL};
+  const char *npy[] = {cli,
+                       "run",
+                       tflag,
+                       "--op",
+                       "ConvolutionBackwardData",
+                       "--in0",
+                       "/nonexistent/a.npy",
+                       "--in1-shape",
+                       "3,3,4,4",
+                       NULL};
   expect(&r, 3, "/nonexistent/a.npy", npy);
-  const char *inval[] = {cli, "run", tflag, "--op", "ConvolutionBackwardData",
-                         "--in0-shape", "1,8,8,4", "--in1-shape", "3,3,4,4",
-                         "--dilations", "1,0", NULL};
+  const char *inval[] = {cli,
+                         "run",
+                         tflag,
+                         "--op",
+                         "ConvolutionBackwardData",
+                         "--in0-shape",
+                         "1,8,8,4",
+                         "--in1-shape",
+                         "3,3,4,4",
+                         "--dilations",
+                         "1,0",
+                         NULL};
   expect(&r, 5, "rejected the request: dilations[1]", inval);
   char dead[80];
   snprintf(dead, sizeof dead, "--target=127.0.0.1:%d", th_free_port());
-  const char *down[] = {cli, "run", dead, "--retries", "1", "--op",
-                        "ConvolutionBackwardData", "--in0-shape", "1,8,8,4",
-                        "--in1-shape", "3,3,4,4", NULL};
+  const char *down[] = {cli,
+                        "run",
+                        dead,
+                        "--retries",
+                        "1",
+                        "--op",
+                        "ConvolutionBackwardData",
+                        "--in0-shape",
+                        "1,8,8,4",
+                        "--in1-shape",
+                        "3,3,4,4",
+                        NULL};
   expect(&r, 4, "unavailable", down);
   const char *badtarget[] = {cli, "health", "--target", "a:1,b", NULL};
   expect(&r, 2, "target", badtarget);
@@ -257,15 +350,23 @@ static void test_bench(void **state) {
                                        "mb1ic4ih8oc4oh8kh3ph1\n"
                                        "deconv: mb1ic4ih4oc4oh8kh2sh2\n"),
                    0);
-  const char *table[] = {cli, "bench", tflag, "--problems", list,
-                         "--requests", "20", "--concurrency", "4", NULL};
+  const char *table[] = {cli,  "bench",      tflag, "--problems",
+                         list, "--requests", "20",  "--concurrency",
+                         "4",  NULL};
   expect(&r, 0, "p50 ms", table);
   assert_non_null(strstr(r.out, "ConvTransposeBackwardWeights"));
   assert_int_equal(count_lines(r.out), 5); /* header + 2 x 2 ops */
-  const char *json[] = {cli, "bench", tflag, "--problem",
-                        "mb1ic4ih8oc4oh8kh3ph1", "--op",
-                        "ConvolutionBackwardData", "--requests", "10",
-                        "--json", NULL};
+  const char *json[] = {cli,
+                        "bench",
+                        tflag,
+                        "--problem",
+                        "mb1ic4ih8oc4oh8kh3ph1",
+                        "--op",
+                        "ConvolutionBackwardData",
+                        "--requests",
+                        "10",
+                        "--json",
+                        NULL};
   expect(&r, 0, NULL, json);
   cJSON *root = cJSON_Parse(r.out);
   assert_non_null(root);

@@ -94,8 +94,7 @@ static void expect_error(const char *json, const char *needle) {
   char err[512] = "";
   cgc_spec s;
   assert_int_equal(th_write(json), 0);
-  assert_int_equal(cgc_graph_load(tmp_path, 0, &s, err, sizeof err),
-                   CG_EINVAL);
+  assert_int_equal(cgc_graph_load(tmp_path, 0, &s, err, sizeof err), CG_EINVAL);
   if (!strstr(err, needle))
     fail_msg("message '%s' lacks '%s'", err, needle);
 }
@@ -108,8 +107,8 @@ static void expect_error(const char *json, const char *needle) {
 
 static void test_rejections(void **state) {
   (void)state;
-  expect_error(OP_HEAD "\"kernel\": {\"type\": \"s64[]\", \"value\": [3]}}, "
-                       TENSORS,
+  expect_error(OP_HEAD
+               "\"kernel\": {\"type\": \"s64[]\", \"value\": [3]}}, " TENSORS,
                "attrs.kernel: unknown attribute");
   expect_error(OP_HEAD "\"strides\": {\"type\": \"s64[]\", \"value\": "
                        "[1.5, 1]}}, " TENSORS,

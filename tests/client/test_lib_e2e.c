@@ -276,8 +276,7 @@ static void test_targets_and_options(void **state) {
   char err[256], want[128];
   snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
   char list[128];
-  snprintf(list, sizeof list, "localhost:%d,127.0.0.1:%d", srv.port,
-           srv.port);
+  snprintf(list, sizeof list, "localhost:%d,127.0.0.1:%d", srv.port, srv.port);
   assert_int_equal(cgc_channel_new(&ch, list, NULL, err, sizeof err), 0);
   snprintf(want, sizeof want, "ipv4:127.0.0.1:%d,127.0.0.1:%d", srv.port,
            srv.port);
@@ -296,18 +295,17 @@ static void test_targets_and_options(void **state) {
   assert_int_equal(hs, CGC_HEALTH_SERVING);
   cgc_channel_free(ch);
 
-  assert_int_equal(cgc_channel_new(&ch, "[::1]:5,[::1]:6", NULL, err,
-                                   sizeof err),
-                   0);
+  assert_int_equal(
+      cgc_channel_new(&ch, "[::1]:5,[::1]:6", NULL, err, sizeof err), 0);
   assert_string_equal(cgc_channel_target(ch), "ipv6:[::1]:5,[::1]:6");
   cgc_channel_free(ch);
-  assert_int_equal(cgc_channel_new(&ch, "127.0.0.1:5,[::1]:6", NULL, err,
-                                   sizeof err),
-                   CG_EINVAL);
+  assert_int_equal(
+      cgc_channel_new(&ch, "127.0.0.1:5,[::1]:6", NULL, err, sizeof err),
+      CG_EINVAL);
   assert_non_null(strstr(err, "mixes IPv4-only and IPv6-only"));
-  assert_int_equal(cgc_channel_new(&ch, "127.0.0.1:x,127.0.0.1:6", NULL, err,
-                                   sizeof err),
-                   CG_EINVAL);
+  assert_int_equal(
+      cgc_channel_new(&ch, "127.0.0.1:x,127.0.0.1:6", NULL, err, sizeof err),
+      CG_EINVAL);
   assert_non_null(strstr(err, "numeric port"));
   cgc_options_init(&o);
   o.tls_root_certs = "-----BEGIN CERTIFICATE-----";

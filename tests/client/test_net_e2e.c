@@ -35,10 +35,9 @@ static void tiny_init(tiny *t) {
   cgc_fill_random(CG_DTYPE_F32, t->dd, 64, &seed);
   cgc_fill_random(CG_DTYPE_F32, t->w, 144, &seed);
   t->req.op = CG_OP_CONV_BWD_DATA;
-  t->req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32, 4, {1, 4, 4, 4},
-                                       CGC_LAYOUT_DEFAULT, t->dd,
-                                       sizeof t->dd};
-  t->req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32, 4, {3, 3, 4, 4},
+  t->req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4,     {1, 4, 4, 4},
+                                       CGC_LAYOUT_DEFAULT, t->dd, sizeof t->dd};
+  t->req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4,    {3, 3, 4, 4},
                                        CGC_LAYOUT_DEFAULT, t->w, sizeof t->w};
   static const int64_t pads[2] = {1, 1};
   t->req.attrs.pads_begin = (cg_ints){pads, 2};
@@ -85,8 +84,8 @@ static void test_retry_until_server_starts(void **state) {
   /* `convgrad smoke` waiting for the same server. */
   char portarg[80], so[128], se[128];
   snprintf(portarg, sizeof portarg, "--target=%s", target);
-  const char *argv[] = {cli_exe, "smoke", portarg, "--wait", "60", "--quiet",
-                        NULL};
+  const char *argv[] = {cli_exe, "smoke",   portarg, "--wait",
+                        "60",    "--quiet", NULL};
   pid_t smoke = th_spawn(argv, so, se);
   assert_true(smoke > 0);
 
@@ -126,7 +125,8 @@ static void test_unavailable_within_deadline(void **state) {
   clock_gettime(CLOCK_MONOTONIC, &a);
   assert_int_equal(cgc_compute(ch, &t.req, &out, &res, &st), CGC_ERPC);
   clock_gettime(CLOCK_MONOTONIC, &b);
-  double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+  double s =
+      (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
   assert_true(st.code == GRPC_STATUS_UNAVAILABLE ||
               st.code == GRPC_STATUS_DEADLINE_EXCEEDED);
   assert_true(res.attempts > 1);

@@ -41,9 +41,8 @@ static void round_trip(cg_dtype dt, int rank, const int64_t *dims) {
   for (size_t i = 0; i < n; i++)
     cg_store_f32(dt, data, i, (float)i * 0.25f - 3.0f);
   char err[256];
-  assert_int_equal(cgc_npy_write(tmp_path, dt, rank, dims, data, bytes, err,
-                                 sizeof err),
-                   0);
+  assert_int_equal(
+      cgc_npy_write(tmp_path, dt, rank, dims, data, bytes, err, sizeof err), 0);
   /* NumPy aligns the data start to 64 bytes. */
   FILE *fp = fopen(tmp_path, "rb");
   assert_non_null(fp);

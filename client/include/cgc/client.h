@@ -171,8 +171,8 @@ typedef struct cgc_result {
   char worker[64];       /* the server worker that ran it */
   int npads;             /* entries in pads_begin / pads_end */
   int64_t pads_begin[CG_MAX_SPATIAL], pads_end[CG_MAX_SPATIAL];
-  int attempts;          /* 1 + retries that were needed */
-  uint64_t bytes_sent;   /* tensor bytes uploaded (last attempt) */
+  int attempts;        /* 1 + retries that were needed */
+  uint64_t bytes_sent; /* tensor bytes uploaded (last attempt) */
   uint64_t bytes_received;
   /* Client-side phases of the successful attempt, for bandwidth figures:
    * upload_ms from the start until the last request chunk was accepted by
@@ -267,7 +267,7 @@ typedef struct cgc_op_info {
 } cgc_op_info;
 
 typedef struct cgc_dtype_info {
-  int dtype; /* wire DType: cg_dtype values, 4 = s32, 5 = s64 */
+  int dtype;  /* wire DType: cg_dtype values, 4 = s32, 5 = s64 */
   int native; /* 0: computed in f32 and converted */
 } cgc_dtype_info;
 
