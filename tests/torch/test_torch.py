@@ -243,7 +243,8 @@ def gen_case(rng, idx, op, dt):
     kmax = {1: 5, 2: 3, 3: 3}[nsp]
     c.k = [rint(rng, 1, kmax) for _ in range(nsp)]
     c.s = [int(rng.choice([1, 1, 2, 3])) for _ in range(nsp)]
-    c.d = [int(rng.choice([1, 1, 2])) for _ in range(nsp)]
+    dils = [1, 1, 2, 3] if nsp == 1 else [1, 1, 2]
+    c.d = [int(rng.choice(dils)) for _ in range(nsp)]
     ek = [(k - 1) * d + 1 for k, d in zip(c.k, c.d)]
     c.ap = int(rng.choice([AP_NONE, AP_SAME_UPPER, AP_SAME_LOWER, AP_VALID],
                           p=[0.55, 0.15, 0.15, 0.15]))
