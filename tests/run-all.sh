@@ -20,4 +20,4 @@ run_config() {
 run_config release -DCMAKE_BUILD_TYPE=RelWithDebInfo
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-  run_config sanitize -DCMAKE_BUILD_TYPE=Debug -DCG_SANITIZE=ON
+  run_config sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON
