@@ -19,8 +19,8 @@
  * is PE - output_padding; oneDNN requires it to be > -S, and where it is not,
  * the unread tail of diff_dst is simply cut off (the user memory descriptor
  * keeps the full strides); where nothing is left, the gradient is zero.
- * oneDNN's brgemm kernels are avoided on problems with positions that see
- * only padding (see has_dead_positions). */
+ * A few oneDNN 2.6 kernels are skipped on problems they get wrong (see
+ * impl_usable). */
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -323,9 +323,7 @@ static dnnl_status_t user_md(dnnl_memory_desc_t *md, const cg_geom *g,
 
 /* 1 when some position on the strided side of the forward relation (the
  * Convolution output, the ConvTranspose input) has no kernel tap inside
- * the other tensor on some axis. oneDNN 2.6's brgemm kernels crash on such
- * problems (3D ConvTranspose bwd_data in bf16 with stride > kernel and end
- * padding; engine sweep seed 6, case 2454), so they are skipped there. */
+ * the other tensor on some axis. */
 static int has_dead_positions(const cg_geom *g) {
   int ct = is_deconv(g->op);
   for (int a = 0; a < g->nsp; a++) {
@@ -343,11 +341,33 @@ static int has_dead_positions(const cg_geom *g) {
   return 0;
 }
 
-/* Creates the primitive descriptor of op_desc: oneDNN's first choice,
- * unless avoid_brgemm and that is a brgemm kernel, in which case the next
- * implementation oneDNN offers. */
-static int pick_impl(cg_engine *e, const void *op_desc,
-                     const_dnnl_primitive_desc_t hint, int avoid_brgemm,
+static int is_dilated(const cg_geom *g) {
+  for (int a = 0; a < g->nsp; a++)
+    if (g->dilation[a] > 1)
+      return 1;
+  return 0;
+}
+
+/* oneDNN 2.6 implementations that compute wrong results or crash on some
+ * problems, found by the engine sweep; oneDNN then offers the next one.
+ * - brgemm kernels crash where a position sees only padding (3D
+ *   ConvTranspose bwd_data in bf16 with stride > kernel and end padding;
+ *   sweep seed 6, case 2454);
+ * - the AMX backward-weights kernel returns garbage for dilated problems
+ *   whose input channels exceed 32 with a tail (e.g. 33 or 40; wide sweep,
+ *   case 87). */
+static int impl_usable(const char *impl, const cg_geom *g) {
+  if (strncmp(impl, "brg", 3) == 0 && has_dead_positions(g))
+    return 0;
+  if (strstr(impl, "amx") && !is_bwd_data(g->op) && is_dilated(g))
+    return 0;
+  return 1;
+}
+
+/* Creates the primitive descriptor of op_desc: the first implementation
+ * oneDNN offers that impl_usable accepts. */
+static int pick_impl(cg_engine *e, const cg_geom *g, const void *op_desc,
+                     const_dnnl_primitive_desc_t hint,
                      dnnl_primitive_desc_t *pd_out, char *err, size_t errlen) {
   int rc = 0;
   dnnl_primitive_desc_iterator_t it = NULL;
@@ -366,7 +386,7 @@ static int pick_impl(cg_engine *e, const void *op_desc,
     }
     DNNL_TRY(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl),
              "implementation query", out);
-    if (!(avoid_brgemm && strncmp(impl, "brg", 3) == 0))
+    if (impl_usable(impl, g))
       break;
     dnnl_primitive_desc_destroy(pd);
     pd = NULL;
@@ -391,7 +411,6 @@ out:
 static int op_pd_create(cg_engine *e, const cg_geom *g, const eng_shape *s,
                         dnnl_data_type_t cdt, dnnl_primitive_desc_t *pd_out,
                         char *err, size_t errlen) {
-  int avoid_brgemm = has_dead_positions(g);
   int rc = 0;
   dnnl_memory_desc_t src, wei, dst;
   dnnl_primitive_desc_t hint = NULL;
@@ -425,7 +444,7 @@ static int op_pd_create(cg_engine *e, const cg_geom *g, const eng_shape *s,
                    &bd, dnnl_convolution_direct, &src, &wei, NULL, &dst,
                    s->strides, s->dilates, s->pad_l, s->pad_r),
                "convolution backward weights descriptor", out);
-    rc = pick_impl(e, &bd, hint, avoid_brgemm, pd_out, err, errlen);
+    rc = pick_impl(e, g, &bd, hint, pd_out, err, errlen);
   } else {
     dnnl_deconvolution_desc_t fd, bd;
     DNNL_TRY(dnnl_dilated_deconvolution_forward_desc_init(
@@ -444,7 +463,7 @@ static int op_pd_create(cg_engine *e, const cg_geom *g, const eng_shape *s,
                    &bd, dnnl_deconvolution_direct, &src, &wei, NULL, &dst,
                    s->strides, s->dilates, s->pad_l, s->pad_r),
                "deconvolution backward weights descriptor", out);
-    rc = pick_impl(e, &bd, hint, avoid_brgemm, pd_out, err, errlen);
+    rc = pick_impl(e, g, &bd, hint, pd_out, err, errlen);
   }
 out:
   dnnl_primitive_desc_destroy(hint);

@@ -47,13 +47,13 @@ static void auto_pads(et_case *c, int a, int64_t in) {
 }
 
 /* Draws one spatial axis; returns 0 when the draw gives no valid shape. */
-static int draw_axis(et_rng *r, et_case *c, int a) {
-  static const int64_t max_in[4] = {0, 12, 8, 5};
+static int draw_axis(et_rng *r, et_case *c, int a, int wide) {
+  static const int64_t max_in[2][4] = {{0, 12, 8, 5}, {0, 10, 6, 4}};
   int64_t k = et_range(r, 1, c->nsp == 3 ? 2 : 3);
   int64_t s = et_range(r, 0, 2) ? 1 : et_range(r, 2, 3);
   int64_t d = et_range(r, 0, 2) ? 1 : et_range(r, 2, 3);
   int64_t ek = (k - 1) * d + 1;
-  int64_t in = et_range(r, 1, max_in[c->nsp]);
+  int64_t in = et_range(r, 1, max_in[wide][c->nsp]);
   c->k[a] = k;
   c->s[a] = s;
   c->d[a] = d;
@@ -80,7 +80,8 @@ static int draw_axis(et_rng *r, et_case *c, int a) {
   return 1;
 }
 
-void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
+static void case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt,
+                        int wide) {
   static const cg_auto_pad pads[] = {
       CG_AUTO_PAD_NONE,       CG_AUTO_PAD_NONE,       CG_AUTO_PAD_NONE,
       CG_AUTO_PAD_SAME_UPPER, CG_AUTO_PAD_SAME_LOWER, CG_AUTO_PAD_VALID};
@@ -89,7 +90,25 @@ void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
   c->dtype = dt;
   c->nsp = (int)et_range(r, 1, 3);
   c->mb = et_range(r, 1, 2);
-  switch (et_range(r, 0, 3)) {
+  switch (et_range(r, 0, 3) + 4 * wide) {
+  case 4: /* wide: several 16-channel blocks and a tail */
+    c->groups = 1;
+    c->ic = et_range(r, 9, 40);
+    c->oc = et_range(r, 9, 40);
+    break;
+  case 5:
+    c->groups = et_range(r, 2, 4);
+    c->ic = c->groups * et_range(r, 5, 20);
+    c->oc = c->groups * et_range(r, 5, 20);
+    break;
+  case 6:
+    c->groups = c->ic = c->oc = et_range(r, 16, 48);
+    break;
+  case 7: /* wide on one side only */
+    c->groups = 1;
+    c->ic = et_range(r, 1, 4);
+    c->oc = et_range(r, 17, 64);
+    break;
   case 0: /* plain */
     c->groups = 1;
     c->ic = et_range(r, 1, 8);
@@ -111,7 +130,7 @@ void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
   }
   c->auto_pad = pads[et_range(r, 0, 5)];
   for (int a = 0; a < c->nsp; a++)
-    while (!draw_axis(r, c, a))
+    while (!draw_axis(r, c, a, wide))
       ;
 
   int need_opad = 0, exact = 1;
@@ -139,6 +158,14 @@ void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
                                  : CG_WEIGHTS_XIO;
   }
   c->odf = (cg_data_format)et_range(r, 0, 2);
+}
+
+void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
+  case_random(r, c, deconv, dt, 0);
+}
+
+void et_case_random_wide(et_rng *r, et_case *c, int deconv, cg_dtype dt) {
+  case_random(r, c, deconv, dt, 1);
 }
 
 void et_data_dims(int nsp, cg_data_format f, int64_t mb, int64_t ch,

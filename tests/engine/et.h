@@ -49,6 +49,9 @@ int64_t et_range(et_rng *r, int64_t lo, int64_t hi);
 
 /* Draws a random valid case of the given family and dtype. */
 void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt);
+/* The same with 9 to 64 channels (several of oneDNN's 16-channel blocks
+ * plus tails) on smaller spatial sizes. */
+void et_case_random_wide(et_rng *r, et_case *c, int deconv, cg_dtype dt);
 /* Builds the problem of op (which must belong to c's family) into *ep. *ep
  * must not move while ep->p is used. */
 void et_problem_build(et_problem *ep, const et_case *c, cg_op op);

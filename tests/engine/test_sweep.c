@@ -4,6 +4,9 @@
  * modes, output_padding and f32/bf16/f16: the engine must match the
  * reference within the dtype's tolerance (et_tolerance).
  *
+ * A second, shorter sweep uses 9 to 64 channels, so oneDNN's blocked
+ * layouts with several blocks and channel tails are covered too.
+ *
  * CG_SWEEP_SEED and CG_SWEEP_COUNT override the defaults for a longer
  * exploratory run; the ctest entry uses the defaults. */
 #include <math.h>
@@ -23,6 +26,7 @@
 
 #define DEFAULT_SEED 20261121u
 #define DEFAULT_COUNT 2000
+#define WIDE_COUNT 240
 
 typedef struct sweep_stats {
   int count, native, convert;
@@ -30,15 +34,12 @@ typedef struct sweep_stats {
   double worst_rel; /* largest max_err / scale */
 } sweep_stats;
 
-static void test_sweep(void **state) {
-  (void)state;
+static void sweep(const char *label, uint64_t seed, int count, int wide) {
   static const cg_op ops[4] = {CG_OP_CONV_BWD_DATA, CG_OP_CONV_BWD_WEIGHTS,
                                CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS};
   static const cg_dtype dts[4] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F32,
                                   CG_DTYPE_F16};
-  const char *s_seed = getenv("CG_SWEEP_SEED"), *s_n = getenv("CG_SWEEP_COUNT");
-  et_rng rng = {s_seed ? strtoull(s_seed, NULL, 10) : DEFAULT_SEED};
-  int count = s_n ? atoi(s_n) : DEFAULT_COUNT;
+  et_rng rng = {seed};
   sweep_stats st[4] = {{0}};
   int per_op[4] = {0}, ranks[4] = {0}, grouped = 0, depthwise = 0;
   int dilated = 0, strided = 0, autopad[4] = {0}, opad = 0, xio_like = 0;
@@ -56,7 +57,10 @@ static void test_sweep(void **state) {
     /* The dtype cycles on i / 4 so every op sees every dtype. */
     cg_dtype dt = dts[(i / 4) % 4];
     et_case c;
-    et_case_random(&rng, &c, op >= CG_OP_DECONV_BWD_DATA, dt);
+    if (wide)
+      et_case_random_wide(&rng, &c, op >= CG_OP_DECONV_BWD_DATA, dt);
+    else
+      et_case_random(&rng, &c, op >= CG_OP_DECONV_BWD_DATA, dt);
     cg_geom g = et_resolve(&c, op);
     et_case_str(&c, op, desc, sizeof desc);
 
@@ -118,29 +122,51 @@ static void test_sweep(void **state) {
   cg_engine_free(e);
   clock_gettime(CLOCK_MONOTONIC, &t1);
 
-  print_message("sweep: %d problems in %.1f s (ops %d/%d/%d/%d, rank1/2/3 "
+  print_message("%s: %d problems in %.1f s (ops %d/%d/%d/%d, rank1/2/3 "
                 "%d/%d/%d, grouped %d, depthwise %d, dilated %d, strided %d, "
                 "output_padding %d, auto_pad none/su/sl/valid %d/%d/%d/%d, "
                 "X-first weights %d)\n",
-                count,
+                label, count,
                 (double)(t1.tv_sec - t0.tv_sec) +
                     1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
                 per_op[0], per_op[1], per_op[2], per_op[3], ranks[1], ranks[2],
                 ranks[3], grouped, depthwise, dilated, strided, opad,
                 autopad[0], autopad[1], autopad[2], autopad[3], xio_like);
   for (int dt = CG_DTYPE_F32; dt <= CG_DTYPE_F16; dt++)
-    print_message("sweep %s: %d problems (native %d, via f32 %d), worst "
+    print_message("%s %s: %d problems (native %d, via f32 %d), worst "
                   "error/tolerance %.3g, worst error/scale %.3g\n",
-                  cg_dtype_name((cg_dtype)dt), st[dt].count, st[dt].native,
-                  st[dt].convert, st[dt].worst, st[dt].worst_rel);
+                  label, cg_dtype_name((cg_dtype)dt), st[dt].count,
+                  st[dt].native, st[dt].convert, st[dt].worst,
+                  st[dt].worst_rel);
   for (int k = 0; k < nimpl; k++)
-    print_message("sweep impl %s: %d\n", impls[k], impl_n[k]);
+    print_message("%s impl %s: %d\n", label, impls[k], impl_n[k]);
   assert_true(count < 500 ||
               (st[CG_DTYPE_F32].count > 0 && st[CG_DTYPE_BF16].count > 0 &&
                st[CG_DTYPE_F16].count > 0));
 }
 
+static uint64_t env_seed(uint64_t dflt) {
+  const char *s = getenv("CG_SWEEP_SEED");
+  return s ? strtoull(s, NULL, 10) : dflt;
+}
+
+static int env_count(int dflt) {
+  const char *s = getenv("CG_SWEEP_COUNT");
+  return s ? atoi(s) : dflt;
+}
+
+static void test_sweep(void **state) {
+  (void)state;
+  sweep("sweep", env_seed(DEFAULT_SEED), env_count(DEFAULT_COUNT), 0);
+}
+
+static void test_sweep_wide(void **state) {
+  (void)state;
+  sweep("sweep-wide", env_seed(DEFAULT_SEED) + 1, env_count(WIDE_COUNT), 1);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep),
+                                     cmocka_unit_test(test_sweep_wide)};
   return cmocka_run_group_tests_name("engine_sweep", tests, NULL, NULL);
 }
