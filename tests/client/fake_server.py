@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""fake_server.py - a convgrad.v1.ConvGrad/Compute server that breaks the
+wire contract on purpose, for the client's malformed-response test.
+
+Call number i (counted from 0) is answered with the responses of SCRIPT[i]
+as raw bytes, then status OK, so the client's own parser meets: a chunk
+before the header, a header whose total disagrees with its shape, more or
+fewer bytes than announced, a shape that overflows, a result above the
+client's size cap, an undecodable message, two headers, and one correct
+answer. Prints "fake-server ready listen=127.0.0.1:PORT" when serving.
+Debian's python3-grpcio; no generated stubs needed.
+"""
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+
+def varint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def ld(num, payload):
+    """A length-delimited field."""
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def header(shape=(2, 2), total=16, dtype=1):
+    """ResultHeader: dtype (1), packed shape (2), total_bytes (4), worker (10)."""
+    packed = b"".join(varint(d) for d in shape)
+    return ld(1, varint(1 << 3) + varint(dtype) + ld(2, packed) +
+              varint(4 << 3) + varint(total) + ld(10, b"fake-0"))
+
+
+def chunk(data):
+    return ld(2, data)
+
+
+SCRIPT = [
+    [chunk(bytes(16))],                                  # chunk first
+    [header(total=12)],                                  # total != shape
+    [header(), chunk(bytes(20))],                        # too much data
+    [header(), chunk(bytes(8))],                         # too little data
+    [header(shape=(1 << 40, 1 << 40), total=0)],         # shape overflows
+    [header(shape=(1 << 20, 1 << 20), total=4 << 40)],   # 4 TiB: over cap
+    [b"\xff\xff\xff"],                                   # truncated tag
+    [b"\x1f"],                                           # wire type 7
+    [header(), header()],                                # two headers
+    [header(dtype=4)],                                   # s32 result
+    [header(), chunk(bytes(range(8))), chunk(bytes(range(8, 16)))],  # ok
+]
+
+lock = threading.Lock()
+calls = [0]
+
+
+def compute(request_iterator, context):
+    for _ in request_iterator:
+        pass
+    with lock:
+        i = calls[0]
+        calls[0] += 1
+    for msg in SCRIPT[i % len(SCRIPT)]:
+        yield msg
+
+
+def main():
+    listen = "127.0.0.1:0"
+    if len(sys.argv) > 2 and sys.argv[1] == "--listen":
+        listen = sys.argv[2]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    handler = grpc.stream_stream_rpc_method_handler(compute)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "convgrad.v1.ConvGrad", {"Compute": handler}),))
+    port = server.add_insecure_port(listen)
+    server.start()
+    print(f"fake-server ready listen=127.0.0.1:{port}", flush=True)
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
