@@ -36,28 +36,23 @@ step_time() { log "$1 done at +$(($(date +%s) - t_start)) s"; }
 [ "$(id -u)" = 0 ] || die "must run as root (rootful podman, debootstrap)"
 
 # --- tools -----------------------------------------------------------------
-need_apt_update=1
-apt_install() {
-  if [ "$need_apt_update" = 1 ]; then
-    apt-get update -q >/dev/null
-    need_apt_update=0
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
-}
+# Without recommends: those are for rootless use (slirp4netns, uidmap,
+# fuse-overlayfs, dbus-user-session, which pulls in systemd) and a Docker
+# daemon (docker-compose is only here for `config -q`). iptables is only
+# "Suggested" by podman, but netavark cannot set up a bridge without it.
 missing=()
-for pkg in podman runc netavark aardvark-dns debootstrap podman-compose; do
+for pkg in podman runc netavark aardvark-dns iptables debootstrap podman-compose \
+  docker-compose; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' ||
     missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing ${missing[*]}"
-  apt_install "${missing[@]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    "${missing[@]}" >/dev/null
 fi
-# Only for `config -q`; without recommends it does not pull in a Docker daemon.
-if ! command -v docker-compose >/dev/null; then
-  log "installing docker-compose"
-  apt_install --no-install-recommends docker-compose
-fi
+step_time "tools"
 
 # --- podman configuration --------------------------------------------------
 # crun fails on this kind of host and there is no systemd: runc, cgroupfs
@@ -156,8 +151,9 @@ fi
 step_time "base image"
 
 # --- 2. project image ----------------------------------------------------------
-# docker format: the OCI format has no HEALTHCHECK.
-podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+# docker format: the OCI format has no HEALTHCHECK. Two jobs: the runtime
+# stage installs its libraries while the build stage compiles.
+podman build --format docker --layers --jobs 2 --build-arg "BASE_IMAGE=$base_image" \
   -f "$here/Dockerfile" -t "$CONVGRAD_IMAGE" "$root" ||
   die "podman build failed"
 step_time "image build"
