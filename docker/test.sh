@@ -89,6 +89,7 @@ cleanup() {
   set +e
   if [ -n "$rootfs" ]; then rm -rf "$rootfs"; fi
   compose down >/dev/null 2>&1
+  podman rm -f -t 1 "${project}_cpuset" >/dev/null 2>&1
   podman network rm -f "${project}_default" >/dev/null 2>&1
   if [ "$rc" = 0 ]; then
     log "PASS in $(($(date +%s) - t_start)) s"
@@ -185,3 +186,21 @@ for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
   log "$c: healthy, uid $uid, served $calls calls"
   [ "$calls" -gt 0 ] || die "$c served no calls: round_robin did not reach it"
 done
+
+# --- 5. cpuset sizing ---------------------------------------------------------------
+# podman-compose ignores `cpuset`, so check the image under plain podman: on
+# one core the server must size itself to one worker pinned to that core.
+podman run -d --name "${project}_cpuset" --cpuset-cpus 0 "$CONVGRAD_IMAGE" >/dev/null ||
+  die "podman run --cpuset-cpus 0 failed"
+ready=
+for _ in $(seq 1 40); do
+  ready=$(podman logs "${project}_cpuset" 2>/dev/null | grep -m1 'convgrad-server ready' || true)
+  [ -n "$ready" ] && break
+  sleep 0.25
+done
+log "cpuset 0: ${ready:-no ready line}"
+case "$ready" in
+  *' workers=1 '*' cpus=0 '*) ;;
+  *) die "with --cpuset-cpus 0 the server did not size itself to 1 worker on cpu 0" ;;
+esac
+step_time "checks"
