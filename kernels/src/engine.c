@@ -341,6 +341,15 @@ static int has_dead_positions(const cg_geom *g) {
   return 0;
 }
 
+/* 1 when the stride exceeds the effective kernel on some axis, so that
+ * some positions of the dense side are never touched. */
+static int has_gaps(const cg_geom *g) {
+  for (int a = 0; a < g->nsp; a++)
+    if (g->stride[a] > (g->kernel[a] - 1) * g->dilation[a] + 1)
+      return 1;
+  return 0;
+}
+
 static int is_dilated(const cg_geom *g) {
   for (int a = 0; a < g->nsp; a++)
     if (g->dilation[a] > 1)
@@ -352,12 +361,14 @@ static int is_dilated(const cg_geom *g) {
  * problems, found by the engine sweep; oneDNN then offers the next one.
  * - brgemm kernels crash where a position sees only padding (3D
  *   ConvTranspose bwd_data in bf16 with stride > kernel and end padding;
- *   sweep seed 6, case 2454);
+ *   sweep seed 6, case 2454), and return garbage on 3D problems whose
+ *   stride exceeds the kernel (sweep seed 9, case 982);
  * - the AMX backward-weights kernel returns garbage for dilated problems
  *   whose input channels exceed 32 with a tail (e.g. 33 or 40; wide sweep,
  *   case 87). */
 static int impl_usable(const char *impl, const cg_geom *g) {
-  if (strncmp(impl, "brg", 3) == 0 && has_dead_positions(g))
+  if (strncmp(impl, "brg", 3) == 0 &&
+      (has_dead_positions(g) || (g->nsp == 3 && has_gaps(g))))
     return 0;
   if (strstr(impl, "amx") && !is_bwd_data(g->op) && is_dilated(g))
     return 0;
