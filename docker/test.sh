@@ -187,6 +187,16 @@ for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
   [ "$calls" -gt 0 ] || die "$c served no calls: round_robin did not reach it"
 done
 
+# SIGTERM (the image's STOPSIGNAL) must drain and exit 0 with the server as
+# PID 1; compose down would kill after 1 s, so stop the replicas first.
+for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
+  c="${project}_server_$n"
+  podman stop -t 20 "$c" >/dev/null || die "$c: podman stop failed"
+  code=$(podman inspect --format '{{.State.ExitCode}}' "$c")
+  [ "$code" = 0 ] || die "$c exited with $code after SIGTERM"
+done
+log "replicas stopped by SIGTERM with exit code 0"
+
 # --- 5. cpuset sizing ---------------------------------------------------------------
 # podman-compose ignores `cpuset`, so check the image under plain podman: on
 # one core the server must size itself to one worker pinned to that core.
