@@ -3,8 +3,12 @@
 # Docker engine or a container registry: builds a Debian 12 base image with
 # debootstrap from the host's apt mirror, builds docker/Dockerfile on it
 # with podman, runs docker/compose.yaml with podman-compose (server
-# replicas + the smoke client), checks that every replica served calls,
-# and tears it all down. Exits 0 only if every step passed.
+# replicas + the smoke client, whose exit code decides), then checks on
+# each replica the image's HEALTHCHECK, the non-root user, that round_robin
+# sent it calls and that SIGTERM drains it to exit 0, and that a one-core
+# cpuset sizes the server to one worker. Tears it all down (the base image
+# and the layer cache stay, for the next run). Exits 0 only if every step
+# passed.
 #
 # Needs root (podman rootful, debootstrap). Installs its tools from Debian
 # when missing and writes /etc/containers/containers.conf.
