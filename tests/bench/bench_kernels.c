@@ -11,7 +11,9 @@
  * runs alternate, so machine load affects both alike. The outputs of the
  * two are compared as a sanity check (exit status 1 on mismatch).
  *
- * ratio = direct median / engine median: > 1 means the engine is faster. */
+ * ratio = direct median / engine median: > 1 means the engine is faster;
+ * best = the same for the fastest run of each (less sensitive to a loaded
+ * machine); n = timed iterations. */
 #include <getopt.h>
 #include <math.h>
 #include <omp.h>
@@ -354,15 +356,19 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
       }
     }
   }
+  /* median() sorts, so the minimum is element 0 afterwards. */
   double me = median(te, iters), md = median(td, iters);
+  double best = td[0] / te[0];
   double diff = rel_diff(dt, out_e, out_d, g.out_elems);
   /* Same kernels on the same data: only the f32 path of f16 may round
    * differently. */
   double limit = dt == CG_DTYPE_F32 ? 1e-5 : 2 * cg_dtype_epsilon(dt);
-  printf("%-42s %-28s %-5s %10.3f %9.1f %10.3f %6.2f  %-9s %-28s %s\n",
+  printf("%-42s %-28s %-5s %10.3f %9.1f %10.3f %6.2f %6.2f %4d  %-9s %-28s "
+         "%s\n",
          bd->name, cg_op_name(op), cg_dtype_name(dt), me, g.flops / (me * 1e6),
-         md, md / me, info.path == CG_PATH_NATIVE ? "native" : "via-f32",
-         info.impl, diff <= limit ? "ok" : "MISMATCH");
+         md, md / me, best, iters,
+         info.path == CG_PATH_NATIVE ? "native" : "via-f32", info.impl,
+         diff <= limit ? "ok" : "MISMATCH");
   fflush(stdout);
   rc = diff <= limit ? 0 : 1;
 out:
@@ -517,9 +523,9 @@ int main(int argc, char **argv) {
          cg_data_format_name(o.df),
          o.wf == CG_WEIGHTS_DEFAULT ? "default" : cg_weights_format_name(o.wf),
          o.iters);
-  printf("%-42s %-28s %-5s %10s %9s %10s %6s  %-9s %-28s %s\n", "# problem",
-         "op", "dtype", "engine_ms", "GFLOP/s", "direct_ms", "ratio", "path",
-         "impl", "check");
+  printf("%-42s %-28s %-5s %10s %9s %10s %6s %6s %4s  %-9s %-28s %s\n",
+         "# problem", "op", "dtype", "engine_ms", "GFLOP/s", "direct_ms",
+         "ratio", "best", "n", "path", "impl", "check");
 
   if (o.single) {
     cg_bdesc bd;
