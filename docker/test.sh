@@ -164,7 +164,9 @@ podman build --format docker --layers --jobs 2 --build-arg "BASE_IMAGE=$base_ima
 step_time "image build"
 
 # --- 3. compose stack ------------------------------------------------------------
+# Leftovers of a run that was killed before its trap ran.
 compose down >/dev/null 2>&1 || true
+podman rm -f -t 1 "${project}_cpuset" >/dev/null 2>&1 || true
 # --exit-code-from implies --abort-on-container-exit: the run ends with the
 # client and returns its exit code (-1, i.e. 255, if a server exits first).
 set +e
