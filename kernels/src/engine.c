@@ -4,7 +4,7 @@
  * Owns, per engine: the oneDNN CPU engine and stream, a bounded LRU of
  * prepared problems (engine_cache.h) and the buffers every run borrows:
  * one per tensor in oneDNN's preferred layout plus one user-managed
- * scratchpad (AMX kernels own theirs, see needs_private_scratch). A
+ * scratchpad (bf16 kernels own theirs, see needs_private_scratch). A
  * prepared problem holds the gradient primitive, created on
  * format_tag_any so oneDNN picks its fast blocked layouts, and the reorders
  * between those layouts and the caller's, present only where the two
@@ -58,7 +58,7 @@ typedef struct eng_entry {
   dnnl_memory_t scratch_mem[1 + NSLOTS];
   size_t prim_bytes[NSLOTS];
   size_t scratch_bytes; /* largest scratchpad of the op and the reorders */
-  /* The op's own zero-initialised scratchpad, for AMX kernels only (see
+  /* The op's own zero-initialised scratchpad, for bf16 kernels only (see
    * needs_private_scratch); NULL means the op uses the engine's. */
   eng_buf own_scratch;
   int arg[NSLOTS];
@@ -365,12 +365,14 @@ static int is_dilated(const cg_geom *g) {
  *   stride exceeds the kernel (sweep seed 9, case 982);
  * - the AMX backward-weights kernel returns garbage for dilated problems
  *   whose input channels exceed 32 with a tail (e.g. 33 or 40; wide sweep,
- *   case 87). */
+ *   case 87), and for grouped, padded 3D problems with stride > kernel at
+ *   some thread counts (sweep seed 23 case 1861 with 3 threads). */
 static int impl_usable(const char *impl, const cg_geom *g) {
   if (strncmp(impl, "brg", 3) == 0 &&
       (has_dead_positions(g) || (g->nsp == 3 && has_gaps(g))))
     return 0;
-  if (strstr(impl, "amx") && !is_bwd_data(g->op) && is_dilated(g))
+  if (strstr(impl, "amx") && !is_bwd_data(g->op) &&
+      (is_dilated(g) || (g->nsp == 3 && has_gaps(g))))
     return 0;
   return 1;
 }
@@ -517,14 +519,14 @@ out:
   return rc;
 }
 
-/* oneDNN 2.6's AMX convolution kernels read scratchpad bytes that they
- * never write and expect them to be zero: with a scratchpad shared with
- * other primitives, ConvolutionBackwardWeights in bf16 returned garbage
- * (found by the engine sweep, seed 2, case 965). Each such primitive gets
- * a scratchpad of its own, zeroed once, as oneDNN's library-managed mode
- * would give it. */
+/* oneDNN 2.6's bf16 convolution kernels (AMX and AVX512-BF16) read
+ * scratchpad bytes that they never write and expect them to be zero: with
+ * a scratchpad shared with other primitives, backward weights in bf16
+ * returned garbage (engine sweep seed 2 case 965, wide sweep seed 22 case
+ * 69 with one thread). Each such primitive gets a scratchpad of its own,
+ * zeroed once, as oneDNN's library-managed mode would give it. */
 static int needs_private_scratch(const char *impl) {
-  return strstr(impl, "amx") != NULL;
+  return strstr(impl, "amx") != NULL || strstr(impl, "bf16") != NULL;
 }
 
 static dnnl_query_t slot_query(cg_op op, int slot) {
