@@ -16,6 +16,7 @@
 
 #include "cg/error.h"
 #include "cg/problem.h"
+#include "cgs_buf.h"
 #include "cgs_log.h"
 #include "cgs_wire.h"
 #include "convgrad/v1/convgrad.pb-c.h"
@@ -40,6 +41,7 @@ static const char *const state_names[] = {"receiving the header",
 typedef struct outbuf {
   atomic_int refs;
   void *data;
+  size_t len;
 } outbuf;
 
 struct cgs_call {
@@ -130,7 +132,7 @@ static grpc_status_code status_of_cg(int rc) {
 static void outbuf_unref(void *p) {
   outbuf *o = p;
   if (atomic_fetch_sub(&o->refs, 1) == 1) {
-    free(o->data);
+    cgs_buf_free(o->data, o->len);
     free(o);
   }
 }
@@ -173,7 +175,7 @@ static void on_timer_closed(uv_handle_t *h) {
   log_call(c);
   s->inflight_bytes -= c->reserved;
   for (int i = 0; i < 3; i++)
-    free(c->in_buf[i]);
+    cgs_buf_free(c->in_buf[i], c->in_len[i]);
   if (c->out)
     outbuf_unref(c->out);
   if (c->req)
@@ -448,9 +450,8 @@ static void inputs_complete(cgs_call *c) {
   if (!c->resolved && resolve(c) != 0)
     return;
   outbuf *o = calloc(1, sizeof *o);
-  void *data = NULL;
-  if (!o || posix_memalign(&data, 64, c->geom.out_bytes ? c->geom.out_bytes
-                                                         : 1) != 0) {
+  void *data = o ? cgs_buf_alloc(c->geom.out_bytes) : NULL;
+  if (!data) {
     free(o);
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
            "%s: cannot allocate %zu bytes", cg_op_output_name(c->geom.op),
@@ -459,6 +460,7 @@ static void inputs_complete(cgs_call *c) {
   }
   atomic_init(&o->refs, 1);
   o->data = data;
+  o->len = c->geom.out_bytes;
   c->out = o;
   c->job.geom = &c->geom;
   c->job.in0 = c->in_buf[0];
@@ -722,8 +724,8 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   if (reserve(c, in_total, "inputs") != 0)
     return;
   for (int i = 0; i < c->ninputs; i++) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, c->in_len[i]) != 0) {
+    void *p = cgs_buf_alloc(c->in_len[i]);
+    if (!p) {
       finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
              "inputs[%d]: cannot allocate %zu bytes", i, c->in_len[i]);
       return;

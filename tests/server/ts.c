@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +51,8 @@ int ts_server_start(ts_server *s, const char *const *args) {
   if (pid < 0)
     return -1;
   if (pid == 0) {
+    /* Never outlive a test that dies (timeout, crash). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     int log = open(s->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(out[1], 1);
     if (log >= 0)

@@ -1,0 +1,28 @@
+/* cgs_buf.h - tensor buffers with a small cache of freed big buffers.
+ *
+ * A fresh multi-megabyte allocation is an mmap whose every page faults and
+ * is zeroed on first touch, and its free is an munmap: for a training loop
+ * that sends the same shapes again and again that costs more than the
+ * copy into the buffer. Freed buffers of at least CGS_BUF_CACHE_MIN bytes
+ * are kept (up to a byte budget) and handed out again for requests of a
+ * similar size. Thread-safe: output buffers are released by grpc threads
+ * when the last slice referencing them goes. */
+#ifndef CGS_BUF_H
+#define CGS_BUF_H
+
+#include <stddef.h>
+
+#define CGS_BUF_CACHE_MIN (1u << 20)
+
+/* Sets the most bytes the cache may hold (0 disables it). Call once at
+ * start-up, before any other function here. */
+void cgs_buf_init(size_t cache_bytes);
+/* 64-byte-aligned memory for n bytes (n may be 0); NULL when out of
+ * memory. Release it with cgs_buf_free(p, n), with the same n. */
+void *cgs_buf_alloc(size_t n);
+/* Releases p (NULL is fine): into the cache or to the system. */
+void cgs_buf_free(void *p, size_t n);
+/* Frees every cached buffer (at exit). */
+void cgs_buf_drain(void);
+
+#endif

@@ -1,0 +1,613 @@
+/* bench_e2e.c - end-to-end benchmark of convgrad-server over loopback (a
+ * benchmark, not a test: it prints figures and asserts nothing).
+ *
+ * 1. A bare gRPC C-core server (forked child, no convgrad code) measures
+ *    loopback gRPC bandwidth in both directions with 1 MiB messages, and
+ *    the p50 latency of a unary echo of a 1 KiB message.
+ * 2. For every row of the kernels' problem list, each gradient op of its
+ *    family in f32: the in-process cg_engine median versus the median of a
+ *    full Compute call through libcgclient to a real server, and the bound
+ *    compute + 1.25 x bytes moved / bandwidth. ratio = e2e / bound, so
+ *    <= 1 meets the target.
+ * 3. The tiny problem mb1ic4ih8oc4oh8kh3ph1: p50 latency end to end versus
+ *    the bare echo p50, and its throughput with 2 workers at concurrency
+ *    32. */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "cg/bdesc.h"
+#include "cg/dtype.h"
+#include "cg/engine.h"
+#include "cgc/client.h"
+#include "ts.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double percentile(double *v, int n, double p) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  int i = (int)(p * (n - 1) + 0.5);
+  return v[i];
+}
+
+/* ---- the bare echo server (child process) ---- */
+
+static gpr_timespec forever(void) { return gpr_inf_future(GPR_CLOCK_REALTIME); }
+
+static int echo_batch(grpc_call *call, grpc_completion_queue *cq, grpc_op *ops,
+                      size_t n) {
+  if (grpc_call_start_batch(call, ops, n, ops, NULL) != GRPC_CALL_OK)
+    return 0;
+  grpc_event ev = grpc_completion_queue_next(cq, forever(), NULL);
+  return ev.success;
+}
+
+/* Serves one call at a time: "/echo/Unary" returns its message,
+ * "/echo/Sink" swallows a stream and answers with one small message,
+ * "/echo/Source" streams N 1 MiB messages (N = first byte * 64). */
+static void echo_serve(grpc_server *srv, grpc_completion_queue *cq) {
+  static char mib[1 << 20];
+  grpc_slice big = grpc_slice_from_static_buffer(mib, sizeof mib);
+  for (;;) {
+    grpc_call *call = NULL;
+    grpc_call_details det;
+    grpc_metadata_array md;
+    grpc_call_details_init(&det);
+    grpc_metadata_array_init(&md);
+    if (grpc_server_request_call(srv, &call, &det, &md, cq, cq, &det) !=
+        GRPC_CALL_OK)
+      return;
+    grpc_event ev = grpc_completion_queue_next(cq, forever(), NULL);
+    if (!ev.success)
+      return;
+    char *method = grpc_slice_to_c_string(det.method);
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    echo_batch(call, cq, ops, 1);
+    grpc_byte_buffer *in = NULL, *out = NULL;
+    int count = 0;
+    for (;;) {
+      memset(ops, 0, sizeof ops);
+      ops[0].op = GRPC_OP_RECV_MESSAGE;
+      ops[0].data.recv_message.recv_message = &in;
+      if (!echo_batch(call, cq, ops, 1) || !in)
+        break;
+      if (strcmp(method, "/echo/Unary") == 0) {
+        out = in;
+        break;
+      }
+      if (strcmp(method, "/echo/Source") == 0) {
+        grpc_byte_buffer_reader r;
+        grpc_byte_buffer_reader_init(&r, in);
+        grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+        count = GRPC_SLICE_LENGTH(s) ? GRPC_SLICE_START_PTR(s)[0] * 64 : 0;
+        grpc_slice_unref(s);
+        grpc_byte_buffer_reader_destroy(&r);
+        grpc_byte_buffer_destroy(in);
+        break;
+      }
+      grpc_byte_buffer_destroy(in);
+      in = NULL;
+    }
+    if (strcmp(method, "/echo/Sink") == 0) {
+      grpc_slice s = grpc_slice_from_static_string("done");
+      out = grpc_raw_byte_buffer_create(&s, 1);
+    }
+    for (int i = 0; i < count; i++) {
+      grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&big, 1);
+      memset(ops, 0, sizeof ops);
+      ops[0].op = GRPC_OP_SEND_MESSAGE;
+      ops[0].data.send_message.send_message = bb;
+      echo_batch(call, cq, ops, 1);
+      grpc_byte_buffer_destroy(bb);
+    }
+    int cancelled;
+    grpc_slice details = grpc_empty_slice();
+    memset(ops, 0, sizeof ops);
+    size_t n = 0;
+    if (out) {
+      ops[n].op = GRPC_OP_SEND_MESSAGE;
+      ops[n++].data.send_message.send_message = out;
+    }
+    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status = GRPC_STATUS_OK;
+    ops[n++].data.send_status_from_server.status_details = &details;
+    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+    ops[n++].data.recv_close_on_server.cancelled = &cancelled;
+    echo_batch(call, cq, ops, n);
+    if (out)
+      grpc_byte_buffer_destroy(out);
+    gpr_free(method);
+    grpc_call_unref(call);
+    grpc_call_details_destroy(&det);
+    grpc_metadata_array_destroy(&md);
+  }
+}
+
+/* Forks the echo server; returns its pid and writes its port. */
+static pid_t echo_start(int *port) {
+  int fd[2];
+  if (pipe(fd) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    grpc_init();
+    grpc_server *srv = grpc_server_create(NULL, NULL);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(srv, cq, NULL);
+    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    int p = grpc_server_add_http2_port(srv, "127.0.0.1:0", cr);
+    grpc_server_credentials_release(cr);
+    grpc_server_start(srv);
+    if (write(fd[1], &p, sizeof p) != sizeof p)
+      _exit(1);
+    echo_serve(srv, cq);
+    _exit(0);
+  }
+  close(fd[1]);
+  if (read(fd[0], port, sizeof *port) != sizeof *port)
+    *port = 0;
+  close(fd[0]);
+  return pid;
+}
+
+/* One raw call on a fresh pluck queue; returns seconds. */
+static double echo_call(grpc_channel *ch, const char *method,
+                        grpc_byte_buffer *const *send, int nsend,
+                        size_t *recv_bytes) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  double t0 = ts_now_ms();
+  grpc_call *call = grpc_channel_create_call(
+      ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+      grpc_slice_from_static_string(method), NULL, forever(), NULL);
+  grpc_metadata_array md, tr;
+  grpc_metadata_array_init(&md);
+  grpc_metadata_array_init(&tr);
+  grpc_status_code code;
+  grpc_slice details;
+  grpc_op ops[6];
+  memset(ops, 0, sizeof ops);
+  size_t n = 0;
+  ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[n++].data.recv_initial_metadata.recv_initial_metadata = &md;
+  grpc_call_start_batch(call, ops, n, &md, NULL);
+  for (int i = 0; i < nsend; i++) {
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = send[i];
+    grpc_call_start_batch(call, ops, 1, &ops[5], NULL);
+    grpc_completion_queue_pluck(cq, &ops[5], forever(), NULL);
+  }
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[1].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[1].data.recv_status_on_client.trailing_metadata = &tr;
+  ops[1].data.recv_status_on_client.status = &code;
+  ops[1].data.recv_status_on_client.status_details = &details;
+  grpc_call_start_batch(call, ops, 2, &tr, NULL);
+  grpc_completion_queue_pluck(cq, &md, forever(), NULL);
+  *recv_bytes = 0;
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &bb;
+    grpc_call_start_batch(call, &op, 1, &op, NULL);
+    grpc_completion_queue_pluck(cq, &op, forever(), NULL);
+    if (!bb)
+      break;
+    *recv_bytes += grpc_byte_buffer_length(bb);
+    grpc_byte_buffer_destroy(bb);
+  }
+  grpc_completion_queue_pluck(cq, &tr, forever(), NULL);
+  double t = (ts_now_ms() - t0) / 1e3;
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&md);
+  grpc_metadata_array_destroy(&tr);
+  grpc_call_unref(call);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, forever(), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN)
+    ;
+  grpc_completion_queue_destroy(cq);
+  return t;
+}
+
+typedef struct bare {
+  double up_bps, down_bps, bps; /* bytes per second */
+  double echo_p50_us;
+} bare;
+
+static void measure_bare(bare *b, int port) {
+  char target[64];
+  snprintf(target, sizeof target, "127.0.0.1:%d", port);
+  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+  grpc_channel *ch = grpc_channel_create(target, cr, NULL);
+  grpc_channel_credentials_release(cr);
+
+  /* upload: 256 x 1 MiB */
+  static char mib[1 << 20];
+  memset(mib, 1, sizeof mib);
+  grpc_slice s = grpc_slice_from_static_buffer(mib, sizeof mib);
+  enum { N = 256 };
+  grpc_byte_buffer *msgs[N];
+  size_t got;
+  double best_up = 1e9, best_down = 1e9;
+  for (int rep = 0; rep < 3; rep++) {
+    /* grpc empties a byte buffer it sends: new ones every time */
+    for (int i = 0; i < N; i++)
+      msgs[i] = grpc_raw_byte_buffer_create(&s, 1);
+    double t = echo_call(ch, "/echo/Sink", msgs, N, &got);
+    for (int i = 0; i < N; i++)
+      grpc_byte_buffer_destroy(msgs[i]);
+    if (t < best_up)
+      best_up = t;
+  }
+  /* download: 256 x 1 MiB */
+  char nmsg = N / 64;
+  for (int rep = 0; rep < 3; rep++) {
+    grpc_slice cs = grpc_slice_from_copied_buffer(&nmsg, 1);
+    grpc_byte_buffer *cmd = grpc_raw_byte_buffer_create(&cs, 1);
+    grpc_slice_unref(cs);
+    double t = echo_call(ch, "/echo/Source", &cmd, 1, &got);
+    grpc_byte_buffer_destroy(cmd);
+    if (t < best_down)
+      best_down = t;
+  }
+  b->up_bps = N * MIB / best_up;
+  b->down_bps = N * MIB / best_down;
+  b->bps = (b->up_bps + b->down_bps) / 2;
+
+  /* unary echo of 1 KiB */
+  grpc_slice ks = grpc_slice_from_static_buffer(mib, 1024);
+  enum { E = 2000 };
+  static double lat[E];
+  for (int i = 0; i < 200 + E; i++) {
+    grpc_byte_buffer *k = grpc_raw_byte_buffer_create(&ks, 1);
+    double t = echo_call(ch, "/echo/Unary", &k, 1, &got);
+    grpc_byte_buffer_destroy(k);
+    if (i >= 200)
+      lat[i - 200] = t * 1e6;
+  }
+  b->echo_p50_us = percentile(lat, E, 0.5);
+  grpc_channel_destroy(ch);
+}
+
+/* ---- convgrad rows ---- */
+
+typedef struct prob {
+  cg_bdesc_problem bp;
+  cg_geom g;
+  void *in[2], *out;
+} prob;
+
+static int prob_init(prob *p, const cg_bdesc *d, cg_op op) {
+  char err[256];
+  memset(p, 0, sizeof *p);
+  if (cg_bdesc_problem_init(&p->bp, d, op, CG_DTYPE_F32, CG_DATA_DEFAULT,
+                            CG_WEIGHTS_DEFAULT, err, sizeof err) != 0 ||
+      cg_problem_resolve(&p->bp.problem, &p->g, err, sizeof err) != 0) {
+    fprintf(stderr, "%s: %s\n", d->name, err);
+    return -1;
+  }
+  for (int i = 0; i < 2; i++) {
+    p->in[i] = malloc(p->g.in_bytes[i]);
+    if (!p->in[i])
+      return -1;
+    for (size_t e = 0; e < p->g.in_elems[i]; e++)
+      ((float *)p->in[i])[e] = (float)((e * 37 % 101) / 50.0 - 1.0);
+  }
+  p->out = malloc(p->g.out_bytes);
+  return p->out ? 0 : -1;
+}
+
+static void prob_free(prob *p) {
+  free(p->in[0]);
+  free(p->in[1]);
+  free(p->out);
+}
+
+static void request_of(cgc_request *r, const prob *p) {
+  cgc_request_init(r);
+  r->op = p->g.op;
+  r->attrs = p->bp.problem.attrs;
+  for (int i = 0; i < 2; i++) {
+    cgc_tensor_view *v = &r->inputs[i];
+    v->dtype = p->g.dtype;
+    v->rank = (int)p->bp.problem.input_dims[i].len;
+    memcpy(v->dims, p->bp.problem.input_dims[i].v,
+           sizeof(int64_t) * (size_t)v->rank);
+    v->data = p->in[i];
+    v->nbytes = p->g.in_bytes[i];
+  }
+  if (p->bp.problem.has_shape_input) {
+    r->has_shape_input = 1;
+    r->shape_input = p->bp.problem.shape_input;
+  }
+  r->deadline_ms = 600000;
+}
+
+static int e2e_once(cgc_channel *ch, const prob *p, double *ms) {
+  cgc_request r;
+  request_of(&r, p);
+  cgc_tensor *out = NULL;
+  cgc_status st;
+  double t0 = ts_now_ms();
+  int rc = cgc_compute(ch, &r, &out, NULL, &st);
+  *ms = ts_now_ms() - t0;
+  if (rc != 0)
+    fprintf(stderr, "  compute failed: %s\n", st.message);
+  cgc_tensor_free(out);
+  return rc;
+}
+
+static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
+                     const bare *b) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "cannot open %s\n", path);
+    return;
+  }
+  cg_engine *e = NULL;
+  cg_engine_config ecfg = {.threads = threads};
+  char err[256];
+  if (cg_engine_new(&e, &ecfg, err, sizeof err) != 0) {
+    fprintf(stderr, "engine: %s\n", err);
+    fclose(f);
+    return;
+  }
+  printf("\n%-44s %-28s %9s %9s %9s %9s %6s\n", "problem", "op", "MB moved",
+         "kern ms", "e2e ms", "bound ms", "ratio");
+  char line[512];
+  double worst = 0;
+  while (fgets(line, sizeof line, f)) {
+    cg_bdesc d;
+    int is_problem = 0;
+    if (cg_bdesc_parse_line(line, &d, &is_problem, err, sizeof err) != 0 ||
+        !is_problem)
+      continue;
+    cg_op ops[2] = {d.deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA,
+                    d.deconv ? CG_OP_DECONV_BWD_WEIGHTS
+                             : CG_OP_CONV_BWD_WEIGHTS};
+    for (int k = 0; k < 2; k++) {
+      prob p;
+      if (prob_init(&p, &d, ops[k]) != 0) {
+        prob_free(&p);
+        continue;
+      }
+      double *tk = calloc((size_t)reps, sizeof *tk);
+      double *te = calloc((size_t)reps, sizeof *te);
+      int ok = tk && te;
+      cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err, sizeof err);
+      for (int i = 0; ok && i < reps; i++) {
+        double t0 = ts_now_ms();
+        ok = cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err,
+                           sizeof err) == 0;
+        tk[i] = ts_now_ms() - t0;
+      }
+      double warm;
+      ok = ok && e2e_once(ch, &p, &warm) == 0;
+      for (int i = 0; ok && i < reps; i++)
+        ok = e2e_once(ch, &p, &te[i]) == 0;
+      if (ok) {
+        double bytes = (double)(p.g.in_bytes[0] + p.g.in_bytes[1] +
+                                p.g.out_bytes);
+        double kms = percentile(tk, reps, 0.5), ems = percentile(te, reps, 0.5);
+        double bound = kms + 1.25 * bytes / b->bps * 1e3;
+        double ratio = ems / bound;
+        if (ratio > worst)
+          worst = ratio;
+        printf("%-44.44s %-28s %9.1f %9.2f %9.2f %9.2f %6.2f\n", d.name,
+               cg_op_name(ops[k]), bytes / 1e6, kms, ems, bound, ratio);
+        fflush(stdout);
+      }
+      free(tk);
+      free(te);
+      prob_free(&p);
+    }
+  }
+  printf("worst ratio e2e / (compute + 1.25 x bytes / bandwidth): %.2f\n",
+         worst);
+  cg_engine_free(e);
+  fclose(f);
+}
+
+/* ---- the tiny problem ---- */
+
+/* Medians of the last n request log lines' server-side times. */
+static void server_side(const ts_server *srv, int n) {
+  FILE *f = fopen(srv->log_path, "r");
+  if (!f)
+    return;
+  double *tot = malloc(sizeof(double) * (size_t)n);
+  double *cmp = malloc(sizeof(double) * (size_t)n);
+  double *que = malloc(sizeof(double) * (size_t)n);
+  int k = 0, total = 0;
+  char line[2048];
+  while (fgets(line, sizeof line, f)) {
+    const char *t = strstr(line, "total_ms="), *c = strstr(line, "compute_ms="),
+               *q = strstr(line, "queue_ms=");
+    if (!t || !c || !q)
+      continue;
+    tot[k] = atof(t + 9);
+    cmp[k] = atof(c + 11);
+    que[k] = atof(q + 9);
+    k = (k + 1) % n;
+    total++;
+  }
+  fclose(f);
+  int m = total < n ? total : n;
+  if (m > 0)
+    printf("  server side (request log, last %d): p50 total %.1f us, "
+           "queue %.1f us, compute %.1f us\n",
+           m, percentile(tot, m, 0.5) * 1e3, percentile(que, m, 0.5) * 1e3,
+           percentile(cmp, m, 0.5) * 1e3);
+  free(tot);
+  free(cmp);
+  free(que);
+}
+
+typedef struct tput_arg {
+  cgc_channel *ch;
+  const prob *p;
+  double until;
+  long calls, errors;
+} tput_arg;
+
+static void *tput_main(void *v) {
+  tput_arg *a = v;
+  while (ts_now_ms() < a->until) {
+    double ms;
+    if (e2e_once(a->ch, a->p, &ms) == 0)
+      a->calls++;
+    else
+      a->errors++;
+  }
+  return NULL;
+}
+
+static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
+  cg_bdesc d;
+  char err[256];
+  if (cg_bdesc_parse("mb1ic4ih8oc4oh8kh3ph1", 0, &d, err, sizeof err) != 0)
+    return;
+  prob p;
+  if (prob_init(&p, &d, CG_OP_CONV_BWD_DATA) != 0)
+    return;
+  const char *args[] = {"--workers", server_args_workers,
+                        "--threads-per-worker", "1", "--log-level", "info",
+                        NULL};
+  ts_server srv;
+  if (ts_server_start(&srv, args) != 0)
+    return;
+  cgc_channel *ch = NULL;
+  cgc_channel_new(&ch, srv.target, NULL, err, sizeof err);
+  double *lat = malloc(sizeof(double) * (size_t)lat_n);
+  for (int i = 0; i < 200; i++)
+    e2e_once(ch, &p, &lat[0]);
+  for (int i = 0; i < lat_n; i++)
+    e2e_once(ch, &p, &lat[i]);
+  double p50 = percentile(lat, lat_n, 0.5) * 1e3;
+  double p99 = percentile(lat, lat_n, 0.99) * 1e3;
+  printf("\ntiny mb1ic4ih8oc4oh8kh3ph1 ConvolutionBackwardData f32, one "
+         "client: p50 %.1f us, p99 %.1f us; bare C-core unary echo p50 "
+         "%.1f us; ratio %.2f (target <= 2)\n",
+         p50, p99, b->echo_p50_us, p50 / b->echo_p50_us);
+  free(lat);
+  server_side(&srv, lat_n);
+
+  enum { CONC = 32 };
+  pthread_t th[CONC];
+  tput_arg a[CONC];
+  cgc_channel *chans[4] = {ch, NULL, NULL, NULL};
+  for (int i = 1; i < 4; i++)
+    cgc_channel_new(&chans[i], srv.target, NULL, err, sizeof err);
+  double t0 = ts_now_ms(), dur = 3000;
+  for (int i = 0; i < CONC; i++) {
+    a[i] = (tput_arg){.ch = chans[i % 4], .p = &p, .until = t0 + dur};
+    pthread_create(&th[i], NULL, tput_main, &a[i]);
+  }
+  long calls = 0, errors = 0;
+  for (int i = 0; i < CONC; i++) {
+    pthread_join(th[i], NULL);
+    calls += a[i].calls;
+    errors += a[i].errors;
+  }
+  double secs = (ts_now_ms() - t0) / 1e3;
+  printf("tiny throughput, %s workers, concurrency %d (4 channels): %.0f "
+         "calls/s (%ld calls, %ld errors in %.1f s)\n",
+         server_args_workers, CONC, calls / secs, calls, errors, secs);
+  for (int i = 0; i < 4; i++)
+    cgc_channel_free(chans[i]);
+  ts_server_stop(&srv, SIGTERM, 30000);
+  prob_free(&p);
+}
+
+int main(int argc, char **argv) {
+  const char *problems = CGS_BENCH_PROBLEMS;
+  int reps = 5, threads = 2, lat_n = 2000, skip_rows = 0;
+  static const struct option lo[] = {{"problems", required_argument, 0, 'p'},
+                                     {"reps", required_argument, 0, 'r'},
+                                     {"threads", required_argument, 0, 't'},
+                                     {"latency-calls", required_argument, 0,
+                                      'l'},
+                                     {"tiny-only", no_argument, 0, 's'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    switch (ch) {
+    case 'p': problems = optarg; break;
+    case 'r': reps = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+    case 't': threads = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
+    case 'l': lat_n = atoi(optarg) > 10 ? atoi(optarg) : 10; break;
+    case 's': skip_rows = 1; break;
+    default:
+      printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
+             "[--latency-calls N] [--tiny-only]\n"
+             "Prints loopback gRPC bandwidth, per-row e2e vs in-process "
+             "kernel times, and the tiny problem's latency and "
+             "throughput.\n",
+             argv[0]);
+      return ch == 'h' ? 0 : 2;
+    }
+  }
+  /* The echo server forks before grpc is initialised here. */
+  int echo_port = 0;
+  pid_t echo_pid = echo_start(&echo_port);
+  if (echo_pid < 0 || echo_port <= 0) {
+    fprintf(stderr, "cannot start the echo server\n");
+    return 1;
+  }
+  grpc_init();
+  bare b;
+  measure_bare(&b, echo_port);
+  kill(echo_pid, SIGKILL);
+  waitpid(echo_pid, NULL, 0);
+  printf("loopback gRPC (bare C core, 1 MiB messages): upload %.2f GB/s, "
+         "download %.2f GB/s; unary 1 KiB echo p50 %.1f us\n",
+         b.up_bps / 1e9, b.down_bps / 1e9, b.echo_p50_us);
+  if (!skip_rows) {
+    char tstr[16];
+    snprintf(tstr, sizeof tstr, "%d", threads);
+    const char *args[] = {"--workers", "1", "--threads-per-worker", tstr,
+                          "--log-level", "warn", NULL};
+    ts_server srv;
+    if (ts_server_start(&srv, args) == 0) {
+      cgc_channel *cc = NULL;
+      char err[256];
+      if (cgc_channel_new(&cc, srv.target, NULL, err, sizeof err) == 0) {
+        printf("server: %s", srv.ready);
+        run_rows(problems, reps, threads, cc, &b);
+        cgc_channel_free(cc);
+      }
+      ts_server_stop(&srv, SIGTERM, 60000);
+    }
+  }
+  tiny("1", &b, lat_n);
+  tiny("2", &b, lat_n / 4);
+  grpc_shutdown();
+  return 0;
+}
