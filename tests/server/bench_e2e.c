@@ -295,6 +295,45 @@ static void measure_bare(bare *b, int port) {
   grpc_channel_destroy(ch);
 }
 
+/* Medians of the server-side times in the last n request log lines. */
+typedef struct srv_times {
+  int n;
+  double total_ms, queue_ms, compute_ms;
+} srv_times;
+
+static srv_times server_side(const ts_server *srv, int n) {
+  srv_times r = {0};
+  FILE *f = fopen(srv->log_path, "r");
+  double *tot = malloc(sizeof(double) * (size_t)n);
+  double *cmp = malloc(sizeof(double) * (size_t)n);
+  double *que = malloc(sizeof(double) * (size_t)n);
+  int k = 0, total = 0;
+  char line[2048];
+  while (f && tot && cmp && que && fgets(line, sizeof line, f)) {
+    const char *t = strstr(line, "total_ms="), *c = strstr(line, "compute_ms="),
+               *q = strstr(line, "queue_ms=");
+    if (!t || !c || !q)
+      continue;
+    tot[k] = atof(t + 9);
+    cmp[k] = atof(c + 11);
+    que[k] = atof(q + 9);
+    k = (k + 1) % n;
+    total++;
+  }
+  if (f)
+    fclose(f);
+  r.n = total < n ? total : n;
+  if (r.n > 0) {
+    r.total_ms = percentile(tot, r.n, 0.5);
+    r.queue_ms = percentile(que, r.n, 0.5);
+    r.compute_ms = percentile(cmp, r.n, 0.5);
+  }
+  free(tot);
+  free(cmp);
+  free(que);
+  return r;
+}
+
 /* ---- convgrad rows ---- */
 
 typedef struct prob {
@@ -364,7 +403,7 @@ static int e2e_once(cgc_channel *ch, const prob *p, double *ms) {
 }
 
 static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
-                     const bare *b) {
+                     const ts_server *srv, const bare *b) {
   FILE *f = fopen(path, "r");
   if (!f) {
     fprintf(stderr, "cannot open %s\n", path);
@@ -378,8 +417,9 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
     fclose(f);
     return;
   }
-  printf("\n%-44s %-28s %9s %9s %9s %9s %6s\n", "problem", "op", "MB moved",
-         "kern ms", "e2e ms", "bound ms", "ratio");
+  printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %6s\n", "problem", "op",
+         "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms", "bound ms",
+         "ratio");
   char line[512];
   double worst = 0;
   while (fgets(line, sizeof line, f)) {
@@ -419,8 +459,10 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
         double ratio = ems / bound;
         if (ratio > worst)
           worst = ratio;
-        printf("%-44.44s %-28s %9.1f %9.2f %9.2f %9.2f %6.2f\n", d.name,
-               cg_op_name(ops[k]), bytes / 1e6, kms, ems, bound, ratio);
+        srv_times st = server_side(srv, reps);
+        printf("%-40.40s %-28s %8.1f %8.2f %8.2f %8.2f %8.2f %8.2f %6.2f\n",
+               d.name, cg_op_name(ops[k]), bytes / 1e6, kms, st.compute_ms,
+               st.total_ms, ems, bound, ratio);
         fflush(stdout);
       }
       free(tk);
@@ -435,39 +477,6 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
 }
 
 /* ---- the tiny problem ---- */
-
-/* Medians of the last n request log lines' server-side times. */
-static void server_side(const ts_server *srv, int n) {
-  FILE *f = fopen(srv->log_path, "r");
-  if (!f)
-    return;
-  double *tot = malloc(sizeof(double) * (size_t)n);
-  double *cmp = malloc(sizeof(double) * (size_t)n);
-  double *que = malloc(sizeof(double) * (size_t)n);
-  int k = 0, total = 0;
-  char line[2048];
-  while (fgets(line, sizeof line, f)) {
-    const char *t = strstr(line, "total_ms="), *c = strstr(line, "compute_ms="),
-               *q = strstr(line, "queue_ms=");
-    if (!t || !c || !q)
-      continue;
-    tot[k] = atof(t + 9);
-    cmp[k] = atof(c + 11);
-    que[k] = atof(q + 9);
-    k = (k + 1) % n;
-    total++;
-  }
-  fclose(f);
-  int m = total < n ? total : n;
-  if (m > 0)
-    printf("  server side (request log, last %d): p50 total %.1f us, "
-           "queue %.1f us, compute %.1f us\n",
-           m, percentile(tot, m, 0.5) * 1e3, percentile(que, m, 0.5) * 1e3,
-           percentile(cmp, m, 0.5) * 1e3);
-  free(tot);
-  free(cmp);
-  free(que);
-}
 
 typedef struct tput_arg {
   cgc_channel *ch;
@@ -516,7 +525,10 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
          "%.1f us; ratio %.2f (target <= 2)\n",
          p50, p99, b->echo_p50_us, p50 / b->echo_p50_us);
   free(lat);
-  server_side(&srv, lat_n);
+  srv_times st = server_side(&srv, lat_n);
+  printf("  server side (request log, last %d): p50 total %.1f us, queue "
+         "%.1f us, compute %.1f us\n",
+         st.n, st.total_ms * 1e3, st.queue_ms * 1e3, st.compute_ms * 1e3);
 
   enum { CONC = 32 };
   pthread_t th[CONC];
@@ -593,14 +605,14 @@ int main(int argc, char **argv) {
     char tstr[16];
     snprintf(tstr, sizeof tstr, "%d", threads);
     const char *args[] = {"--workers", "1", "--threads-per-worker", tstr,
-                          "--log-level", "warn", NULL};
+                          NULL};
     ts_server srv;
     if (ts_server_start(&srv, args) == 0) {
       cgc_channel *cc = NULL;
       char err[256];
       if (cgc_channel_new(&cc, srv.target, NULL, err, sizeof err) == 0) {
         printf("server: %s", srv.ready);
-        run_rows(problems, reps, threads, cc, &b);
+        run_rows(problems, reps, threads, cc, &srv, &b);
         cgc_channel_free(cc);
       }
       ts_server_stop(&srv, SIGTERM, 60000);
