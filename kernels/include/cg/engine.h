@@ -32,7 +32,9 @@ typedef enum {
 typedef struct cg_run_info {
   cg_compute_path path;
   int cache_hit;        /* 1 when the primitives came from the cache */
-  const char *impl;     /* oneDNN implementation name; static string */
+  /* oneDNN implementation name, "none:zero" when every product falls in
+   * padding, "other" past 64 distinct names; static string. */
+  const char *impl;
   double compute_ms;    /* wall time of the run, reorders included */
 } cg_run_info;
 
@@ -45,8 +47,10 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 
 /* Computes geom on oneDNN. in0/in1 hold geom->in_bytes[0/1] bytes in the
  * caller's layouts, out receives geom->out_bytes. info may be NULL.
- * Returns 0, CG_ENOMEM, CG_EUNSUPPORTED or CG_EBACKEND (message carries
- * oneDNN's status). Not thread-safe for one e. */
+ * Returns 0, CG_EINVAL (NULL buffer or a geometry cg_problem_resolve would
+ * not produce), CG_ERANGE (a buffer size overflows), CG_ENOMEM,
+ * CG_EUNSUPPORTED or CG_EBACKEND (message carries oneDNN's status). Not
+ * thread-safe for one e. */
 CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
