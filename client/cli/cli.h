@@ -40,7 +40,7 @@ enum {
   "                   or " CGC_DEFAULT_TARGET ".\n"                            \
   "  --deadline MS    deadline of each call, retries included\n"               \
   "  --retries N      retries after UNAVAILABLE (default 5)\n"                 \
-  "  --chunk-bytes N  upload chunk size (default 1048576)\n"                   \
+  "  --chunk-bytes N  upload chunk size, 1024..4190208 (default 1048576)\n"    \
   "  -h, --help       this help\n"
 
 /* Defaults from the environment. */

@@ -54,7 +54,8 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
     cli->opts.retries = (int)v;
     return 1;
   case CGC_OPT_CHUNK:
-    if (cgc_cli_int(arg, 1, 64 << 20, &v))
+    /* Chunk plus framing must fit the server's 4 MiB receive cap. */
+    if (cgc_cli_int(arg, 1024, (4 << 20) - 4096, &v))
       return -1;
     cli->opts.upload_chunk_bytes = (size_t)v;
     if (cli->opts.max_message_bytes < v + 4096)
@@ -67,16 +68,16 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
 
 int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
                  char **argv, const struct option *longopts, int *code) {
-  int c, r;
+  int c, r, idx = 0;
   do {
-    c = getopt_long(argc, argv, ":h", longopts, NULL);
+    c = getopt_long(argc, argv, ":h", longopts, &idx);
     r = cgc__cli_common(cli, c, optarg);
   } while (r > 0);
   /* Only CGC_CLI_DONE sets *code; every exit from here but --help is a
    * usage error. */
   if (r < 0) {
-    *code =
-        cgc_cli_usage(cmd, "bad value '%s' for %s", optarg, argv[optind - 1]);
+    *code = cgc_cli_usage(cmd, "bad value '%s' for --%s", optarg,
+                          longopts[idx].name);
     return CGC_CLI_DONE;
   }
   if (c == 'h') {

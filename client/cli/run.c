@@ -418,12 +418,13 @@ int cgc_cmd_run(int argc, char **argv) {
          res.total_ms, res.attempts, res.attempts == 1 ? "" : "s",
          (unsigned long long)res.bytes_sent,
          (unsigned long long)res.bytes_received);
-  /* Bandwidth only means something for streams of several chunks. */
-  if (res.upload_ms > 0 && res.download_ms > 0)
-    printf("transfer: upload %.1f ms (%.2f GB/s), download %.1f ms "
-           "(%.2f GB/s)\n",
-           res.upload_ms, (double)res.bytes_sent / res.upload_ms / 1e6,
-           res.download_ms, (double)res.bytes_received / res.download_ms / 1e6);
+  /* Bandwidth only means something for streams of several MiB. */
+  if (res.upload_ms > 0 && res.bytes_sent >= (4u << 20))
+    printf("transfer: upload %.1f ms (%.2f GB/s)\n", res.upload_ms,
+           (double)res.bytes_sent / res.upload_ms / 1e6);
+  if (res.download_ms > 0 && res.bytes_received >= (4u << 20))
+    printf("transfer: download %.1f ms (%.2f GB/s)\n", res.download_ms,
+           (double)res.bytes_received / res.download_ms / 1e6);
   if (V(R_OUT)) {
     if (cgc_npy_write(V(R_OUT), out->dtype, out->rank, out->dims, out->data,
                       out->nbytes, err, sizeof err)) {

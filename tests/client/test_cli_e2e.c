@@ -284,6 +284,8 @@ static void test_failure_exit_codes(void **state) {
   expect(&r, 2, "unknown option '--frobnicate'", flag);
   const char *noval[] = {cli, "run", tflag, "--op", NULL};
   expect(&r, 2, "--op needs a value", noval);
+  const char *badval[] = {cli, "health", tflag, "--retries", "many", NULL};
+  expect(&r, 2, "bad value 'many' for --retries", badval);
   const char *cmd[] = {cli, "transmogrify", NULL};
   expect(&r, 2, "unknown command", cmd);
   const char *list[] = {
