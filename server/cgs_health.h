@@ -16,10 +16,12 @@ void cgs_health_free(cgs_health *h);
 void cgs_health_set_serving(cgs_health *h, int serving);
 /* Ends every Watch stream (status UNAVAILABLE): the server is going. */
 void cgs_health_end_watches(cgs_health *h);
-/* Handlers; they take ownership of call's reference and of payload. */
+/* Check (unary, request read by grpc): takes ownership of call's
+ * reference and of payload. */
 void cgs_health_check(cgs_health *h, grpc_call *call,
                       grpc_byte_buffer *payload);
-void cgs_health_watch(cgs_health *h, grpc_call *call,
-                      grpc_byte_buffer *payload);
+/* Watch (server stream, registered with GRPC_SRM_PAYLOAD_NONE: the request
+ * is received here): takes ownership of call's reference. */
+void cgs_health_watch(cgs_health *h, grpc_call *call);
 
 #endif

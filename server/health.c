@@ -18,9 +18,10 @@
   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN
 
 typedef struct watcher {
-  cgs_tag tag_send, tag_close;
+  cgs_tag tag_send, tag_close, tag_recv;
   cgs_health *h;
   grpc_call *call;
+  int started;        /* the request arrived and parsed */
   int known;          /* the service name is one of ours */
   int sent;           /* last status sent; -1 before the first */
   int md_sent;        /* initial metadata went out */
@@ -28,9 +29,12 @@ typedef struct watcher {
   int end_wanted;     /* finish the stream after the latest status */
   int ended;          /* the final status batch was started */
   int close_received; /* RECV_CLOSE_ON_SERVER completed */
+  int recv_pending;   /* the request is being received */
   int cancelled;
-  grpc_byte_buffer *msg;
+  grpc_byte_buffer *msg, *recv_bb;
   grpc_slice details;
+  grpc_status_code final_code; /* how the stream ends */
+  const char *final_msg;       /* static string */
   struct watcher *prev, *next;
 } watcher;
 
@@ -70,7 +74,7 @@ static grpc_byte_buffer *pack_status(int status) {
 }
 
 /* Returns the requested service name (malloc'd) or NULL when the request
- * does not parse. */
+ * is missing or does not parse. Takes ownership of payload. */
 static char *parse_service(grpc_byte_buffer *payload) {
   if (!payload)
     return NULL;
@@ -107,7 +111,7 @@ void cgs_health_check(cgs_health *h, grpc_call *call,
 /* ---- Watch ----------------------------------------------------------- */
 
 static void watcher_maybe_free(watcher *w) {
-  if (!w->close_received || w->send_pending)
+  if (!w->close_received || w->send_pending || w->recv_pending)
     return;
   cgs_health *h = w->h;
   if (w->prev)
@@ -125,11 +129,14 @@ static void watcher_maybe_free(watcher *w) {
 
 static void on_watch_send(cgs_tag *t, int ok);
 
-/* Sends the current status if it changed, else the final status when the
- * stream should end. One send batch at a time. */
+/* Sends the current status once the request is known and whenever it
+ * changes, else the final status when the stream should end. One send
+ * batch at a time. */
 static void watcher_step(watcher *w) {
   if (w->send_pending || w->ended || w->close_received)
     return;
+  if (!w->started && !w->end_wanted)
+    return; /* the request has not arrived */
   grpc_op ops[2];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
@@ -138,16 +145,16 @@ static void watcher_step(watcher *w) {
     w->md_sent = 1;
   }
   int st = status_of(w->h, w->known);
-  if (st != w->sent) {
+  if (w->started && st != w->sent) {
     w->msg = pack_status(st);
     w->sent = st;
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = w->msg;
   } else if (w->end_wanted) {
     w->ended = 1;
-    w->details = grpc_slice_from_static_string("server shutting down");
+    w->details = grpc_slice_from_static_string(w->final_msg);
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = GRPC_STATUS_UNAVAILABLE;
+    ops[n].data.send_status_from_server.status = w->final_code;
     ops[n++].data.send_status_from_server.status_details = &w->details;
   } else {
     return;
@@ -178,29 +185,42 @@ static void on_watch_close(cgs_tag *t, int ok) {
   watcher_maybe_free(w);
 }
 
-void cgs_health_watch(cgs_health *h, grpc_call *call,
-                      grpc_byte_buffer *payload) {
-  char *service = parse_service(payload);
-  if (!service) {
-    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
-                  "request: malformed HealthCheckRequest");
-    return;
+/* The one request message of the stream. */
+static void on_watch_recv(cgs_tag *t, int ok) {
+  watcher *w = cgs_container_of(t, watcher, tag_recv);
+  w->recv_pending = 0;
+  (void)ok; /* a failed receive leaves recv_bb NULL */
+  char *service = parse_service(w->recv_bb);
+  w->recv_bb = NULL; /* parse_service took it */
+  if (service) {
+    w->known = known_service(service);
+    w->started = 1;
+    cgs_debug("health watch started (service '%.100s')", service);
+    free(service);
+  } else if (!w->end_wanted) {
+    w->end_wanted = 1;
+    w->final_code = GRPC_STATUS_INVALID_ARGUMENT;
+    w->final_msg = "request: missing or malformed HealthCheckRequest";
   }
+  watcher_step(w);
+  watcher_maybe_free(w);
+}
+
+void cgs_health_watch(cgs_health *h, grpc_call *call) {
   watcher *w = calloc(1, sizeof *w);
   if (!w) {
-    free(service);
     cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "server out of memory");
     return;
   }
   w->tag_send.cb = on_watch_send;
   w->tag_close.cb = on_watch_close;
+  w->tag_recv.cb = on_watch_recv;
   w->h = h;
   w->call = call;
-  w->known = known_service(service);
   w->sent = -1;
-  cgs_debug("health watch started (service '%.100s')", service);
-  free(service);
+  w->final_code = GRPC_STATUS_UNAVAILABLE;
+  w->final_msg = "server shutting down";
   w->next = h->watchers;
   if (h->watchers)
     h->watchers->prev = w;
@@ -217,9 +237,16 @@ void cgs_health_watch(cgs_health *h, grpc_call *call,
     watcher_maybe_free(w);
     return;
   }
+  memset(&op, 0, sizeof op);
+  op.op = GRPC_OP_RECV_MESSAGE;
+  op.data.recv_message.recv_message = &w->recv_bb;
+  w->recv_pending = 1;
+  if (cgs_rpc_batch(h->s, call, &op, 1, &w->tag_recv) != GRPC_CALL_OK) {
+    w->recv_pending = 0;
+    grpc_call_cancel(call, NULL);
+  }
   if (h->s->draining)
     w->end_wanted = 1;
-  watcher_step(w);
 }
 
 void cgs_health_set_serving(cgs_health *h, int serving) {

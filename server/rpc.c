@@ -22,6 +22,10 @@
  * waiting (grpc queues the rest until the loop posts more). */
 static const int slots_per_method[CGS_M_COUNT] = {32, 2, 4, 4, 2};
 
+/* Streaming methods receive their messages themselves; grpc reads the
+ * request of unary ones. */
+static const int streaming[CGS_M_COUNT] = {1, 0, 0, 1, 0};
+
 static const char *const method_paths[CGS_M_COUNT] = {
     "/convgrad.v1.ConvGrad/Compute", "/convgrad.v1.ConvGrad/GetServerInfo",
     "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch", NULL};
@@ -134,7 +138,7 @@ static int request_slot(cgs_server *s, cgs_method m) {
   else
     e = grpc_server_request_registered_call(
         s->grpc, s->methods[m], &sl->call, &sl->deadline, &sl->md,
-        m == CGS_M_COMPUTE ? NULL : &sl->payload, s->cq, s->cq, &sl->tag);
+        streaming[m] ? NULL : &sl->payload, s->cq, s->cq, &sl->tag);
   if (e != GRPC_CALL_OK) {
     cgs_error("requesting a call: %s", grpc_call_error_to_string(e));
     grpc_metadata_array_destroy(&sl->md);
@@ -162,7 +166,7 @@ static void on_slot(cgs_tag *t, int ok) {
       cgs_health_check(s->health, sl->call, sl->payload);
       break;
     case CGS_M_WATCH:
-      cgs_health_watch(s->health, sl->call, sl->payload);
+      cgs_health_watch(s->health, sl->call);
       break;
     default: {
       char msg[300];
@@ -346,8 +350,8 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   for (int m = 0; m < CGS_M_GENERIC; m++) {
     s->methods[m] = grpc_server_register_method(
         s->grpc, method_paths[m], NULL,
-        m == CGS_M_COMPUTE ? GRPC_SRM_PAYLOAD_NONE
-                           : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+        streaming[m] ? GRPC_SRM_PAYLOAD_NONE
+                     : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
         0);
     if (!s->methods[m]) {
       rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot register %s",

@@ -221,51 +221,38 @@ static void test_wrong_lengths(void **state) {
   assert_still_serving();
 }
 
+/* Sends x's header alone and expects code with want in the message. */
+static void expect_header(const hdr *x, grpc_status_code code,
+                          const char *want) {
+  raw m[1] = {header_msg(&x->h)};
+  assert_int_equal(send_raw(m, 1, 1, want), code);
+  free_raws(m, 1);
+}
+
 static void test_unknown_enums(void **state) {
   (void)state;
   hdr x;
   hdr_init(&x);
   x.h.op = (Convgrad__V1__Op)9;
-  raw m[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m, 1, 1, "header.op"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op");
   hdr_init(&x);
   x.h.op = CONVGRAD__V1__OP__OP_UNSPECIFIED;
-  raw m1[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m1, 1, 1, "header.op: not set"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m1, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op: not set");
   hdr_init(&x);
   x.t[0].dtype = (Convgrad__V1__DType)42;
-  raw m2[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m2, 1, 1, "inputs[0].dtype"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m2, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "inputs[0].dtype");
   hdr_init(&x);
   x.a.data_format = (Convgrad__V1__Layout)17;
-  raw m3[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m3, 1, 1, "attrs.data_format"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m3, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "attrs.data_format");
   hdr_init(&x);
   x.a.auto_pad = (Convgrad__V1__AutoPad)5;
-  raw m4[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m4, 1, 1, "attrs.auto_pad"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m4, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad");
   hdr_init(&x);
   x.t[1].dtype = CONVGRAD__V1__DTYPE__BF16;
-  raw m5[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m5, 1, 1, "inputs[1].dtype"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m5, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "inputs[1].dtype");
   hdr_init(&x);
   x.h.output_layout = CONVGRAD__V1__LAYOUT__XIO;
-  raw m6[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m6, 1, 1, "header.output_layout"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m6, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.output_layout");
   assert_still_serving();
 }
 
@@ -275,21 +262,14 @@ static void test_kernel_validation(void **state) {
   hdr_init(&x);
   int64_t strides[2] = {1, 0};
   x.a.strides = strides;
-  raw m[1] = {header_msg(&x.h)};
   /* The kernels' message names the field. */
-  assert_int_equal(send_raw(m, 1, 1, "strides"), GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "strides");
   hdr_init(&x);
   x.a.groups = 3; /* channels 4 are not divisible by 3 */
-  raw m2[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m2, 1, 1, NULL), GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m2, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, NULL);
   hdr_init(&x);
   x.h.n_inputs = 1;
-  raw m3[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m3, 1, 1, "header.inputs"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m3, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.inputs");
   assert_still_serving();
 }
 
@@ -299,34 +279,23 @@ static void test_overflowing_shapes(void **state) {
   hdr_init(&x);
   int64_t huge[4] = {INT64_C(1) << 40, INT64_C(1) << 40, INT64_C(1) << 40, 1};
   x.t[0].shape = huge;
-  raw m[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m, 1, 1, "overflows"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "overflows");
   /* Representable but over --max-tensor-elements. */
   hdr_init(&x);
   int64_t big[4] = {1, 4, 1 << 15, 1 << 15};
   x.t[0].shape = big;
-  raw m2[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m2, 1, 1, "--max-tensor-elements"),
-                   GRPC_STATUS_RESOURCE_EXHAUSTED);
-  free_raws(m2, 1);
+  expect_header(&x, GRPC_STATUS_RESOURCE_EXHAUSTED, "--max-tensor-elements");
   /* Negative and zero dims. */
   hdr_init(&x);
   int64_t neg[4] = {1, 4, -8, 8};
   x.t[0].shape = neg;
-  raw m3[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m3, 1, 1, "inputs[0].shape[2]"),
-                   GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m3, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "inputs[0].shape[2]");
   /* Rank 7. */
   hdr_init(&x);
   int64_t r7[7] = {1, 1, 1, 1, 1, 1, 1};
   x.t[0].shape = r7;
   x.t[0].n_shape = 7;
-  raw m4[1] = {header_msg(&x.h)};
-  assert_int_equal(send_raw(m4, 1, 1, "rank"), GRPC_STATUS_INVALID_ARGUMENT);
-  free_raws(m4, 1);
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "rank");
   assert_still_serving();
 }
 
