@@ -19,7 +19,7 @@
 #   CONVGRAD_IMAGE        project image tag (default convgrad:latest)
 #   CONVGRAD_REPLICAS     server replicas (default 2)
 #   CONVGRAD_DEBIAN_MIRROR  override the mirror taken from apt's sources
-#   CONVGRAD_TEST_TIMEOUT seconds the compose run may take (default 300)
+#   CONVGRAD_TEST_TIMEOUT seconds the compose run may take (default 180)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -29,7 +29,7 @@ base_image=${CONVGRAD_BASE_IMAGE:-localhost/debian-bookworm-base}
 export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
 export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
 export BASE_IMAGE=$base_image
-run_timeout=${CONVGRAD_TEST_TIMEOUT:-300}
+run_timeout=${CONVGRAD_TEST_TIMEOUT:-180}
 project=convgrad-test
 t_start=$(date +%s)
 
