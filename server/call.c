@@ -260,6 +260,13 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   }
 }
 
+/* 1 when the call's deadline has (about) passed. A client cancels at its
+ * own deadline, which our copy (taken when the header arrived) trails by
+ * the transit time: a cancel that close to it is the deadline. */
+static int past_deadline(const cgs_call *c) {
+  return c->deadline_at && uv_hrtime() + 50 * 1000000u >= c->deadline_at;
+}
+
 /* ---- sending the result ----------------------------------------------- */
 
 static void send_next(cgs_call *c) {
@@ -357,7 +364,7 @@ static void on_send(cgs_tag *t, int ok) {
   if (!ok) {
     /* Nothing of this batch reached the client, a final status included:
      * the stream broke (client cancelled, deadline, shutdown). */
-    int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+    int late = past_deadline(c);
     const char *in = c->finished ? c->ended_in : state_names[c->st];
     c->finished = 1;
     c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
@@ -874,7 +881,7 @@ static void on_close(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_close);
   (void)ok;
   c->close_received = 1;
-  int late = c->deadline_at && uv_hrtime() >= c->deadline_at;
+  int late = past_deadline(c);
   if (c->finished && c->cancelled && c->status != GRPC_STATUS_CANCELLED &&
       c->status != GRPC_STATUS_DEADLINE_EXCEEDED) {
     /* Our status never reached the client: a cancel can look like a

@@ -665,7 +665,7 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
       fprintf(stderr, "ts_problem_slow: status %d\n", code);
       return -1;
     }
-    if (*took >= min_ms || d.mb >= 256)
+    if (*took >= min_ms || d.mb >= 512)
       break;
     ts_problem_free(tp);
     d.mb *= 2;
