@@ -294,11 +294,9 @@ int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
   memset(r, 0, sizeof *r);
   size_t chunk = o->chunk_bytes ? o->chunk_bytes : (1u << 20);
   ts_call c;
-  if (ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute",
-                   o->deadline_ms ? o->deadline_ms : 60000) != 0) {
-    ts_call_free(&c);
-    return -1;
-  }
+  /* When the server is unreachable every step fails; the status says why. */
+  int alive = ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute",
+                           o->deadline_ms ? o->deadline_ms : 60000) == 0;
   /* Header with the first inline_bytes of each tensor. */
   Convgrad__V1__ComputeHeader h = *h0;
   Convgrad__V1__Tensor t[3], *tp[3];
@@ -316,7 +314,7 @@ int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
   Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
   req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   req.header = &h;
-  int alive = ts_call_send_msg(&c, &req.base) == 0;
+  alive = alive && ts_call_send_msg(&c, &req.base) == 0;
   for (size_t i = 0; alive && i < h.n_inputs && i < 3; i++) {
     while (alive && sent[i] < len[i]) {
       size_t k = len[i] - sent[i] < chunk ? len[i] - sent[i] : chunk;

@@ -87,8 +87,8 @@ typedef struct ts_result {
 } ts_result;
 
 /* Sends h (whose inputs' data fields are ignored) with the tensor bytes
- * data[i] of lengths len[i], then collects the answer. Returns 0 when the
- * call ran to a status (check r->code), -1 on a transport-level mess. */
+ * data[i] of lengths len[i], then collects the answer. Returns 0; the
+ * outcome, transport failures included, is r->code. */
 int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h,
                const void *const *data, const size_t *len, const ts_opts *o,
                ts_result *r);
