@@ -70,6 +70,7 @@ struct cgs_call {
   char msg[512];
   const char *ended_in; /* state when the end was decided, for messages */
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
+  uint64_t t_send;               /* the result header went out */
 
   /* request */
   Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
@@ -345,6 +346,7 @@ static void send_header(cgs_call *c) {
   ops[1].data.send_message.send_message = c->send_bb;
   c->md_sent = 1;
   c->st = ST_SENDING;
+  c->t_send = uv_hrtime();
   c->send_pending = 1;
   if (cgs_rpc_batch(c->s, c->call, ops, 2, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
@@ -372,6 +374,10 @@ static void on_send(cgs_tag *t, int ok) {
              late ? "deadline exceeded" : "cancelled by the client", in);
   } else if (!c->finished) {
     send_next(c);
+  } else if (c->status == GRPC_STATUS_OK && c->st == ST_DONE) {
+    double ms = (double)(uv_hrtime() - c->t_send) / 1e6;
+    cgs_debug("compute id=%" PRIu64 " sent %zu bytes in %.3f ms (%.2f GB/s)",
+              c->id, c->sent, ms, ms > 0 ? (double)c->sent / ms / 1e6 : 0.0);
   }
   maybe_free(c);
 }

@@ -33,6 +33,7 @@
 #include "cg/dtype.h"
 #include "cg/engine.h"
 #include "cgc/client.h"
+#include "convgrad/v1/convgrad.pb-c.h"
 #include "ts.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -476,6 +477,72 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
   fclose(f);
 }
 
+/* ---- the server's streaming rate without a client library ---- */
+
+/* Raw messages of a Compute request for tp: the header, then 1 MiB chunks. */
+static int pack_request(const ts_problem *tp, grpc_byte_buffer **msgs,
+                        int max) {
+  int n = 0;
+  Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  r.header = (Convgrad__V1__ComputeHeader *)&tp->header;
+  for (int i = -1; i < 2; i++) {
+    size_t len = i < 0 ? 1 : tp->g.in_bytes[i];
+    for (size_t off = 0; off < len && n < max; off += 1u << 20) {
+      Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
+      if (i >= 0) {
+        dc.input = (uint32_t)i;
+        dc.data.data = (uint8_t *)tp->in[i] + off;
+        dc.data.len = len - off < (1u << 20) ? len - off : (1u << 20);
+        r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+        r.chunk = &dc;
+      }
+      grpc_slice sl = grpc_slice_malloc(protobuf_c_message_get_packed_size(&r.base));
+      protobuf_c_message_pack(&r.base, GRPC_SLICE_START_PTR(sl));
+      msgs[n++] = grpc_raw_byte_buffer_create(&sl, 1);
+      grpc_slice_unref(sl);
+    }
+  }
+  return n;
+}
+
+/* ConvolutionBackwardData 1x1, 16 channels, 1100^2 (77 MB in, 77 MB out)
+ * sent by a client that only counts what comes back: how fast the server
+ * itself streams, against the bare figures. */
+static void raw_rate(const ts_server *srv, const bare *b, int reps) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
+               .nsp = 2, .is = {1100, 1100}, .ks = {1, 1}, .stride = 1,
+               .pad = 0, .dil = 1, .seed = 5};
+  ts_problem tp;
+  if (ts_problem_init(&tp, &d) != 0)
+    return;
+  grpc_channel *ch = ts_channel(srv);
+  enum { MAXMSG = 128 };
+  double best = 1e9;
+  size_t got = 0;
+  for (int rep = 0; rep < reps; rep++) {
+    grpc_byte_buffer *msgs[MAXMSG];
+    int n = pack_request(&tp, msgs, MAXMSG);
+    double t = echo_call(ch, "/convgrad.v1.ConvGrad/Compute", msgs, n, &got);
+    for (int i = 0; i < n; i++)
+      grpc_byte_buffer_destroy(msgs[i]);
+    if (t < best)
+      best = t;
+  }
+  srv_times st = server_side(srv, reps);
+  double in = (double)tp.g.in_bytes[0], out = (double)got;
+  printf("\nraw client (counts bytes, no library): %.0f MB up + %.0f MB down "
+         "in %.1f ms, server compute %.1f ms; bare transfer time %.1f ms; "
+         "overhead %.2fx\n",
+         in / 1e6, out / 1e6, best * 1e3, st.compute_ms,
+         (in / b->up_bps + out / b->down_bps) * 1e3,
+         (best * 1e3 - st.compute_ms) /
+             ((in / b->up_bps + out / b->down_bps) * 1e3));
+  grpc_channel_destroy(ch);
+  ts_problem_free(&tp);
+}
+
 /* ---- the tiny problem ---- */
 
 typedef struct tput_arg {
@@ -613,6 +680,7 @@ int main(int argc, char **argv) {
       if (cgc_channel_new(&cc, srv.target, NULL, err, sizeof err) == 0) {
         printf("server: %s", srv.ready);
         run_rows(problems, reps, threads, cc, &srv, &b);
+        raw_rate(&srv, &b, reps);
         cgc_channel_free(cc);
       }
       ts_server_stop(&srv, SIGTERM, 60000);
