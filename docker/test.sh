@@ -30,7 +30,9 @@ export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
 export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
 export BASE_IMAGE=$base_image
 run_timeout=${CONVGRAD_TEST_TIMEOUT:-180}
-project=convgrad-test
+# One compose project per run (named after this shell's PID), so two runs
+# on one host (a developer's and CI's) never touch each other's containers.
+project=convgrad-test-$$
 t_start=$(date +%s)
 
 log() { printf 'docker/test.sh: %s\n' "$*" >&2; }
@@ -87,14 +89,18 @@ fi
 compose() {
   podman-compose -p "$project" -f "$compose_file" "$@"
 }
+# Removes everything of compose project $1.
+remove_project() {
+  podman-compose -p "$1" -f "$compose_file" down >/dev/null 2>&1
+  podman rm -f -t 1 "${1}_cpuset" >/dev/null 2>&1
+  podman network rm -f "${1}_default" >/dev/null 2>&1
+}
 rootfs=
 cleanup() {
   local rc=$?
   set +e
   if [ -n "$rootfs" ]; then rm -rf "$rootfs"; fi
-  compose down >/dev/null 2>&1
-  podman rm -f -t 1 "${project}_cpuset" >/dev/null 2>&1
-  podman network rm -f "${project}_default" >/dev/null 2>&1
+  remove_project "$project"
   if [ "$rc" = 0 ]; then
     log "PASS in $(($(date +%s) - t_start)) s"
   else
@@ -164,9 +170,15 @@ podman build --format docker --layers --jobs 2 --build-arg "BASE_IMAGE=$base_ima
 step_time "image build"
 
 # --- 3. compose stack ------------------------------------------------------------
-# Leftovers of a run that was killed before its trap ran.
-compose down >/dev/null 2>&1 || true
-podman rm -f -t 1 "${project}_cpuset" >/dev/null 2>&1 || true
+# Leftovers of runs killed before their trap ran: projects whose shell is
+# gone. Running ones are left alone.
+for p in $({ podman ps -a --format '{{.Names}}'; podman network ls --format '{{.Name}}'; } |
+  sed -n 's/^\(convgrad-test-[0-9]\+\)_.*/\1/p' | sort -u); do
+  if ! kill -0 "${p##*-}" 2>/dev/null; then
+    log "removing leftovers of $p"
+    remove_project "$p"
+  fi
+done
 # --exit-code-from implies --abort-on-container-exit: the run ends with the
 # client and returns its exit code (-1, i.e. 255, if a server exits first).
 set +e
