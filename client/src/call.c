@@ -58,6 +58,31 @@ void cgc__call_end(grpc_call *call, grpc_completion_queue *cq) {
   grpc_completion_queue_destroy(cq);
 }
 
+void cgc__ops_one_message(grpc_op ops[5], grpc_byte_buffer *send_bb,
+                          grpc_metadata_array *initial_md,
+                          grpc_byte_buffer **recv_bb) {
+  memset(ops, 0, 5 * sizeof *ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = send_bb;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = initial_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = recv_bb;
+}
+
+void cgc__op_recv_status(grpc_op *op, grpc_metadata_array *trailing_md,
+                         grpc_status_code *code, grpc_slice *details,
+                         const char **error_string) {
+  memset(op, 0, sizeof *op);
+  op->op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  op->data.recv_status_on_client.trailing_metadata = trailing_md;
+  op->data.recv_status_on_client.status = code;
+  op->data.recv_status_on_client.status_details = details;
+  op->data.recv_status_on_client.error_string = error_string;
+}
+
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, gpr_timespec deadline, void **resp,
                size_t *resplen, cgc_status *st) {
@@ -91,20 +116,8 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     rc = CGC_ERPC;
     goto out;
   }
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = send_bb;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &recv_bb;
-  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
-  ops[5].data.recv_status_on_client.status = &code;
-  ops[5].data.recv_status_on_client.status_details = &details;
-  ops[5].data.recv_status_on_client.error_string = &error_string;
+  cgc__ops_one_message(ops, send_bb, &initial_md, &recv_bb);
+  cgc__op_recv_status(&ops[5], &trailing_md, &code, &details, &error_string);
   if (grpc_call_start_batch(call, ops, 6, (void *)1, NULL) != GRPC_CALL_OK) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call to %s",
                     method);

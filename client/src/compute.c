@@ -523,22 +523,10 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   }
 
   grpc_op status_op;
-  memset(&status_op, 0, sizeof status_op);
-  status_op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-  status_op.data.recv_status_on_client.trailing_metadata = &trailing_md;
-  status_op.data.recv_status_on_client.status = &code;
-  status_op.data.recv_status_on_client.status_details = &details;
-  status_op.data.recv_status_on_client.error_string = &error_string;
+  cgc__op_recv_status(&status_op, &trailing_md, &code, &details,
+                      &error_string);
 
-  memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = send_bb;
-  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
-  ops[4].op = GRPC_OP_RECV_MESSAGE;
-  ops[4].data.recv_message.recv_message = &recv_bb;
+  cgc__ops_one_message(ops, send_bb, &initial_md, &recv_bb);
   sending = cgc__upload_left(a);
   if (!sending) {
     /* The whole request fits one message: a single batch sends it and

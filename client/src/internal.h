@@ -37,6 +37,17 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st);
 
+
+/* The opening ops of a call whose request fits one message: send the
+ * initial metadata, send_bb and the half-close, receive the initial
+ * metadata and the first response message. Fills ops[0..4]. */
+void cgc__ops_one_message(grpc_op ops[5], grpc_byte_buffer *send_bb,
+                          grpc_metadata_array *initial_md,
+                          grpc_byte_buffer **recv_bb);
+/* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into the given outputs. */
+void cgc__op_recv_status(grpc_op *op, grpc_metadata_array *trailing_md,
+                         grpc_status_code *code, grpc_slice *details,
+                         const char **error_string);
 /* One unary call of method with the serialized request req. On success
  * *resp holds the serialized response (caller frees). Returns 0, CGC_ERPC
  * or CG_ENOMEM. */
