@@ -22,15 +22,13 @@ static ts_problem small; /* fast, checked */
 
 static int setup(void **state) {
   (void)state;
-  grpc_init();
   static const char *const args[] = {"--workers",           "1",
                                      "--queue-depth",       "2",
                                      "--max-inflight-bytes", "160M",
                                      "--log-level",         "debug",
                                      NULL};
-  if (ts_server_start(&srv, args) != 0)
+  if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ch = ts_channel(&srv);
   ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
                .dfmt = CG_DATA_NXC, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
                .nsp = 2, .is = {6, 6}, .ks = {3, 3}, .stride = 1, .pad = 1,
@@ -43,10 +41,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   ts_problem_free(&small);
-  grpc_channel_destroy(ch);
-  int rc = ts_server_stop(&srv, SIGTERM, 30000);
-  grpc_shutdown();
-  return rc == 0 ? 0 : -1;
+  return ts_fixture_stop(&srv, ch);
 }
 
 static void assert_healthy(void) {

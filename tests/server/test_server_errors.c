@@ -23,14 +23,12 @@ static ts_problem good; /* a valid small problem */
 
 static int setup(void **state) {
   (void)state;
-  grpc_init();
   /* Small limits so that the limit paths are cheap to reach. */
   static const char *const args[] = {
       "--workers", "1", "--max-request-bytes", "4M", "--max-inflight-bytes",
       "8M", "--max-tensor-elements", "2000000", "--log-level", "debug", NULL};
-  if (ts_server_start(&srv, args) != 0)
+  if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ch = ts_channel(&srv);
   ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
                .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
                .nsp = 2, .is = {8, 8}, .ks = {3, 3}, .stride = 1, .pad = 1,
@@ -41,10 +39,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   ts_problem_free(&good);
-  grpc_channel_destroy(ch);
-  int rc = ts_server_stop(&srv, SIGTERM, 30000);
-  grpc_shutdown();
-  return rc == 0 ? 0 : -1;
+  return ts_fixture_stop(&srv, ch);
 }
 
 /* After every bad call: the server is healthy and computes correctly. */

@@ -21,20 +21,15 @@ static grpc_channel *ch;
 
 static int setup(void **state) {
   (void)state;
-  grpc_init();
   static const char *const args[] = {"--workers", "2", NULL};
-  if (ts_server_start(&srv, args) != 0)
+  if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ch = ts_channel(&srv);
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  grpc_channel_destroy(ch);
-  int rc = ts_server_stop(&srv, SIGTERM, 30000);
-  grpc_shutdown();
-  return rc == 0 ? 0 : -1;
+  return ts_fixture_stop(&srv, ch);
 }
 
 #define MIB (1024.0 * 1024.0)

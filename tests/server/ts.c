@@ -751,3 +751,18 @@ int ts_server_wait_log(const ts_server *s, const char *needle, int count,
   }
   return 0;
 }
+
+int ts_fixture_start(ts_server *s, grpc_channel **ch, const char *const *args) {
+  grpc_init();
+  if (ts_server_start(s, args) != 0)
+    return -1;
+  *ch = ts_channel(s);
+  return 0;
+}
+
+int ts_fixture_stop(ts_server *s, grpc_channel *ch) {
+  grpc_channel_destroy(ch);
+  int rc = ts_server_stop(s, SIGTERM, 30000);
+  grpc_shutdown();
+  return rc == 0 ? 0 : -1;
+}

@@ -34,6 +34,12 @@ int ts_server_start(ts_server *s, const char *const *args);
  * after that. Returns the exit status, or -1 when it had to be killed or
  * died from a signal. */
 int ts_server_stop(ts_server *s, int sig, int timeout_ms);
+/* The fixture most groups share: grpc_init, a server started with args
+ * (as ts_server_start) and a channel to it. Returns 0. */
+int ts_fixture_start(ts_server *s, grpc_channel **ch, const char *const *args);
+/* Undoes ts_fixture_start: closes ch, stops the server with SIGTERM (30 s)
+ * and shuts gRPC down. Returns 0 when the server exited cleanly. */
+int ts_fixture_stop(ts_server *s, grpc_channel *ch);
 /* Number of lines of the server's log containing needle. */
 int ts_server_log_count(const ts_server *s, const char *needle);
 
