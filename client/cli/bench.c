@@ -30,20 +30,6 @@ static const char cgc__bench_help[] =
     "  --warmup N       untimed requests per row first (default 10)\n"
     "  --json           print JSON instead of a table\n";
 
-enum {
-  B_PROBLEMS = CGC_OPT_LOCAL_BASE,
-  B_PROBLEM,
-  B_DECONV,
-  B_OP,
-  B_DTYPE,
-  B_DATA_FORMAT,
-  B_WEIGHTS_FORMAT,
-  B_CONCURRENCY,
-  B_REQUESTS,
-  B_WARMUP,
-  B_JSON
-};
-
 #define CGC__MAX_PROBLEMS 256
 
 typedef struct cgc__bench_row {
@@ -234,79 +220,33 @@ static int cgc__bench_load(const char *path, cgc__bench_row *rows, int *nrows,
 }
 
 int cgc_cmd_bench(int argc, char **argv) {
-  static const struct option longopts[] = {
-      CGC_COMMON_LONGOPTS,
-      {"problems", required_argument, NULL, B_PROBLEMS},
-      {"problem", required_argument, NULL, B_PROBLEM},
-      {"deconv", no_argument, NULL, B_DECONV},
-      {"op", required_argument, NULL, B_OP},
-      {"dtype", required_argument, NULL, B_DTYPE},
-      {"data-format", required_argument, NULL, B_DATA_FORMAT},
-      {"weights-format", required_argument, NULL, B_WEIGHTS_FORMAT},
-      {"concurrency", required_argument, NULL, B_CONCURRENCY},
-      {"requests", required_argument, NULL, B_REQUESTS},
-      {"warmup", required_argument, NULL, B_WARMUP},
-      {"json", no_argument, NULL, B_JSON},
-      {NULL, 0, NULL, 0}};
   cgc_cli cli;
-  const char *file = NULL, *descs[64];
-  int ndesc = 0, deconv = 0, json = 0, c, code = 0;
+  const char *file = NULL;
+  cgc_cli_strs descs = {{NULL}, 0};
+  int deconv = 0, json = 0, code = 0;
   cg_op only = CG_OP_INVALID;
   cg_dtype dt = CG_DTYPE_F32;
   cg_data_format df = CG_DATA_DEFAULT;
   cg_weights_format wf = CG_WEIGHTS_DEFAULT;
-  int64_t conc = 1, nreq = 200, warmup = 10;
-  cgc_cli_init(&cli);
-  while ((c = cgc_cli_next(&cli, "bench", cgc__bench_help, argc, argv, longopts,
-                           &code)) != -1) {
-    switch (c) {
-    case CGC_CLI_DONE:
-      return code;
-    case B_PROBLEMS:
-      file = optarg;
-      break;
-    case B_PROBLEM:
-      if (ndesc >= 64)
-        return cgc_cli_usage("bench", "at most 64 --problem flags");
-      descs[ndesc++] = optarg;
-      break;
-    case B_DECONV:
-      deconv = 1;
-      break;
-    case B_OP:
-      if (cg_op_parse(optarg, &only))
-        return cgc_cli_usage("bench", "unknown op '%s'", optarg);
-      break;
-    case B_DTYPE:
-      if (cg_dtype_parse(optarg, &dt))
-        return cgc_cli_usage("bench", "--dtype must be f32, bf16 or f16");
-      break;
-    case B_DATA_FORMAT:
-      if (cg_data_format_parse(optarg, &df))
-        return cgc_cli_usage("bench", "--data-format must be NCX or NXC");
-      break;
-    case B_WEIGHTS_FORMAT:
-      if (cg_weights_format_parse(optarg, &wf))
-        return cgc_cli_usage("bench", "bad --weights-format '%s'", optarg);
-      break;
-    case B_CONCURRENCY:
-      if (cgc_cli_int(optarg, 1, 256, &conc))
-        return cgc_cli_usage("bench", "--concurrency must be 1..256");
-      break;
-    case B_REQUESTS:
-      if (cgc_cli_int(optarg, 1, 10000000, &nreq))
-        return cgc_cli_usage("bench", "--requests must be >= 1");
-      break;
-    case B_WARMUP:
-      if (cgc_cli_int(optarg, 0, 1000000, &warmup))
-        return cgc_cli_usage("bench", "--warmup must be >= 0");
-      break;
-    case B_JSON:
-      json = 1;
-      break;
-    }
-  }
-  if (!file && ndesc == 0)
+  cgc_cli_num conc = {1, 1, 256, "--concurrency must be 1..256"};
+  cgc_cli_num nreq = {200, 1, 10000000, "--requests must be >= 1"};
+  cgc_cli_num warmup = {10, 0, 1000000, "--warmup must be >= 0"};
+  const cgc_cli_opt opts[] = {{"problems", CGC_CLI_STR, &file},
+                              {"problem", CGC_CLI_STRS, &descs},
+                              {"deconv", CGC_CLI_FLAG, &deconv},
+                              {"op", CGC_CLI_OP, &only},
+                              {"dtype", CGC_CLI_DTYPE, &dt},
+                              {"data-format", CGC_CLI_DATA_FORMAT, &df},
+                              {"weights-format", CGC_CLI_WEIGHTS_FORMAT, &wf},
+                              {"concurrency", CGC_CLI_NUM, &conc},
+                              {"requests", CGC_CLI_NUM, &nreq},
+                              {"warmup", CGC_CLI_NUM, &warmup},
+                              {"json", CGC_CLI_FLAG, &json},
+                              {NULL, 0, NULL}};
+  cgc_cli_init(&cli, "bench", cgc__bench_help, 0);
+  if (cgc_cli_parse(&cli, opts, argc, argv, &code))
+    return code;
+  if (!file && descs.n == 0)
     return cgc_cli_usage("bench", "give --problems FILE or --problem DESC");
 
   cgc__bench_row *rows = calloc(CGC__MAX_PROBLEMS, sizeof *rows);
@@ -318,14 +258,14 @@ int cgc_cmd_bench(int argc, char **argv) {
   }
   if (file)
     code = cgc__bench_load(file, rows, &nrows, only, dt, df, wf);
-  for (int i = 0; !code && i < ndesc; i++) {
+  for (int i = 0; !code && i < descs.n; i++) {
     char err[256];
     cg_bdesc d;
-    if (cg_bdesc_parse(descs[i], deconv, &d, err, sizeof err)) {
+    if (cg_bdesc_parse(descs.v[i], deconv, &d, err, sizeof err)) {
       code = cgc_cli_usage("bench", "--problem: %s", err);
       break;
     }
-    code = cgc__bench_add(rows, &nrows, &d, descs[i], only, dt, df, wf);
+    code = cgc__bench_add(rows, &nrows, &d, descs.v[i], only, dt, df, wf);
   }
   if (!code && nrows == 0) {
     fprintf(stderr, "convgrad bench: no problem matches\n");
@@ -355,11 +295,11 @@ int cgc_cmd_bench(int argc, char **argv) {
       }
       cgc_fill_random(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
     }
-    if ((code = cgc__bench_row_run(ch, r, (long)warmup, (long)nreq,
-                                   (int)conc)) != 0)
+    if ((code = cgc__bench_row_run(ch, r, (long)warmup.v, (long)nreq.v,
+                                   (int)conc.v)) != 0)
       goto done;
     if (r->errors) {
-      code = cgc_cli_fail(&cli, "bench", r->first_rc, &r->first_st);
+      code = cgc_cli_fail(&cli, r->first_rc, &r->first_st);
       goto done;
     }
     double p50 = cgc__pct(r->lat_ms, r->n, 50),
@@ -376,7 +316,7 @@ int cgc_cmd_bench(int argc, char **argv) {
       cJSON_AddStringToObject(o, "problem", r->name);
       cJSON_AddStringToObject(o, "op", cg_op_name(r->spec.op));
       cJSON_AddStringToObject(o, "dtype", cg_dtype_name(r->spec.dtype));
-      cJSON_AddNumberToObject(o, "concurrency", (double)conc);
+      cJSON_AddNumberToObject(o, "concurrency", (double)conc.v);
       cJSON_AddNumberToObject(o, "requests", (double)r->n);
       cJSON_AddNumberToObject(o, "p50_ms", p50);
       cJSON_AddNumberToObject(o, "p90_ms", p90);
@@ -392,7 +332,7 @@ int cgc_cmd_bench(int argc, char **argv) {
       printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
              "%10.3f\n",
              w, r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
-             (long long)conc, r->n, p50, p90, p99, rps, mbs, cms);
+             (long long)conc.v, r->n, p50, p90, p99, rps, mbs, cms);
       fflush(stdout);
     }
   }

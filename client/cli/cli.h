@@ -1,10 +1,10 @@
-/* cli.h - what the convgrad subcommands share: the common flags (target,
- * deadline, retries, chunk size), connecting, and turning a failure into
+/* cli.h - what the convgrad subcommands share: reading the options (the
+ * common flags target, deadline, retries and chunk size, and each
+ * subcommand's own from a table), connecting, and turning a failure into
  * one line on stderr plus an exit code. */
 #ifndef CGC_CLI_H
 #define CGC_CLI_H
 
-#include <getopt.h>
 #include <stdint.h>
 
 #include "cgc/client.h"
@@ -13,57 +13,77 @@
 #define CGC_DEFAULT_TARGET "127.0.0.1:50051"
 
 typedef struct cgc_cli {
+  const char *cmd;  /* the subcommand, for messages */
+  const char *help; /* its --help text before the common flags */
   const char *target;
   cgc_options opts;
 } cgc_cli;
 
-/* Long options every subcommand accepts; values start at 1000. */
-enum {
-  CGC_OPT_TARGET = 1000,
-  CGC_OPT_DEADLINE,
-  CGC_OPT_RETRIES,
-  CGC_OPT_CHUNK,
-  CGC_OPT_LOCAL_BASE = 1100 /* subcommand-specific options from here */
-};
-#define CGC_COMMON_LONGOPTS                                                    \
-  {"target", required_argument, NULL, CGC_OPT_TARGET},                         \
-      {"deadline", required_argument, NULL, CGC_OPT_DEADLINE},                 \
-      {"retries", required_argument, NULL, CGC_OPT_RETRIES},                   \
-      {"chunk-bytes", required_argument, NULL, CGC_OPT_CHUNK}, {               \
-    "help", no_argument, NULL, 'h'                                             \
-  }
-#define CGC_COMMON_HELP                                                        \
-  "Common options:\n"                                                          \
-  "  --target T       server: HOST:PORT, HOST:PORT,HOST:PORT (round_robin),\n" \
-  "                   dns:///NAME:PORT or ipv4:A:P,B:P. Default "              \
-  "$CONVGRAD_TARGET\n"                                                         \
-  "                   or " CGC_DEFAULT_TARGET ".\n"                            \
-  "  --deadline MS    deadline of each call, retries included\n"               \
-  "  --retries N      retries after UNAVAILABLE (default 5)\n"                 \
-  "  --chunk-bytes N  upload chunk size, 1024..4190208 (default 1048576)\n"    \
-  "  -h, --help       this help\n"
+/* What a subcommand's own option takes and where its value goes. */
+typedef enum cgc_cli_kind {
+  CGC_CLI_FLAG,          /* no value: *(int *)out = 1 */
+  CGC_CLI_STR,           /* *(const char **)out, the last one given */
+  CGC_CLI_STRS,          /* repeatable: appended to *(cgc_cli_strs *)out */
+  CGC_CLI_NUM,           /* *(cgc_cli_num *)out */
+  CGC_CLI_OP,            /* *(cg_op *)out */
+  CGC_CLI_DTYPE,         /* *(cg_dtype *)out */
+  CGC_CLI_DATA_FORMAT,   /* *(cg_data_format *)out */
+  CGC_CLI_WEIGHTS_FORMAT /* *(cg_weights_format *)out */
+} cgc_cli_kind;
 
-/* Defaults from the environment. */
-void cgc_cli_init(cgc_cli *cli);
-/* The option loop of every subcommand: calls getopt_long and handles the
- * common flags, --help (prints help, the common flags and the exit codes),
- * missing values, unknown options and stray arguments. Returns the next
- * subcommand-specific option (>= CGC_OPT_LOCAL_BASE, value in optarg), -1
- * when all are read, or CGC_CLI_DONE when the caller must return *code. */
-#define CGC_CLI_DONE (-2)
-int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
-                 char **argv, const struct option *longopts, int *code);
+typedef struct cgc_cli_opt {
+  const char *name; /* the long option without "--"; NULL ends a table */
+  cgc_cli_kind kind;
+  void *out;
+} cgc_cli_opt;
+
+/* An integer value with its bounds and the usage message for a value
+ * outside them. */
+typedef struct cgc_cli_num {
+  int64_t v, lo, hi;
+  const char *bad;
+} cgc_cli_num;
+
+#define CGC_CLI_MAX_STRS 64
+typedef struct cgc_cli_strs {
+  const char *v[CGC_CLI_MAX_STRS];
+  int n;
+} cgc_cli_strs;
+
+/* Subcommand cmd with its help text; target and options from the
+ * environment and defaults, deadline_ms the subcommand's default deadline
+ * (0: the library's). */
+void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
+                  int64_t deadline_ms);
+/* Reads every option: the common flags into cli, the subcommand's own
+ * (opts) where each says, in command-line order. --help prints help, the
+ * common flags and the exit codes. Returns 1 when the caller must return
+ * *code (after --help, or a usage error already printed: bad value,
+ * missing value, unknown option, stray argument), 0 to go on. */
+int cgc_cli_parse(cgc_cli *cli, const cgc_cli_opt *opts, int argc, char **argv,
+                  int *code);
+/* cgc_cli_parse, then cgc_cli_connect, for subcommands that call the
+ * server right away: 1 when the caller must return *code, 0 with *ch
+ * open. */
+int cgc_cli_start(cgc_cli *cli, const cgc_cli_opt *opts, int argc, char **argv,
+                  cgc_channel **ch, int *code);
+/* arg into n->v: 0, or prints "convgrad CMD: N->BAD" and returns
+ * CGC_EXIT_USAGE. For values read once all flags are known; a NULL arg
+ * (flag not given) leaves n->v as it is. */
+int cgc_cli_number(const char *cmd, const char *arg, cgc_cli_num *n);
+/* An op, dtype or layout name (kind CGC_CLI_OP .. CGC_CLI_WEIGHTS_FORMAT)
+ * into out: 0, or prints what the flag accepts and returns
+ * CGC_EXIT_USAGE. Like cgc_cli_number, a NULL arg leaves out alone. */
+int cgc_cli_name(const char *cmd, cgc_cli_kind kind, const char *arg,
+                 void *out);
 /* Connects; on failure prints the reason and returns an exit code. */
 int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch);
-/* Prints one line for a failed call (what: "run", "health") and returns
- * the exit code for it. */
-int cgc_cli_fail(const cgc_cli *cli, const char *what, int rc,
-                 const cgc_status *st);
-/* Prints "convgrad CMD: bad MESSAGE" and returns CGC_EXIT_USAGE. */
+/* Prints one line for a failed call and returns the exit code for it. */
+int cgc_cli_fail(const cgc_cli *cli, int rc, const cgc_status *st);
+/* Prints "convgrad CMD: MESSAGE (see convgrad CMD --help)" and returns
+ * CGC_EXIT_USAGE. */
 int cgc_cli_usage(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* Integer flag value in [lo, hi]; 0 or -1. */
-int cgc_cli_int(const char *arg, int64_t lo, int64_t hi, int64_t *out);
 
 int cgc_cmd_health(int argc, char **argv);
 int cgc_cmd_info(int argc, char **argv);

@@ -1,148 +1,12 @@
-/* main.c - the convgrad CLI entry point: subcommand dispatch, the common
- * flags, and the two small subcommands (health, info). */
-#include <stdarg.h>
+/* main.c - the convgrad CLI entry point: subcommand dispatch and the two
+ * small subcommands (health, info). */
+#include <getopt.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cJSON.h>
 
 #include "cli.h"
-
-void cgc_cli_init(cgc_cli *cli) {
-  const char *env = getenv("CONVGRAD_TARGET");
-  cli->target = env && *env ? env : CGC_DEFAULT_TARGET;
-  cgc_options_init(&cli->opts);
-}
-
-int cgc_cli_int(const char *arg, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  if (!arg || !*arg)
-    return -1;
-  long long v = strtoll(arg, &end, 10);
-  if (*end || v < lo || v > hi)
-    return -1;
-  *out = v;
-  return 0;
-}
-
-int cgc_cli_usage(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  fprintf(stderr, "convgrad %s: ", cmd);
-  va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, " (see convgrad %s --help)\n", cmd);
-  return CGC_EXIT_USAGE;
-}
-
-/* 1 handled, 0 not a common option, -1 bad value. */
-static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
-  int64_t v;
-  switch (c) {
-  case CGC_OPT_TARGET:
-    cli->target = arg;
-    return 1;
-  case CGC_OPT_DEADLINE:
-    if (cgc_cli_int(arg, 1, 86400000, &v))
-      return -1;
-    cli->opts.deadline_ms = v;
-    return 1;
-  case CGC_OPT_RETRIES:
-    if (cgc_cli_int(arg, 0, 1000, &v))
-      return -1;
-    cli->opts.retries = (int)v;
-    return 1;
-  case CGC_OPT_CHUNK:
-    /* Chunk plus framing must fit the server's 4 MiB receive cap. */
-    if (cgc_cli_int(arg, 1024, (4 << 20) - 4096, &v))
-      return -1;
-    cli->opts.upload_chunk_bytes = (size_t)v;
-    if (cli->opts.max_message_bytes < v + 4096)
-      cli->opts.max_message_bytes = v + 4096;
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-int cgc_cli_next(cgc_cli *cli, const char *cmd, const char *help, int argc,
-                 char **argv, const struct option *longopts, int *code) {
-  int c, r, idx = 0;
-  do {
-    c = getopt_long(argc, argv, ":h", longopts, &idx);
-    r = cgc__cli_common(cli, c, optarg);
-  } while (r > 0);
-  /* Only CGC_CLI_DONE sets *code; every exit from here but --help is a
-   * usage error. */
-  if (r < 0) {
-    *code = cgc_cli_usage(cmd, "bad value '%s' for --%s", optarg,
-                          longopts[idx].name);
-    return CGC_CLI_DONE;
-  }
-  if (c == 'h') {
-    printf("%s\n%s%s", help, CGC_COMMON_HELP, CGC_EXIT_CODES_HELP);
-    *code = CGC_EXIT_OK;
-    return CGC_CLI_DONE;
-  }
-  if (c == ':') {
-    *code = cgc_cli_usage(cmd, "%s needs a value", argv[optind - 1]);
-    return CGC_CLI_DONE;
-  }
-  if (c == '?') {
-    *code = cgc_cli_usage(cmd, "unknown option '%s'", argv[optind - 1]);
-    return CGC_CLI_DONE;
-  }
-  if (c == -1 && optind < argc) {
-    *code = cgc_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
-    return CGC_CLI_DONE;
-  }
-  return c;
-}
-
-int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch) {
-  char err[256] = "";
-  int rc = cgc_channel_new(ch, cli->target, &cli->opts, err, sizeof err);
-  if (rc) {
-    fprintf(stderr, "convgrad: %s\n", err[0] ? err : cgc_strerror(rc));
-    return rc == CG_EINVAL ? CGC_EXIT_USAGE : CGC_EXIT_INTERNAL;
-  }
-  return 0;
-}
-
-int cgc_cli_fail(const cgc_cli *cli, const char *what, int rc,
-                 const cgc_status *st) {
-  int code = cgc_exit_for(rc, st);
-  const char *msg = st->message[0] ? st->message : cgc_strerror(rc);
-  if (rc == CGC_ERPC) {
-    switch (st->code) {
-    case GRPC_STATUS_UNAVAILABLE:
-      fprintf(stderr, "convgrad %s: server %s is unavailable: %s\n", what,
-              cli->target, msg);
-      break;
-    case GRPC_STATUS_DEADLINE_EXCEEDED:
-      fprintf(stderr,
-              "convgrad %s: no answer from %s within the deadline (%lld ms)\n",
-              what, cli->target, (long long)cli->opts.deadline_ms);
-      break;
-    case GRPC_STATUS_INVALID_ARGUMENT:
-      fprintf(stderr, "convgrad %s: server rejected the request: %s\n", what,
-              msg);
-      break;
-    default:
-      fprintf(stderr, "convgrad %s: server error %s: %s\n", what,
-              cgc_status_code_name(st->code), msg);
-    }
-  } else if (rc == CGC_EPROTO) {
-    fprintf(stderr, "convgrad %s: bad response from %s: %s\n", what,
-            cli->target, msg);
-  } else {
-    fprintf(stderr, "convgrad %s: %s\n", what, msg);
-  }
-  return code;
-}
-
-/* ------------------------------------------------------------------ */
 
 static const char cgc__health_help[] =
     "Usage: convgrad health [--service NAME] [options]\n"
@@ -153,29 +17,20 @@ static const char cgc__health_help[] =
     "server)\n";
 
 int cgc_cmd_health(int argc, char **argv) {
-  static const struct option longopts[] = {
-      CGC_COMMON_LONGOPTS,
-      {"service", required_argument, NULL, CGC_OPT_LOCAL_BASE},
-      {NULL, 0, NULL, 0}};
   cgc_cli cli;
   const char *service = "";
-  int c, code;
-  cgc_cli_init(&cli);
-  cli.opts.deadline_ms = 3000;
-  while ((c = cgc_cli_next(&cli, "health", cgc__health_help, argc, argv,
-                           longopts, &code)) != -1) {
-    if (c == CGC_CLI_DONE)
-      return code;
-    service = optarg; /* --service, the only local option */
-  }
+  const cgc_cli_opt opts[] = {{"service", CGC_CLI_STR, &service},
+                              {NULL, 0, NULL}};
   cgc_channel *ch;
-  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+  int code;
+  cgc_cli_init(&cli, "health", cgc__health_help, 3000);
+  if (cgc_cli_start(&cli, opts, argc, argv, &ch, &code))
     return code;
   cgc_health_status hs;
   cgc_status st;
   int rc = cgc_health(ch, service, 0, &hs, &st);
   if (rc) {
-    code = cgc_cli_fail(&cli, "health", rc, &st);
+    code = cgc_cli_fail(&cli, rc, &st);
   } else {
     printf("%s\n", cgc_health_status_name(hs));
     code = hs == CGC_HEALTH_SERVING ? CGC_EXIT_OK : CGC_EXIT_FAIL;
@@ -287,28 +142,18 @@ static int cgc__info_json(const cgc_server_info *in) {
 }
 
 int cgc_cmd_info(int argc, char **argv) {
-  static const struct option longopts[] = {
-      CGC_COMMON_LONGOPTS,
-      {"json", no_argument, NULL, CGC_OPT_LOCAL_BASE},
-      {NULL, 0, NULL, 0}};
   cgc_cli cli;
-  int c, code, json = 0;
-  cgc_cli_init(&cli);
-  cli.opts.deadline_ms = 10000;
-  while ((c = cgc_cli_next(&cli, "info", cgc__info_help, argc, argv, longopts,
-                           &code)) != -1) {
-    if (c == CGC_CLI_DONE)
-      return code;
-    json = 1; /* --json, the only local option */
-  }
+  int code, json = 0;
+  const cgc_cli_opt opts[] = {{"json", CGC_CLI_FLAG, &json}, {NULL, 0, NULL}};
   cgc_channel *ch;
-  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+  cgc_cli_init(&cli, "info", cgc__info_help, 10000);
+  if (cgc_cli_start(&cli, opts, argc, argv, &ch, &code))
     return code;
   cgc_server_info *in = NULL;
   cgc_status st;
   int rc = cgc_server_info_get(ch, 0, &in, &st);
   if (rc) {
-    code = cgc_cli_fail(&cli, "info", rc, &st);
+    code = cgc_cli_fail(&cli, rc, &st);
   } else if (json) {
     code = cgc__info_json(in);
   } else {

@@ -49,8 +49,11 @@ static const char cgc__run_help[] =
     "                       and max rel error (|diff| / max|ref|); exit 1 if\n"
     "                       above the dtype's tolerance\n";
 
+/* run's string-valued options, in the order of the option table; their
+ * values are read once every flag is known, because --graph and --problem
+ * come first and the other flags override them. */
 enum {
-  R_OP = CGC_OPT_LOCAL_BASE,
+  R_OP,
   R_GRAPH,
   R_GRAPH_OP,
   R_PROBLEM,
@@ -66,7 +69,6 @@ enum {
   R_WEIGHTS_FORMAT,
   R_DST_SHAPE,
   R_WEIGHTS_SHAPE,
-  R_SHAPE_INPUT,
   R_OUTPUT_FORMAT,
   R_IN0,
   R_IN1,
@@ -74,50 +76,36 @@ enum {
   R_IN1_SHAPE,
   R_SEED,
   R_OUT,
-  R_CHECK,
-  R_END
+  R_COUNT
 };
-#define R_COUNT (R_END - CGC_OPT_LOCAL_BASE)
+static const char *const cgc__run_names[R_COUNT] = {
+    [R_OP] = "op",
+    [R_GRAPH] = "graph",
+    [R_GRAPH_OP] = "graph-op",
+    [R_PROBLEM] = "problem",
+    [R_DTYPE] = "dtype",
+    [R_STRIDES] = "strides",
+    [R_PADS_BEGIN] = "pads-begin",
+    [R_PADS_END] = "pads-end",
+    [R_DILATIONS] = "dilations",
+    [R_OUTPUT_PADDING] = "output-padding",
+    [R_GROUPS] = "groups",
+    [R_AUTO_PAD] = "auto-pad",
+    [R_DATA_FORMAT] = "data-format",
+    [R_WEIGHTS_FORMAT] = "weights-format",
+    [R_DST_SHAPE] = "dst-shape",
+    [R_WEIGHTS_SHAPE] = "weights-shape",
+    [R_OUTPUT_FORMAT] = "output-format",
+    [R_IN0] = "in0",
+    [R_IN1] = "in1",
+    [R_IN0_SHAPE] = "in0-shape",
+    [R_IN1_SHAPE] = "in1-shape",
+    [R_SEED] = "seed",
+    [R_OUT] = "out"};
 
-static const struct option cgc__run_opts[] = {
-    CGC_COMMON_LONGOPTS,
-    {"op", required_argument, NULL, R_OP},
-    {"graph", required_argument, NULL, R_GRAPH},
-    {"graph-op", required_argument, NULL, R_GRAPH_OP},
-    {"problem", required_argument, NULL, R_PROBLEM},
-    {"dtype", required_argument, NULL, R_DTYPE},
-    {"strides", required_argument, NULL, R_STRIDES},
-    {"pads-begin", required_argument, NULL, R_PADS_BEGIN},
-    {"pads-end", required_argument, NULL, R_PADS_END},
-    {"dilations", required_argument, NULL, R_DILATIONS},
-    {"output-padding", required_argument, NULL, R_OUTPUT_PADDING},
-    {"groups", required_argument, NULL, R_GROUPS},
-    {"auto-pad", required_argument, NULL, R_AUTO_PAD},
-    {"data-format", required_argument, NULL, R_DATA_FORMAT},
-    {"weights-format", required_argument, NULL, R_WEIGHTS_FORMAT},
-    {"dst-shape", required_argument, NULL, R_DST_SHAPE},
-    {"weights-shape", required_argument, NULL, R_WEIGHTS_SHAPE},
-    {"shape-input", no_argument, NULL, R_SHAPE_INPUT},
-    {"output-format", required_argument, NULL, R_OUTPUT_FORMAT},
-    {"in0", required_argument, NULL, R_IN0},
-    {"in1", required_argument, NULL, R_IN1},
-    {"in0-shape", required_argument, NULL, R_IN0_SHAPE},
-    {"in1-shape", required_argument, NULL, R_IN1_SHAPE},
-    {"seed", required_argument, NULL, R_SEED},
-    {"out", required_argument, NULL, R_OUT},
-    {"check", no_argument, NULL, R_CHECK},
-    {NULL, 0, NULL, 0}};
-
-/* The flag text of option id (for messages). */
-static const char *cgc__run_flag(int id) {
-  for (const struct option *o = cgc__run_opts; o->name; o++)
-    if (o->val == id)
-      return o->name;
-  return "?";
-}
-
-/* Applies the attribute and shape flags on top of s. */
-static int cgc__run_apply(cgc_spec *s, const char *const *v) {
+/* Applies the attribute and shape flags (v, and --shape-input) on top of
+ * s. */
+static int cgc__run_apply(cgc_spec *s, const char *const *v, int shape_input) {
   static const struct {
     int id;
     size_t off;
@@ -130,38 +118,33 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
       {R_DST_SHAPE, offsetof(cgc_spec, dst_shape)},
       {R_WEIGHTS_SHAPE, offsetof(cgc_spec, weights_shape)},
   };
-#define V(id) v[(id)-CGC_OPT_LOCAL_BASE]
-  if (V(R_OP) && cg_op_parse(V(R_OP), &s->op))
-    return cgc_cli_usage("run", "unknown op '%s'", V(R_OP));
-  if (V(R_DTYPE) && cg_dtype_parse(V(R_DTYPE), &s->dtype))
-    return cgc_cli_usage("run", "--dtype must be f32, bf16 or f16, got '%s'",
-                         V(R_DTYPE));
+  int code;
+  if ((code = cgc_cli_name("run", CGC_CLI_OP, v[R_OP], &s->op)) ||
+      (code = cgc_cli_name("run", CGC_CLI_DTYPE, v[R_DTYPE], &s->dtype)))
+    return code;
   for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) {
-    const char *t = V(lists[i].id);
+    const char *t = v[lists[i].id];
     if (t && cgc_list_parse(t, (cgc_list *)((char *)s + lists[i].off)))
       return cgc_cli_usage("run",
                            "--%s: expected a comma list of integers, "
                            "got '%s'",
-                           cgc__run_flag(lists[i].id), t);
+                           cgc__run_names[lists[i].id], t);
   }
-  if (V(R_GROUPS)) {
-    int64_t g;
-    if (cgc_cli_int(V(R_GROUPS), INT64_MIN / 2, INT64_MAX / 2, &g))
-      return cgc_cli_usage("run", "--groups: expected an integer");
-    s->groups = g;
-  }
-  if (V(R_AUTO_PAD) && cg_auto_pad_parse(V(R_AUTO_PAD), &s->auto_pad))
+  cgc_cli_num groups = {s->groups, INT64_MIN / 2, INT64_MAX / 2,
+                        "--groups: expected an integer"};
+  if ((code = cgc_cli_number("run", v[R_GROUPS], &groups)))
+    return code;
+  s->groups = groups.v;
+  if (v[R_AUTO_PAD] && cg_auto_pad_parse(v[R_AUTO_PAD], &s->auto_pad))
     return cgc_cli_usage("run", "--auto-pad: unknown value '%s'",
-                         V(R_AUTO_PAD));
-  if (V(R_DATA_FORMAT) &&
-      cg_data_format_parse(V(R_DATA_FORMAT), &s->data_format))
-    return cgc_cli_usage("run", "--data-format must be NCX or NXC");
-  if (V(R_WEIGHTS_FORMAT) &&
-      cg_weights_format_parse(V(R_WEIGHTS_FORMAT), &s->weights_format))
-    return cgc_cli_usage("run",
-                         "--weights-format must be OIX, XIO, IOX or XOI");
-  if (V(R_OUTPUT_FORMAT) && s->op) {
-    const char *f = V(R_OUTPUT_FORMAT);
+                         v[R_AUTO_PAD]);
+  if ((code = cgc_cli_name("run", CGC_CLI_DATA_FORMAT, v[R_DATA_FORMAT],
+                           &s->data_format)) ||
+      (code = cgc_cli_name("run", CGC_CLI_WEIGHTS_FORMAT, v[R_WEIGHTS_FORMAT],
+                           &s->weights_format)))
+    return code;
+  if (v[R_OUTPUT_FORMAT] && s->op) {
+    const char *f = v[R_OUTPUT_FORMAT];
     int bad = cg_op_outputs_weights(s->op)
                   ? cg_weights_format_parse(f, &s->out_weights_format)
                   : cg_data_format_parse(f, &s->out_data_format);
@@ -170,7 +153,7 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
                            cg_op_output_name(s->op));
   }
   for (int i = 0; i < 2; i++) {
-    const char *t = V(i ? R_IN1_SHAPE : R_IN0_SHAPE);
+    const char *t = v[i ? R_IN1_SHAPE : R_IN0_SHAPE];
     cgc_list l;
     if (!t)
       continue;
@@ -180,7 +163,7 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
     s->rank[i] = (int)l.len;
     memcpy(s->dims[i], l.v, l.len * sizeof(int64_t));
   }
-  if (V(R_SHAPE_INPUT)) {
+  if (shape_input) {
     const cgc_list *l =
         s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape : &s->weights_shape;
     if (!s->op || s->op == CG_OP_DECONV_BWD_DATA || l->len == 0)
@@ -190,7 +173,6 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v) {
     s->has_shape_input = 1;
     s->shape_input = *l;
   }
-#undef V
   return 0;
 }
 
@@ -301,62 +283,64 @@ int cgc_cmd_run(int argc, char **argv) {
   size_t nbytes[2] = {0, 0};
   cgc_channel *ch = NULL;
   cgc_tensor *out = NULL;
-  int c, code = 0;
-  int64_t seed = 1, graph_op = 0;
+  int code = 0, shape_input = 0, check = 0;
+  cgc_cli_num seed = {1, 0, INT64_MAX,
+                      "--seed: expected a non-negative integer"};
+  cgc_cli_num graph_op = {0, 0, 1000, "--graph-op: expected an index"};
+  cgc_cli_opt opts[R_COUNT + 3];
+  for (int i = 0; i < R_COUNT; i++)
+    opts[i] = (cgc_cli_opt){cgc__run_names[i], CGC_CLI_STR, &v[i]};
+  opts[R_COUNT] = (cgc_cli_opt){"shape-input", CGC_CLI_FLAG, &shape_input};
+  opts[R_COUNT + 1] = (cgc_cli_opt){"check", CGC_CLI_FLAG, &check};
+  opts[R_COUNT + 2] = (cgc_cli_opt){NULL, 0, NULL};
 
-  cgc_cli_init(&cli);
-  while ((c = cgc_cli_next(&cli, "run", cgc__run_help, argc, argv,
-                           cgc__run_opts, &code)) != -1) {
-    if (c == CGC_CLI_DONE)
-      return code;
-    v[c - CGC_OPT_LOCAL_BASE] = optarg ? optarg : "1";
-  }
-#define V(id) v[(id)-CGC_OPT_LOCAL_BASE]
-  if (V(R_SEED) && cgc_cli_int(V(R_SEED), 0, INT64_MAX, &seed))
-    return cgc_cli_usage("run", "--seed: expected a non-negative integer");
-  if (V(R_GRAPH_OP) && cgc_cli_int(V(R_GRAPH_OP), 0, 1000, &graph_op))
-    return cgc_cli_usage("run", "--graph-op: expected an index");
-  if (V(R_GRAPH) && V(R_PROBLEM))
+  cgc_cli_init(&cli, "run", cgc__run_help, 0);
+  if (cgc_cli_parse(&cli, opts, argc, argv, &code))
+    return code;
+  if ((code = cgc_cli_number("run", v[R_SEED], &seed)) ||
+      (code = cgc_cli_number("run", v[R_GRAPH_OP], &graph_op)))
+    return code;
+  if (v[R_GRAPH] && v[R_PROBLEM])
     return cgc_cli_usage("run", "--graph and --problem exclude each other");
 
   cgc_spec_init(&s);
-  if (V(R_GRAPH)) {
-    if (cgc_graph_load(V(R_GRAPH), (int)graph_op, &s, err, sizeof err)) {
+  if (v[R_GRAPH]) {
+    if (cgc_graph_load(v[R_GRAPH], (int)graph_op.v, &s, err, sizeof err)) {
       fprintf(stderr, "convgrad run: %s\n", err);
       return CGC_EXIT_INPUT;
     }
-  } else if (V(R_PROBLEM)) {
+  } else if (v[R_PROBLEM]) {
     cg_op op;
     cg_dtype dt = CG_DTYPE_F32;
     cg_bdesc d;
     cg_bdesc_problem bp;
-    if (!V(R_OP) || cg_op_parse(V(R_OP), &op))
+    if (!v[R_OP] || cg_op_parse(v[R_OP], &op))
       return cgc_cli_usage("run", "--problem needs a valid --op");
-    if (V(R_DTYPE) && cg_dtype_parse(V(R_DTYPE), &dt))
-      return cgc_cli_usage("run", "--dtype must be f32, bf16 or f16");
+    if ((code = cgc_cli_name("run", CGC_CLI_DTYPE, v[R_DTYPE], &dt)))
+      return code;
     int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
-    if (cg_bdesc_parse(V(R_PROBLEM), deconv, &d, err, sizeof err) ||
+    if (cg_bdesc_parse(v[R_PROBLEM], deconv, &d, err, sizeof err) ||
         cg_bdesc_problem_init(&bp, &d, op, dt, CG_DATA_DEFAULT,
                               CG_WEIGHTS_DEFAULT, err, sizeof err))
       return cgc_cli_usage("run", "--problem: %s", err);
     cgc_spec_from_problem(&s, &bp.problem);
   }
-  if ((code = cgc__run_apply(&s, v)) != 0)
+  if ((code = cgc__run_apply(&s, v, shape_input)) != 0)
     return code;
   if (!s.op)
     return cgc_cli_usage("run", "give --op NAME or --graph FILE");
   /* Without an explicit dtype, .npy inputs decide it. */
-  if (!V(R_DTYPE) && !V(R_GRAPH) && !V(R_PROBLEM) && V(R_IN0)) {
+  if (!v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM] && v[R_IN0]) {
     cgc_npy probe;
-    if (cgc_npy_read(V(R_IN0), &probe, err, sizeof err) == 0) {
+    if (cgc_npy_read(v[R_IN0], &probe, err, sizeof err) == 0) {
       s.dtype = probe.dtype;
       cgc_npy_free(&probe);
     }
   }
 
-  uint64_t state = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+  uint64_t state = (uint64_t)seed.v * 0x9e3779b97f4a7c15ull + 1;
   for (int i = 0; i < 2; i++) {
-    const char *file = V(i ? R_IN1 : R_IN0);
+    const char *file = v[i ? R_IN1 : R_IN0];
     if (file) {
       if ((code = cgc__run_load(&s, i, file, &in[i], &nbytes[i])) != 0)
         goto out;
@@ -399,7 +383,7 @@ int cgc_cmd_run(int argc, char **argv) {
   cgc_spec_request(&s, in[0], nbytes[0], in[1], nbytes[1], &req);
   int rc = cgc_compute(ch, &req, &out, &res, &st);
   if (rc) {
-    code = cgc_cli_fail(&cli, "run", rc, &st);
+    code = cgc_cli_fail(&cli, rc, &st);
     goto out;
   }
   printf("%s %s: %s ", cg_op_name(s.op), cg_dtype_name(out->dtype),
@@ -425,18 +409,17 @@ int cgc_cmd_run(int argc, char **argv) {
   if (res.download_ms > 0 && res.bytes_received >= (4u << 20))
     printf("transfer: download %.1f ms (%.2f GB/s)\n", res.download_ms,
            (double)res.bytes_received / res.download_ms / 1e6);
-  if (V(R_OUT)) {
-    if (cgc_npy_write(V(R_OUT), out->dtype, out->rank, out->dims, out->data,
+  if (v[R_OUT]) {
+    if (cgc_npy_write(v[R_OUT], out->dtype, out->rank, out->dims, out->data,
                       out->nbytes, err, sizeof err)) {
       fprintf(stderr, "convgrad run: %s\n", err);
       code = CGC_EXIT_INTERNAL;
       goto out;
     }
-    printf("wrote %s\n", V(R_OUT));
+    printf("wrote %s\n", v[R_OUT]);
   }
-  if (V(R_CHECK))
+  if (check)
     code = cgc__run_check(&s, in[0], in[1], out);
-#undef V
 out:
   cgc_tensor_free(out);
   cgc_channel_free(ch);

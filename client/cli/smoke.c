@@ -268,30 +268,17 @@ static int cgc__smoke_wait(const cgc_cli *cli, cgc_channel *ch, double wait_s) {
 }
 
 int cgc_cmd_smoke(int argc, char **argv) {
-  static const struct option longopts[] = {
-      CGC_COMMON_LONGOPTS,
-      {"wait", required_argument, NULL, CGC_OPT_LOCAL_BASE},
-      {"quiet", no_argument, NULL, CGC_OPT_LOCAL_BASE + 1},
-      {NULL, 0, NULL, 0}};
   cgc_cli cli;
-  int c, code, quiet = 0;
-  int64_t wait_s = 30;
-  cgc_cli_init(&cli);
-  while ((c = cgc_cli_next(&cli, "smoke", cgc__smoke_help, argc, argv, longopts,
-                           &code)) != -1) {
-    if (c == CGC_CLI_DONE)
-      return code;
-    if (c == CGC_OPT_LOCAL_BASE) {
-      if (cgc_cli_int(optarg, 0, 86400, &wait_s))
-        return cgc_cli_usage("smoke", "--wait: expected seconds");
-    } else {
-      quiet = 1;
-    }
-  }
+  int code, quiet = 0;
+  cgc_cli_num wait_s = {30, 0, 86400, "--wait: expected seconds"};
+  const cgc_cli_opt opts[] = {{"wait", CGC_CLI_NUM, &wait_s},
+                              {"quiet", CGC_CLI_FLAG, &quiet},
+                              {NULL, 0, NULL}};
   cgc_channel *ch;
-  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+  cgc_cli_init(&cli, "smoke", cgc__smoke_help, 0);
+  if (cgc_cli_start(&cli, opts, argc, argv, &ch, &code))
     return code;
-  if ((code = cgc__smoke_wait(&cli, ch, (double)wait_s)) != 0)
+  if ((code = cgc__smoke_wait(&cli, ch, (double)wait_s.v)) != 0)
     goto out;
 
   int total = 0, passed = 0;

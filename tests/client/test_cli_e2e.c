@@ -288,6 +288,23 @@ static void test_failure_exit_codes(void **state) {
   expect(&r, 2, "bad value 'many' for --retries", badval);
   const char *cmd[] = {cli, "transmogrify", NULL};
   expect(&r, 2, "unknown command", cmd);
+  /* Each subcommand's own option kinds (cli.h), one usage line each. */
+  const char *bench_num[] = {cli, "bench", "--concurrency", "0", NULL};
+  expect(&r, 2, "--concurrency must be 1..256", bench_num);
+  const char *bench_name[] = {cli, "bench", "--weights-format", "ABC", NULL};
+  expect(&r, 2, "--weights-format must be OIX, XIO, IOX or XOI, got 'ABC'",
+         bench_name);
+  const char *run_name[] = {cli,       "run", "--op", "ConvolutionBackwardData",
+                            "--dtype", "f64", NULL};
+  expect(&r, 2, "--dtype must be f32, bf16 or f16, got 'f64'", run_name);
+  const char *run_num[] = {cli, "run", "--seed", "-1", NULL};
+  expect(&r, 2, "--seed: expected a non-negative integer", run_num);
+  const char *smoke_num[] = {cli, "smoke", "--wait", "x", NULL};
+  expect(&r, 2, "--wait: expected seconds", smoke_num);
+  const char *flag_val[] = {cli, "info", "--json=1", NULL};
+  expect(&r, 2, "unknown option '--json=1'", flag_val);
+  const char *stray[] = {cli, "health", "extra", NULL};
+  expect(&r, 2, "unexpected argument 'extra'", stray);
   const char *list[] = {
       cli,         "run", tflag, "--op", "ConvolutionBackwardData",
       "--strides", "2,x", NULL};
