@@ -68,9 +68,11 @@ static void test_deadline_while_queued_and_queue_full(void **state) {
   wait_log("runs a job", runs + 1);
   assert_int_equal(ts_bg_start(&q1, ch, &small, 60000), 0);
   wait_log("admitted", admitted + 2);
-  /* This one waits in the queue and its deadline passes there. */
+  /* This one waits in the queue and its deadline passes there. A quarter
+   * of the calibrated time: busy may run several times faster than the
+   * calibration did when that shared the cores with other tests. */
   int expired = ts_server_log_count(&srv, "status=DEADLINE_EXCEEDED");
-  assert_int_equal(ts_bg_start(&q2, ch, &small, (int64_t)(took * 0.6)), 0);
+  assert_int_equal(ts_bg_start(&q2, ch, &small, (int64_t)(took * 0.25)), 0);
   wait_log("admitted", admitted + 3);
 
   /* Queue full: refused at once, before any upload. */
