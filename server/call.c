@@ -24,6 +24,10 @@
 /* Largest response chunk we send, whatever the client asks for: stays
  * under gRPC's default 4 MiB receive limit with room for framing. */
 #define MAX_CHUNK_BYTES (4u * 1024 * 1024 - 1024)
+/* Results up to this size ride in ResultHeader.data (the wire contract
+ * promises clients no more): the whole answer is one message in one batch
+ * with the status, instead of two sequential send batches. */
+#define INLINE_RESULT_MAX (64u * 1024)
 
 typedef enum {
   ST_RECV_HEADER, /* waiting for the first message */
@@ -270,6 +274,51 @@ static int past_deadline(const cgs_call *c) {
 
 /* ---- sending the result ----------------------------------------------- */
 
+/* Fills op with the final OK status, which the batch being built will
+ * carry, and records the call as finished. */
+static void add_ok_status(cgs_call *c, grpc_op *op) {
+  c->finished = 1;
+  c->ended_in = state_names[c->st];
+  c->status = GRPC_STATUS_OK;
+  c->st = ST_DONE;
+  c->status_slice = grpc_slice_from_static_string("");
+  c->status_slice_set = 1;
+  uv_timer_stop(&c->timer);
+  op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
+  op->data.send_status_from_server.status = GRPC_STATUS_OK;
+  op->data.send_status_from_server.status_details = &c->status_slice;
+}
+
+/* Starts a result batch (c->send_bb, if any, is its message). grpc only
+ * refuses one once the server is closing: the call ends there. */
+static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
+  c->send_pending = 1;
+  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK)
+    return;
+  c->send_pending = 0;
+  if (c->send_bb) {
+    grpc_byte_buffer_destroy(c->send_bb);
+    c->send_bb = NULL;
+  }
+  if (!c->finished)
+    c->ended_in = state_names[c->st];
+  c->finished = 1;
+  c->status = GRPC_STATUS_INTERNAL;
+  snprintf(c->msg, sizeof c->msg, "cannot start a send batch");
+  uv_timer_stop(&c->timer);
+  grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+}
+
+/* 1 when the OK status may go out: the whole result is sent and the
+ * client's stream has ended, so nothing after the declared tensors can
+ * still arrive and turn the call into INVALID_ARGUMENT. */
+static int ready_for_ok(const cgs_call *c) {
+  return c->sent == c->geom.out_bytes && c->half_closed;
+}
+
+/* Sends the next chunk of the result, with the OK status when it may go;
+ * once the result is out and only the client's half-close is awaited,
+ * sends nothing (take_message calls again when it comes). */
 static void send_next(cgs_call *c) {
   size_t total = c->geom.out_bytes, left = total - c->sent;
   size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
@@ -284,31 +333,10 @@ static void send_next(cgs_call *c) {
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = c->send_bb;
   }
-  if (c->sent == total) {
-    /* The last chunk carries the OK status in the same batch. */
-    c->finished = 1;
-    c->ended_in = state_names[c->st];
-    c->status = GRPC_STATUS_OK;
-    c->st = ST_DONE;
-    c->status_slice = grpc_slice_from_static_string("");
-    c->status_slice_set = 1;
-    uv_timer_stop(&c->timer);
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = GRPC_STATUS_OK;
-    ops[n++].data.send_status_from_server.status_details = &c->status_slice;
-  }
-  c->send_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
-    c->send_pending = 0;
-    if (c->send_bb) {
-      grpc_byte_buffer_destroy(c->send_bb);
-      c->send_bb = NULL;
-    }
-    c->finished = 1;
-    c->status = GRPC_STATUS_INTERNAL;
-    snprintf(c->msg, sizeof c->msg, "cannot start a send batch");
-    grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
-  }
+  if (ready_for_ok(c))
+    add_ok_status(c, &ops[n++]); /* the last chunk carries it */
+  if (n)
+    start_send(c, ops, n);
 }
 
 static void send_header(cgs_call *c) {
@@ -334,12 +362,18 @@ static void send_header(cgs_call *c) {
   h.pads_begin = pb;
   h.pads_end = pe;
   h.worker = (char *)cgs_pool_worker_name(c->s->pool, c->job.worker);
+  int whole =
+      g->out_bytes <= INLINE_RESULT_MAX && g->out_bytes <= c->chunk_bytes;
+  if (whole) {
+    h.data.data = c->out->data; /* packed by copy: at most 64 KiB */
+    h.data.len = g->out_bytes;
+  }
   Convgrad__V1__ComputeResponse r = CONVGRAD__V1__COMPUTE_RESPONSE__INIT;
   r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER;
   r.header = &h;
   c->send_bb = cgs_wire_pack(&r.base);
 
-  grpc_op ops[2];
+  grpc_op ops[3];
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
@@ -347,13 +381,12 @@ static void send_header(cgs_call *c) {
   c->md_sent = 1;
   c->st = ST_SENDING;
   c->t_send = uv_hrtime();
-  c->send_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, ops, 2, &c->tag_send) != GRPC_CALL_OK) {
-    c->send_pending = 0;
-    grpc_byte_buffer_destroy(c->send_bb);
-    c->send_bb = NULL;
-    finish(c, GRPC_STATUS_INTERNAL, "cannot start a send batch");
-  }
+  size_t n = 2;
+  if (whole)
+    c->sent = g->out_bytes;
+  if (ready_for_ok(c))
+    add_ok_status(c, &ops[n++]);
+  start_send(c, ops, n);
 }
 
 static void on_send(cgs_tag *t, int ok) {
@@ -844,15 +877,15 @@ static void handle_message(cgs_call *c, grpc_byte_buffer *bb) {
   }
 }
 
-static void on_recv(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
-  grpc_byte_buffer *bb = c->recv_bb;
-  c->recv_bb = NULL;
-  c->recv_pending = 0;
-  if (ok && !c->finished) {
+/* Takes one received message, or the end of the client's stream when bb
+ * is NULL, and asks for the next message. Consumes bb. */
+static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
+  if (!c->finished) {
     if (!bb) {
       c->half_closed = 1;
-      if (c->st == ST_RECV_HEADER)
+      if (c->st == ST_SENDING && !c->send_pending)
+        send_next(c);
+      else if (c->st == ST_RECV_HEADER)
         finish(c, GRPC_STATUS_INVALID_ARGUMENT,
                "request: stream ended before the header");
       else if (c->st == ST_RECV_DATA)
@@ -865,6 +898,17 @@ static void on_recv(cgs_tag *t, int ok) {
     }
   }
   if (bb)
+    grpc_byte_buffer_destroy(bb);
+}
+
+static void on_recv(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
+  grpc_byte_buffer *bb = c->recv_bb;
+  c->recv_bb = NULL;
+  c->recv_pending = 0;
+  if (ok)
+    take_message(c, bb);
+  else if (bb)
     grpc_byte_buffer_destroy(bb);
   maybe_free(c);
 }
@@ -923,9 +967,12 @@ void cgs_call_cancel_all(cgs_server *s) {
   }
 }
 
-void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
+void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                    grpc_byte_buffer *first) {
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
+    if (first)
+      grpc_byte_buffer_destroy(first);
     cgs_rpc_reply(s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "server out of memory");
     return;
@@ -956,14 +1003,12 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
     c->close_received = 1; /* no notification will come */
     grpc_call_cancel(call, NULL);
     finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");
-    maybe_free(c);
-    return;
+    goto refused;
   }
   if (s->draining) {
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server is shutting down; retry elsewhere");
-    maybe_free(c);
-    return;
+    goto refused;
   }
   gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
   if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
@@ -972,11 +1017,17 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
     if (ms <= 0) {
       finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
              "deadline exceeded before the call started");
-      maybe_free(c);
-      return;
+      goto refused;
     }
     c->deadline_at = c->t_start + (uint64_t)ms * 1000000u;
     uv_timer_start(&c->timer, on_deadline, (uint64_t)ms, 0);
   }
-  post_recv(c);
+  take_message(c, first);
+  maybe_free(c);
+  return;
+
+refused:
+  if (first)
+    grpc_byte_buffer_destroy(first);
+  maybe_free(c);
 }

@@ -22,9 +22,10 @@
  * waiting (grpc queues the rest until the loop posts more). */
 static const int slots_per_method[CGS_M_COUNT] = {32, 2, 4, 4, 2};
 
-/* Streaming methods receive their messages themselves; grpc reads the
- * request of unary ones. */
-static const int streaming[CGS_M_COUNT] = {1, 0, 0, 1, 0};
+/* Methods whose first request message grpc reads before handing over the
+ * call. For Compute that is the header: the call starts one completion
+ * earlier, and a small request is whole by then. Watch reads its own. */
+static const int first_with_call[CGS_M_COUNT] = {1, 1, 1, 0, 0};
 
 static const char *const method_paths[CGS_M_COUNT] = {
     "/convgrad.v1.ConvGrad/Compute", "/convgrad.v1.ConvGrad/GetServerInfo",
@@ -138,7 +139,7 @@ static int request_slot(cgs_server *s, cgs_method m) {
   else
     e = grpc_server_request_registered_call(
         s->grpc, s->methods[m], &sl->call, &sl->deadline, &sl->md,
-        streaming[m] ? NULL : &sl->payload, s->cq, s->cq, &sl->tag);
+        first_with_call[m] ? &sl->payload : NULL, s->cq, s->cq, &sl->tag);
   if (e != GRPC_CALL_OK) {
     cgs_error("requesting a call: %s", grpc_call_error_to_string(e));
     grpc_metadata_array_destroy(&sl->md);
@@ -157,7 +158,7 @@ static void on_slot(cgs_tag *t, int ok) {
       request_slot(s, sl->m);
     switch (sl->m) {
     case CGS_M_COMPUTE:
-      cgs_call_start(s, sl->call, sl->deadline);
+      cgs_call_start(s, sl->call, sl->deadline, sl->payload);
       break;
     case CGS_M_INFO:
       cgs_info_handle(s, sl->call, sl->payload);
@@ -350,8 +351,8 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   for (int m = 0; m < CGS_M_GENERIC; m++) {
     s->methods[m] = grpc_server_register_method(
         s->grpc, method_paths[m], NULL,
-        streaming[m] ? GRPC_SRM_PAYLOAD_NONE
-                     : GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER,
+        first_with_call[m] ? GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER
+                           : GRPC_SRM_PAYLOAD_NONE,
         0);
     if (!s->methods[m]) {
       rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot register %s",

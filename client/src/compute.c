@@ -3,7 +3,8 @@
  * DataChunk messages whose data slices point straight at the caller's
  * tensors), and decodes the response stream into one output allocation,
  * parsing the two-field ComputeResponse wire format slice by slice so each
- * received byte is copied exactly once. */
+ * received chunk byte is copied exactly once. (A small result that rides in
+ * ResultHeader.data is copied twice: protobuf-c unpacks the header.) */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,10 @@ static void cgc__pin_unref(void *p) {
     free(pin);
 }
 
-/* Longest ResultHeader accepted: a handful of ints and two short strings. */
-#define CGC__MAX_HEADER_BYTES 65536
+/* Longest ResultHeader accepted: a handful of ints and two short strings,
+ * plus ResultHeader.data, which the wire contract caps at 64 KiB. */
+#define CGC__MAX_INLINE_BYTES 65536
+#define CGC__MAX_HEADER_BYTES (65536 + CGC__MAX_INLINE_BYTES)
 /* How long to wait for gRPC to release the caller's buffers after a call
  * ended; writes already handed to the socket finish quickly, queued ones
  * are dropped when the stream closes. */
@@ -312,6 +315,10 @@ static int cgc__on_header(cgc__attempt *a) {
     rc = cgc__perr(a, "ResultHeader pads have a bad length");
     goto out;
   }
+  if (h->data.len != 0 && h->data.len != n) {
+    rc = cgc__perr(a, "ResultHeader.data is not the whole result");
+    goto out;
+  }
   cgc_tensor *t = calloc(1, sizeof *t);
   void *data = NULL;
   size_t alloc = (n + 63) & ~(size_t)63;
@@ -330,6 +337,10 @@ static int cgc__on_header(cgc__attempt *a) {
                   : CGC_LAYOUT_DEFAULT;
   t->data = data;
   t->nbytes = n;
+  if (h->data.len) {
+    memcpy(data, h->data.data, n);
+    a->received = n;
+  }
   a->out = t;
   a->have_header = 1;
   a->t_header = cgc__now_ms();
@@ -588,13 +599,12 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
       if (local_rc)
         grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
                                      "client rejected the response", NULL);
-      /* All the announced bytes are in: only the status is left, and it
-       * does not need the end-of-stream read. */
-      int done = ended || local_rc ||
-                 (a->have_header && a->received == a->out->nbytes);
-      if (done)
+      /* Once all the announced bytes are in, the status is asked for at
+       * once; reading on still catches a server that sends more. */
+      int all_in = a->have_header && a->received == a->out->nbytes;
+      if (all_in && !status_started)
         t_last = cgc__now_ms();
-      if (!done) {
+      if (!ended && !local_rc) {
         grpc_op rop;
         memset(&rop, 0, sizeof rop);
         rop.op = GRPC_OP_RECV_MESSAGE;
@@ -603,7 +613,8 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
           recv_busy = 1;
         else
           batch_failed = 1;
-      } else if (!status_started) {
+      }
+      if ((ended || local_rc || all_in) && !status_started && !batch_failed) {
         if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS) == 0)
           status_busy = status_started = 1;
         else

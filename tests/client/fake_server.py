@@ -6,8 +6,10 @@ Call number i (counted from 0) is answered with the responses of SCRIPT[i]
 as raw bytes, then status OK, so the client's own parser meets: a chunk
 before the header, a header whose total disagrees with its shape, more or
 fewer bytes than announced, a shape that overflows, a result above the
-client's size cap, an undecodable message, two headers, and one correct
-answer. Prints "fake-server ready listen=127.0.0.1:PORT" when serving.
+client's size cap, an undecodable message, two headers, inline data
+(ResultHeader.data) that is not the whole result or is followed by a
+chunk, and two correct answers (chunked and inline). Prints
+"fake-server ready listen=127.0.0.1:PORT" when serving.
 Debian's python3-grpcio; no generated stubs needed.
 """
 import sys
@@ -31,11 +33,13 @@ def ld(num, payload):
     return varint(num << 3 | 2) + varint(len(payload)) + payload
 
 
-def header(shape=(2, 2), total=16, dtype=1):
-    """ResultHeader: dtype (1), packed shape (2), total_bytes (4), worker (10)."""
+def header(shape=(2, 2), total=16, dtype=1, data=b""):
+    """ResultHeader: dtype (1), packed shape (2), total_bytes (4), worker (10),
+    data (11) when given."""
     packed = b"".join(varint(d) for d in shape)
     return ld(1, varint(1 << 3) + varint(dtype) + ld(2, packed) +
-              varint(4 << 3) + varint(total) + ld(10, b"fake-0"))
+              varint(4 << 3) + varint(total) + ld(10, b"fake-0") +
+              (ld(11, data) if data else b""))
 
 
 def chunk(data):
@@ -53,7 +57,10 @@ SCRIPT = [
     [b"\x1f"],                                           # wire type 7
     [header(), header()],                                # two headers
     [header(dtype=4)],                                   # s32 result
+    [header(data=bytes(8))],                             # inline, short
+    [header(data=bytes(16)), chunk(bytes(4))],           # inline + chunk
     [header(), chunk(bytes(range(8))), chunk(bytes(range(8, 16)))],  # ok
+    [header(data=bytes(range(16)))],                     # ok, inline
 ]
 
 lock = threading.Lock()

@@ -34,6 +34,9 @@ static const expect_row rows[] = {
     {CGC_EPROTO, "unsupported wire type"},
     {CGC_EPROTO, "a second ResultHeader"},
     {CGC_EPROTO, "dtype"},
+    {CGC_EPROTO, "data is not the whole result"},
+    {CGC_EPROTO, "more data than"},
+    {0, NULL},
     {0, NULL},
 };
 

@@ -178,6 +178,43 @@ static void test_chunking_and_header(void **state) {
   ts_problem_free(&tp);
 }
 
+/* A result of at most 64 KiB and at most the chunk size comes whole in
+ * ResultHeader.data with no chunk after it; anything bigger is chunked. */
+static void test_inline_result(void **state) {
+  (void)state;
+  static const struct {
+    int64_t mb;                  /* out = mb x 16 x 32 x 32 f32 = mb x 64 KiB */
+    uint32_t response_chunk;     /* 0 = the server's 1 MiB */
+    size_t inline_len, nchunks;
+  } cases[] = {
+      {1, 0, 65536, 0},     /* exactly 64 KiB: inline */
+      {1, 65535, 0, 2},     /* over the asked chunk size: chunked */
+      {2, 0, 0, 1},         /* over 64 KiB: one 128 KiB chunk */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
+                 .dfmt = CG_DATA_NCX, .groups = 1, .mb = cases[i].mb,
+                 .ic = 16, .oc = 8, .nsp = 2, .is = {32, 32}, .ks = {3, 3},
+                 .stride = 1, .pad = 1, .dil = 1, .seed = 11 + (int)i};
+    ts_problem tp;
+    assert_int_equal(ts_problem_init(&tp, &d), 0);
+    assert_int_equal(tp.g.out_bytes, (size_t)cases[i].mb * 65536);
+    assert_int_equal(ts_problem_reference(&tp), 0);
+    const void *data[2] = {tp.in[0], tp.in[1]};
+    size_t len[2] = {tp.g.in_bytes[0], tp.g.in_bytes[1]};
+    ts_opts o = {.response_chunk_bytes = cases[i].response_chunk};
+    ts_result r;
+    assert_int_equal(ts_compute(ch, &tp.header, data, len, &o, &r), 0);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    assert_int_equal(r.hdr->data.len, cases[i].inline_len);
+    assert_int_equal(r.nchunks, cases[i].nchunks);
+    assert_int_equal(r.nbytes, tp.g.out_bytes);
+    assert_int_equal(ts_problem_check(&tp, r.data), 0);
+    ts_result_free(&r);
+    ts_problem_free(&tp);
+  }
+}
+
 static void test_server_info(void **state) {
   (void)state;
   ts_call c;
@@ -235,6 +272,7 @@ int main(void) {
       cmocka_unit_test(test_deconv_bwd_weights),
       cmocka_unit_test(test_shape_tensor_and_output_layout),
       cmocka_unit_test(test_chunking_and_header),
+      cmocka_unit_test(test_inline_result),
       cmocka_unit_test(test_server_info),
       cmocka_unit_test(test_health),
   };

@@ -146,18 +146,23 @@ def main():
             yield pb.ComputeRequest(chunk=pb.DataChunk(input=1,
                                                        data=w.tobytes()))
 
-        msgs = list(stub.Compute(requests(), timeout=30))
-        head = msgs[0].header
-        assert msgs[0].WhichOneof("kind") == "header"
-        assert list(head.shape) == [n, ic, ih, iw], head
-        assert head.layout == pb.NCX and head.dtype == pb.F32
-        data = b"".join(m.chunk for m in msgs[1:])
-        assert all(len(m.chunk) <= 1000 for m in msgs[1:])
-        assert len(data) == head.total_bytes == n * ic * ih * iw * 4
-        got = np.frombuffer(data, "<f4").reshape(n, ic, ih, iw)
+        # Chunked (1000-byte chunks), then whole in header.data: the
+        # result is 4752 bytes, under both 64 KiB and 8192.
         want = conv_bwd_data_ref(dy, w, groups, s, p, d, (ih, iw))
-        err = np.max(np.abs(got - want))
-        assert err < 1e-4, err
+        for chunk_bytes, nmsgs in ((1000, 6), (8192, 1)):
+            header.response_chunk_bytes = chunk_bytes
+            msgs = list(stub.Compute(requests(), timeout=30))
+            assert len(msgs) == nmsgs, (chunk_bytes, len(msgs))
+            head = msgs[0].header
+            assert msgs[0].WhichOneof("kind") == "header"
+            assert list(head.shape) == [n, ic, ih, iw], head
+            assert head.layout == pb.NCX and head.dtype == pb.F32
+            data = head.data + b"".join(m.chunk for m in msgs[1:])
+            assert all(len(m.chunk) <= chunk_bytes for m in msgs[1:])
+            assert len(data) == head.total_bytes == n * ic * ih * iw * 4
+            got = np.frombuffer(data, "<f4").reshape(n, ic, ih, iw)
+            err = np.max(np.abs(got - want))
+            assert err < 1e-4, (chunk_bytes, err)
 
         # A truncated stream is INVALID_ARGUMENT, naming the input.
         def truncated():

@@ -349,6 +349,10 @@ int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
       m->header = NULL;
       m->kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND__NOT_SET;
       r->data = malloc(r->hdr->total_bytes ? r->hdr->total_bytes : 1);
+      if (r->hdr->data.len && r->hdr->data.len <= r->hdr->total_bytes) {
+        memcpy(r->data, r->hdr->data.data, r->hdr->data.len);
+        r->nbytes = r->hdr->data.len;
+      }
     } else if (m->kind_case == CONVGRAD__V1__COMPUTE_RESPONSE__KIND_CHUNK &&
                r->hdr && r->nbytes + m->chunk.len <= r->hdr->total_bytes) {
       memcpy(r->data + r->nbytes, m->chunk.data, m->chunk.len);
