@@ -309,16 +309,6 @@ static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
 }
 
-/* 1 when the OK status may go out: the whole result is sent and the
- * client's stream has ended, so nothing after the declared tensors can
- * still arrive and turn the call into INVALID_ARGUMENT. */
-static int ready_for_ok(const cgs_call *c) {
-  return c->sent == c->geom.out_bytes && c->half_closed;
-}
-
-/* Sends the next chunk of the result, with the OK status when it may go;
- * once the result is out and only the client's half-close is awaited,
- * sends nothing (take_message calls again when it comes). */
 static void send_next(cgs_call *c) {
   size_t total = c->geom.out_bytes, left = total - c->sent;
   size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
@@ -333,10 +323,9 @@ static void send_next(cgs_call *c) {
     ops[n].op = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = c->send_bb;
   }
-  if (ready_for_ok(c))
+  if (c->sent == total)
     add_ok_status(c, &ops[n++]); /* the last chunk carries it */
-  if (n)
-    start_send(c, ops, n);
+  start_send(c, ops, n);
 }
 
 static void send_header(cgs_call *c) {
@@ -382,10 +371,12 @@ static void send_header(cgs_call *c) {
   c->st = ST_SENDING;
   c->t_send = uv_hrtime();
   size_t n = 2;
-  if (whole)
+  if (whole) {
+    /* Waiting for the client's half-close here would cost a second
+     * send batch on most calls: its notification trails the compute. */
     c->sent = g->out_bytes;
-  if (ready_for_ok(c))
     add_ok_status(c, &ops[n++]);
+  }
   start_send(c, ops, n);
 }
 
@@ -883,9 +874,7 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
   if (!c->finished) {
     if (!bb) {
       c->half_closed = 1;
-      if (c->st == ST_SENDING && !c->send_pending)
-        send_next(c);
-      else if (c->st == ST_RECV_HEADER)
+      if (c->st == ST_RECV_HEADER)
         finish(c, GRPC_STATUS_INVALID_ARGUMENT,
                "request: stream ended before the header");
       else if (c->st == ST_RECV_DATA)
@@ -893,8 +882,8 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
                "inputs[%d].data: stream ended after %zu of %zu bytes", c->cur,
                c->in_fill[c->cur], c->in_len[c->cur]);
     } else {
+      post_recv(c); /* early: bytes past the tensors are seen sooner */
       handle_message(c, bb);
-      post_recv(c);
     }
   }
   if (bb)

@@ -185,7 +185,7 @@ static void test_stream_order(void **state) {
 
 static void test_wrong_lengths(void **state) {
   (void)state;
-  size_t n0 = good.g.in_bytes[0], n1 = good.g.in_bytes[1];
+  size_t n0 = good.g.in_bytes[0];
   /* Truncated: half of input 0, then the client half-closes. */
   raw m[2] = {header_msg(&good.header), chunk_msg(0, good.in[0], n0 / 2)};
   assert_int_equal(send_raw(m, 2, 1, "stream ended after"),
@@ -206,13 +206,25 @@ static void test_wrong_lengths(void **state) {
   assert_int_equal(send_raw(m3, 1, 1, "inputs[0].data"),
                    GRPC_STATUS_INVALID_ARGUMENT);
   free_raws(m3, 1);
-  /* Extra bytes after every tensor is complete. */
-  raw m4[4] = {header_msg(&good.header), chunk_msg(0, good.in[0], n0),
-               chunk_msg(1, good.in[1], n1), chunk_msg(1, big, 4)};
+  free(big);
+  /* Extra bytes after every tensor is complete. The server answers as
+   * soon as it can, so the extra chunk must come while it computes: 8
+   * GFLOP (tens of ms) within this server's small limits give it that
+   * time. */
+  ts_desc sd = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+                .dfmt = CG_DATA_NXC, .groups = 1, .mb = 2, .ic = 128,
+                .oc = 128, .nsp = 2, .is = {28, 28}, .ks = {9, 9},
+                .stride = 1, .pad = 4, .dil = 1, .seed = 12};
+  ts_problem slow;
+  assert_int_equal(ts_problem_init(&slow, &sd), 0);
+  size_t s0 = slow.g.in_bytes[0], s1 = slow.g.in_bytes[1];
+  static const char extra[4];
+  raw m4[4] = {header_msg(&slow.header), chunk_msg(0, slow.in[0], s0),
+               chunk_msg(1, slow.in[1], s1), chunk_msg(1, extra, 4)};
   assert_int_equal(send_raw(m4, 4, 1, "beyond the declared tensors"),
                    GRPC_STATUS_INVALID_ARGUMENT);
   free_raws(m4, 4);
-  free(big);
+  ts_problem_free(&slow);
   assert_still_serving();
 }
 
