@@ -14,12 +14,19 @@
 
 #define CGS_MAX_CPUS 256
 
+typedef struct cgs_cpu_list {
+  int cpu[CGS_MAX_CPUS];
+  unsigned n;
+} cgs_cpu_list;
+
 typedef struct cgs_config {
   char listen[256];            /* HOST:PORT; port 0 = ephemeral */
   unsigned workers;            /* 0 until cgs_config_finish: auto */
   unsigned threads_per_worker; /* OpenMP threads of each worker's engine */
-  int cpus[CGS_MAX_CPUS];      /* cores workers are pinned to, in order */
-  unsigned ncpus;              /* 0 until cgs_config_finish: all allowed */
+  cgs_cpu_list cpus;   /* cores workers are pinned to, in order; empty
+                          until cgs_config_finish: all allowed */
+  cgs_cpu_list io_cpus; /* cores of the loop and gRPC threads; empty =
+                          not pinned */
   unsigned queue_depth;        /* requests waiting for a worker */
   uint64_t max_request_bytes;  /* sum of one request's tensor bytes */
   uint64_t max_tensor_elements; /* elements of any one tensor */
@@ -48,7 +55,7 @@ int cgs_config_set(cgs_config *c, const char *name, const char *value,
 int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
 /* Prints --help: every option, its variable, default and bounds. */
 void cgs_config_usage(FILE *out, const char *argv0);
-/* Writes the cpu list as "0,1,2" into buf. */
-void cgs_config_format_cpus(const cgs_config *c, char *buf, size_t len);
+/* Writes the cpu list as "0,1,2" into buf ("any" when empty). */
+void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len);
 
 #endif

@@ -72,8 +72,8 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   }
 
   int32_t cpus[CGS_MAX_CPUS];
-  for (unsigned i = 0; i < cfg->ncpus; i++)
-    cpus[i] = cfg->cpus[i];
+  for (unsigned i = 0; i < cfg->cpus.n; i++)
+    cpus[i] = cfg->cpus.cpu[i];
 
   Convgrad__V1__Limits limits = CONVGRAD__V1__LIMITS__INIT;
   limits.max_request_bytes = cfg->max_request_bytes;
@@ -92,7 +92,7 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   info.cpu_isa = (char *)cg_backend_isa();
   info.workers = cfg->workers;
   info.threads_per_worker = cfg->threads_per_worker;
-  info.n_cpus = cfg->ncpus;
+  info.n_cpus = cfg->cpus.n;
   info.cpus = cpus;
   info.limits = &limits;
   cgs_rpc_reply(s, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);

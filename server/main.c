@@ -1,6 +1,8 @@
 /* main.c - convgrad-server entry point: configuration, the libuv loop,
  * signal handling, the readiness line and the exit status. The only place
  * that exits the process. */
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,17 +46,18 @@ static void on_server_stopped(cgs_server *s) {
 }
 
 static void print_ready(const app *a) {
-  char cpus[1024], host[256];
-  cgs_config_format_cpus(&a->cfg, cpus, sizeof cpus);
+  char cpus[1024], io_cpus[1024], host[256];
+  cgs_config_format_cpus(&a->cfg.cpus, cpus, sizeof cpus);
+  cgs_config_format_cpus(&a->cfg.io_cpus, io_cpus, sizeof io_cpus);
   snprintf(host, sizeof host, "%s", a->cfg.listen);
   char *colon = strrchr(host, ':');
   if (colon)
     *colon = '\0';
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
-         "cpus=%s isa=%s onednn=%s\n",
+         "cpus=%s io_cpus=%s isa=%s onednn=%s\n",
          host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
-         cpus, cg_backend_isa(), cg_backend_version());
+         cpus, io_cpus, cg_backend_isa(), cg_backend_version());
   fflush(stdout);
 }
 
@@ -76,8 +79,21 @@ int main(int argc, char **argv) {
     return 2;
   }
 
-  /* Threads started from here on (grpc's, ours) inherit a mask with the
-   * shutdown signals blocked, so they reach the loop thread only. */
+  /* Threads started from here on (grpc's, ours) inherit the loop's cores
+   * (workers then pin themselves) and a mask with the shutdown signals
+   * blocked, so that those reach the loop thread only. */
+  if (a.cfg.io_cpus.n) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (unsigned i = 0; i < a.cfg.io_cpus.n; i++)
+      CPU_SET(a.cfg.io_cpus.cpu[i], &set);
+    int e = pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+    if (e != 0) {
+      fprintf(stderr, "convgrad-server: --io-cpus: cannot pin: %s\n",
+              strerror(e));
+      return 2;
+    }
+  }
   sigset_t sigs, old;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);

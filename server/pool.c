@@ -47,8 +47,8 @@ static void pin_and_name(worker *w) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (unsigned k = 0; k < cfg->threads_per_worker; k++) {
-    unsigned slot = (w->index * cfg->threads_per_worker + k) % cfg->ncpus;
-    CPU_SET(cfg->cpus[slot], &set);
+    unsigned slot = (w->index * cfg->threads_per_worker + k) % cfg->cpus.n;
+    CPU_SET(cfg->cpus.cpu[slot], &set);
   }
   /* OpenMP threads the engine starts inherit this mask. */
   int rc = pthread_setaffinity_np(pthread_self(), sizeof set, &set);

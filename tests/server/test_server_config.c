@@ -24,10 +24,11 @@ static void test_defaults(void **state) {
   assert_int_equal(c.grace_ms, 30000);
   assert_int_equal(c.max_request_bytes, 3ull << 30);
   assert_int_equal(c.log_level, CGS_LOG_INFO);
+  assert_int_equal(c.io_cpus.n, 0); /* not pinned */
   /* automatic values */
   c.max_inflight_bytes = 0;
   assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
-  assert_true(c.ncpus >= 1);
+  assert_true(c.cpus.n >= 1);
   assert_true(c.workers >= 1);
   assert_true(c.max_inflight_bytes > 0);
   assert_true(c.max_request_bytes <= c.max_inflight_bytes);
@@ -46,13 +47,16 @@ static void test_env_then_flags(void **state) {
   assert_int_equal(c.max_request_bytes, 2 << 20);
   assert_int_equal(c.log_level, CGS_LOG_DEBUG);
   char *argv[] = {"convgrad-server", "--queue-depth", "9", "--cpus", "0,2-3",
-                  "--grace=1.5", "--listen", "0.0.0.0:0", NULL};
-  assert_int_equal(cgs_config_from_args(&c, 8, argv, stdout, err, sizeof err),
-                   0);
+                  "--grace=1.5", "--listen", "0.0.0.0:0", "--io-cpus", "1",
+                  NULL};
+  assert_int_equal(
+      cgs_config_from_args(&c, 10, argv, stdout, err, sizeof err), 0);
+  assert_int_equal(c.io_cpus.n, 1);
+  assert_int_equal(c.io_cpus.cpu[0], 1);
   assert_int_equal(c.queue_depth, 9);
-  assert_int_equal(c.ncpus, 3);
-  assert_int_equal(c.cpus[0], 0);
-  assert_int_equal(c.cpus[2], 3);
+  assert_int_equal(c.cpus.n, 3);
+  assert_int_equal(c.cpus.cpu[0], 0);
+  assert_int_equal(c.cpus.cpu[2], 3);
   assert_int_equal(c.grace_ms, 1500);
   assert_string_equal(c.listen, "0.0.0.0:0");
   c.threads_per_worker = 2;
@@ -88,6 +92,7 @@ static void test_bounds(void **state) {
   expect_bad("cpus", "3-1", "--cpus");
   expect_bad("cpus", "0,,1", "--cpus");
   expect_bad("cpus", "999", "--cpus");
+  expect_bad("io-cpus", "0-x", "--io-cpus");
   expect_bad("log-level", "loud", "--log-level");
   expect_bad("nonsense", "1", "unknown option");
   cgs_config c;
