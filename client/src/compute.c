@@ -71,7 +71,9 @@ typedef struct cgc__attempt {
   size_t hlen;
   int have_header;
   double t_header; /* cgc__now_ms() when the ResultHeader arrived */
-  cgc_tensor *out;
+  void *into;      /* caller memory for the result (cgc_compute_into) */
+  size_t into_cap;
+  cgc_tensor *out; /* its data is into when that is set, else owned */
   uint64_t received;
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
@@ -319,10 +321,17 @@ static int cgc__on_header(cgc__attempt *a) {
     rc = cgc__perr(a, "ResultHeader.data is not the whole result");
     goto out;
   }
+  if (a->into && n > a->into_cap) {
+    snprintf(a->perr, sizeof a->perr,
+             "result of %zu bytes does not fit the caller's %zu-byte buffer",
+             n, a->into_cap);
+    rc = CG_ELIMIT;
+    goto out;
+  }
   cgc_tensor *t = calloc(1, sizeof *t);
-  void *data = NULL;
+  void *data = a->into;
   size_t alloc = (n + 63) & ~(size_t)63;
-  if (!t || posix_memalign(&data, 64, alloc ? alloc : 64) != 0) {
+  if (!t || (!a->into && posix_memalign(&data, 64, alloc ? alloc : 64) != 0)) {
     free(t);
     snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result", n);
     rc = CG_ENOMEM;
@@ -476,6 +485,15 @@ static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
   return rc;
 }
 
+/* Drops the attempt's result tensor, keeping the caller's memory. */
+static void cgc__drop_out(cgc__attempt *a) {
+  if (a->out && a->into)
+    free(a->out);
+  else
+    cgc_tensor_free(a->out);
+  a->out = NULL;
+}
+
 static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
   return grpc_call_start_batch(call, ops, n, (void *)tag, NULL) == GRPC_CALL_OK
              ? 0
@@ -504,8 +522,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   grpc_metadata_array_init(&initial_md);
   grpc_metadata_array_init(&trailing_md);
   /* Reset what a previous attempt left. */
-  cgc_tensor_free(a->out);
-  a->out = NULL;
+  cgc__drop_out(a);
   a->have_header = 0;
   a->received = 0;
   a->perr[0] = '\0';
@@ -696,10 +713,8 @@ out:
     cgc__pin_unref(a->pin);
     a->pin = NULL;
   }
-  if (rc) {
-    cgc_tensor_free(a->out);
-    a->out = NULL;
-  }
+  if (rc)
+    cgc__drop_out(a);
   return rc;
 }
 
@@ -715,8 +730,10 @@ void cgc_tensor_free(cgc_tensor *t) {
   free(t);
 }
 
-int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
-                cgc_result *res, cgc_status *st) {
+/* cgc_compute and cgc_compute_into: into NULL = allocate the result. */
+static int cgc__compute(cgc_channel *ch, const cgc_request *req, void *into,
+                        size_t into_cap, cgc_tensor **out, cgc_result *res,
+                        cgc_status *st) {
   cgc__attempt a;
   int rc, attempts = 0;
   *out = NULL;
@@ -738,6 +755,8 @@ int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
   memset(&a, 0, sizeof a);
   a.req = req;
   a.opts = &ch->opts;
+  a.into = into;
+  a.into_cap = into_cap;
   rc = cgc__with_retry(ch, cgc__deadline(ch, req->deadline_ms),
                        cgc__compute_attempt, &a, &attempts, st);
   a.res.attempts = attempts;
@@ -745,6 +764,27 @@ int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
     *res = a.res;
   if (!rc)
     *out = a.out;
+  return rc;
+}
+
+int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
+                cgc_result *res, cgc_status *st) {
+  return cgc__compute(ch, req, NULL, 0, out, res, st);
+}
+
+int cgc_compute_into(cgc_channel *ch, const cgc_request *req, void *data,
+                     size_t cap, cgc_tensor *out, cgc_result *res,
+                     cgc_status *st) {
+  cgc_tensor *t = NULL;
+  if (!data) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "data: NULL buffer");
+    return CG_EINVAL;
+  }
+  int rc = cgc__compute(ch, req, data, cap, &t, res, st);
+  if (!rc) {
+    *out = *t;
+    free(t);
+  }
   return rc;
 }
 

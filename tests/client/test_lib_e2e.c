@@ -1,8 +1,9 @@
 /* test_lib_e2e.c - libcgclient against a live convgrad-server on an
  * ephemeral port: every op checked against the reference with tiny upload
  * and download chunks (many messages each way), a multi-MiB tensor with
- * the defaults, eight threads sharing one channel, server statuses and
- * messages, local argument checks, target rewriting, health and info. */
+ * the defaults, results received into caller memory, eight threads sharing
+ * one channel, server statuses and messages, local argument checks, target
+ * rewriting, health and info. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -151,6 +152,61 @@ static void test_large_tensor_default_chunks(void **state) {
   memcpy(s.dims[1], w, sizeof w);
   run_and_check(ch, &s, 11);
   cgc_channel_free(ch);
+}
+
+/* cgc_compute_into: the result lands in the caller's buffer, inline or
+ * chunked, not a byte past it; a buffer one byte short is refused. */
+static void test_compute_into(void **state) {
+  (void)state;
+  cgc_options o;
+  cgc_options_init(&o);
+  o.download_chunk_bytes = 1024; /* the second pass: many chunks */
+  for (int pass = 0; pass < 2; pass++) {
+    cgc_channel *ch;
+    char err[256];
+    assert_int_equal(
+        cgc_channel_new(&ch, target, pass ? &o : NULL, err, sizeof err), 0);
+    cgc_spec s;
+    make_spec(&s, CG_OP_DECONV_BWD_DATA, 2);
+    cg_problem p;
+    cg_geom g;
+    cgc_spec_problem(&s, &p);
+    assert_int_equal(cg_problem_resolve(&p, &g, err, sizeof err), 0);
+    uint64_t seed = 5;
+    void *in0 = malloc(g.in_bytes[0]), *in1 = malloc(g.in_bytes[1]);
+    void *ref = malloc(g.out_bytes);
+    unsigned char *buf = malloc(g.out_bytes + 16);
+    assert_true(in0 && in1 && ref && buf);
+    cgc_fill_random(s.dtype, in0, g.in_elems[0], &seed);
+    cgc_fill_random(s.dtype, in1, g.in_elems[1], &seed);
+    assert_int_equal(cg_reference_run(&g, in0, in1, ref, err, sizeof err), 0);
+    memset(buf, 0xA5, g.out_bytes + 16);
+    cgc_request req;
+    cgc_tensor out;
+    cgc_status st;
+    cgc_spec_request(&s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
+    int rc = cgc_compute_into(ch, &req, buf, g.out_bytes, &out, NULL, &st);
+    if (rc)
+      fail_msg("compute_into: %s", st.message);
+    assert_ptr_equal(out.data, buf);
+    assert_int_equal(out.nbytes, g.out_bytes);
+    assert_memory_equal(out.dims, g.out_dims, (size_t)out.rank * 8);
+    for (size_t i = g.out_bytes; i < g.out_bytes + 16; i++)
+      assert_int_equal(buf[i], 0xA5);
+    cgc_diff d;
+    cgc_compare(&g, buf, ref, &d);
+    assert_true(d.ok);
+    assert_int_equal(cgc_compute_into(ch, &req, buf, g.out_bytes - 1, &out,
+                                      NULL, &st),
+                     CG_ELIMIT);
+    assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+    assert_non_null(strstr(st.message, "does not fit"));
+    free(in0);
+    free(in1);
+    free(ref);
+    free(buf);
+    cgc_channel_free(ch);
+  }
 }
 
 typedef struct {
@@ -328,6 +384,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_ops_tiny_chunks),
       cmocka_unit_test(test_large_tensor_default_chunks),
+      cmocka_unit_test(test_compute_into),
       cmocka_unit_test(test_shared_channel_threads),
       cmocka_unit_test(test_server_statuses),
       cmocka_unit_test(test_health_and_info),

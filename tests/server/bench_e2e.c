@@ -441,17 +441,18 @@ static void request_of(cgc_request *r, const prob *p) {
   r->deadline_ms = 600000;
 }
 
-static int e2e_once(cgc_channel *ch, const prob *p, double *ms) {
+/* One call whose result lands in out (p's output size), as a trainer
+ * reusing its gradient buffers would receive it. */
+static int e2e_once(cgc_channel *ch, const prob *p, void *out, double *ms) {
   cgc_request r;
   request_of(&r, p);
-  cgc_tensor *out = NULL;
+  cgc_tensor t;
   cgc_status st;
   double t0 = ts_now_ms();
-  int rc = cgc_compute(ch, &r, &out, NULL, &st);
+  int rc = cgc_compute_into(ch, &r, out, p->g.out_bytes, &t, NULL, &st);
   *ms = ts_now_ms() - t0;
   if (rc != 0)
     fprintf(stderr, "  compute failed: %s\n", st.message);
-  cgc_tensor_free(out);
   return rc;
 }
 
@@ -503,9 +504,9 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
         tk[i] = ts_now_ms() - t0;
       }
       double warm;
-      ok = ok && e2e_once(ch, &p, &warm) == 0;
+      ok = ok && e2e_once(ch, &p, p.out, &warm) == 0;
       for (int i = 0; ok && i < reps; i++) {
-        ok = e2e_once(ch, &p, &te[i]) == 0;
+        ok = e2e_once(ch, &p, p.out, &te[i]) == 0;
         tb[i] = (bare_up_s(b->ch, up) + bare_down_s(b->ch, down)) * 1e3;
       }
       if (ok) {
@@ -605,6 +606,7 @@ static void raw_rate(const ts_server *srv, const bare *b, int reps) {
 typedef struct tput_arg {
   cgc_channel *ch;
   const prob *p;
+  void *out; /* this thread's result buffer */
   double until;
   long calls, errors;
 } tput_arg;
@@ -613,7 +615,7 @@ static void *tput_main(void *v) {
   tput_arg *a = v;
   while (ts_now_ms() < a->until) {
     double ms;
-    if (e2e_once(a->ch, a->p, &ms) == 0)
+    if (e2e_once(a->ch, a->p, a->out, &ms) == 0)
       a->calls++;
     else
       a->errors++;
@@ -644,11 +646,11 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
   double *lat = malloc(sizeof(double) * (size_t)lat_n);
   double *echo = malloc(sizeof(double) * (size_t)lat_n);
   for (int i = 0; i < 200; i++)
-    e2e_once(ch, &p, &lat[0]);
+    e2e_once(ch, &p, p.out, &lat[0]);
   /* Blocks of 100 calls alternate with blocks of 100 echoes. */
   for (int i = 0, t = 0, e = 0; t < lat_n || e < lat_n; i++) {
     if (i / 100 % 2 == 0 && t < lat_n) {
-      e2e_once(ch, &p, &lat[t]);
+      e2e_once(ch, &p, p.out, &lat[t]);
       lat[t++] *= 1e3;
     } else if (i / 100 % 2 == 1 && e < lat_n) {
       echo[e++] = echo_unary_us(b->ch);
@@ -675,7 +677,8 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
     cgc_channel_new(&chans[i], srv.target, NULL, err, sizeof err);
   double t0 = ts_now_ms(), dur = 3000;
   for (int i = 0; i < CONC; i++) {
-    a[i] = (tput_arg){.ch = chans[i % 4], .p = &p, .until = t0 + dur};
+    a[i] = (tput_arg){.ch = chans[i % 4], .p = &p, .until = t0 + dur,
+                      .out = malloc(p.g.out_bytes)};
     pthread_create(&th[i], NULL, tput_main, &a[i]);
   }
   long calls = 0, errors = 0;
@@ -683,6 +686,7 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
     pthread_join(th[i], NULL);
     calls += a[i].calls;
     errors += a[i].errors;
+    free(a[i].out);
   }
   double secs = (ts_now_ms() - t0) / 1e3;
   printf("tiny throughput, %s workers, concurrency %d (4 channels): %.0f "

@@ -211,6 +211,18 @@ CGC_EXPORT void cgc_request_init(cgc_request *r);
 CGC_EXPORT int cgc_compute(cgc_channel *ch, const cgc_request *req,
                            cgc_tensor **out, cgc_result *res, cgc_status *st);
 
+/* Like cgc_compute, but the result lands in the caller's memory: data
+ * (cap bytes, any alignment) receives it, and *out describes it with
+ * out->data = data (nothing to free). For callers that reuse their
+ * gradient buffers: no allocation per call, and no page faults on fresh
+ * memory, which cost about as much as the copy for large results. A
+ * result larger than cap fails with CG_ELIMIT (RESOURCE_EXHAUSTED, the
+ * message gives both sizes). data may be written even when the call
+ * fails. */
+CGC_EXPORT int cgc_compute_into(cgc_channel *ch, const cgc_request *req,
+                                void *data, size_t cap, cgc_tensor *out,
+                                cgc_result *res, cgc_status *st);
+
 /* The four ops; shorthands for cgc_compute with the channel's default
  * deadline. Same return values, ownership and thread-safety.
  *   ConvolutionBackwardData:      diff_dst, weights     -> diff_src
