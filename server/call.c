@@ -75,6 +75,7 @@ struct cgs_call {
   const char *ended_in; /* state when the end was decided, for messages */
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
   uint64_t t_send;               /* the result header went out */
+  uint64_t t_sent;               /* the last result batch completed */
 
   /* request */
   Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
@@ -151,21 +152,27 @@ static void format_dims(char *buf, size_t len, const int64_t *d, size_t n) {
 
 /* ---- end of a call ---------------------------------------------------- */
 
+static double ms_between(uint64_t from, uint64_t to) {
+  return from && to > from ? (double)(to - from) / 1e6 : 0.0;
+}
+
 static void log_call(cgs_call *c) {
-  double total_ms = (double)(uv_hrtime() - c->t_start) / 1e6;
+  double total_ms = ms_between(c->t_start, uv_hrtime());
   char out[64] = "-";
   if (c->resolved)
     format_dims(out, sizeof out, c->geom.out_dims, (size_t)c->geom.in_rank);
   int ok = c->status == GRPC_STATUS_OK;
   cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
           "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
-          "bytes_in=%" PRIu64 " bytes_out=%zu queue_ms=%.3f compute_ms=%.3f "
-          "total_ms=%.3f path=%s worker=%s status=%s%s%s%s",
+          "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
+          "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
+          "status=%s%s%s%s",
           c->id, c->peer ? c->peer : "?",
           c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
           c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
-          ok ? c->job.queue_ms : 0.0, ok ? c->job.info.compute_ms : 0.0,
+          ms_between(c->t_start, c->job.t_submit), ok ? c->job.queue_ms : 0.0,
+          ok ? c->job.info.compute_ms : 0.0, ms_between(c->t_send, c->t_sent),
           total_ms,
           ok ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
              : "-",
@@ -399,9 +406,7 @@ static void on_send(cgs_tag *t, int ok) {
   } else if (!c->finished) {
     send_next(c);
   } else if (c->status == GRPC_STATUS_OK && c->st == ST_DONE) {
-    double ms = (double)(uv_hrtime() - c->t_send) / 1e6;
-    cgs_debug("compute id=%" PRIu64 " sent %zu bytes in %.3f ms (%.2f GB/s)",
-              c->id, c->sent, ms, ms > 0 ? (double)c->sent / ms / 1e6 : 0.0);
+    c->t_sent = uv_hrtime();
   }
   maybe_free(c);
 }
