@@ -32,6 +32,7 @@ typedef struct cgs_config {
   uint64_t max_tensor_elements; /* elements of any one tensor */
   uint64_t max_inflight_bytes; /* reserved by admitted requests; 0 = auto */
   uint64_t chunk_bytes;        /* default response chunk size */
+  uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
   uint64_t grace_ms;           /* drain time after SIGTERM/SIGINT */
   cgs_log_level log_level;
 } cgs_config;

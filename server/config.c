@@ -65,6 +65,11 @@ static const opt_def opt_table[] = {
      "0 = half of physical memory"},
     {"chunk-bytes", OPT_SIZE, offsetof(cgs_config, chunk_bytes), "1M", 1 * KIB,
      3 * MIB, "default size of response data chunks"},
+    {"stream-window", OPT_SIZE, offsetof(cgs_config, stream_window_bytes),
+     "4M", 64 * KIB, 1 * GIB,
+     "HTTP/2 receive window of each stream: how far a client may upload "
+     "ahead of the server's reads (more: faster uploads, more buffered "
+     "bytes per stream)"},
     {"grace", OPT_MS, offsetof(cgs_config, grace_ms), "30", 0, 3600 * 1000,
      "seconds in-flight requests may take to finish after SIGTERM/SIGINT"},
     {"log-level", OPT_LEVEL, offsetof(cgs_config, log_level), "info", 0, 3,

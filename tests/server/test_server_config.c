@@ -21,6 +21,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.threads_per_worker, 1);
   assert_int_equal(c.queue_depth, 64);
   assert_int_equal(c.chunk_bytes, 1 << 20);
+  assert_int_equal(c.stream_window_bytes, 4 << 20);
   assert_int_equal(c.grace_ms, 30000);
   assert_int_equal(c.max_request_bytes, 3ull << 30);
   assert_int_equal(c.log_level, CGS_LOG_INFO);
@@ -86,6 +87,7 @@ static void test_bounds(void **state) {
   expect_bad("queue-depth", "12abc", "got '12abc'");
   expect_bad("chunk-bytes", "8M", "--chunk-bytes");
   expect_bad("chunk-bytes", "1", "--chunk-bytes");
+  expect_bad("stream-window", "2G", "--stream-window");
   expect_bad("max-request-bytes", "99999999999999999999999", "--max-request");
   expect_bad("max-request-bytes", "1X", "suffixes");
   expect_bad("grace", "-3", "--grace: expected seconds");
@@ -141,7 +143,7 @@ static void test_help_documents_every_option(void **state) {
       "--listen",       "CONVGRAD_LISTEN",   "--workers",
       "--threads-per-worker", "--cpus",      "--queue-depth",
       "--max-request-bytes",  "--max-tensor-elements",
-      "--max-inflight-bytes", "--chunk-bytes", "--grace",
+      "--max-inflight-bytes", "--chunk-bytes", "--stream-window", "--grace",
       "--log-level",    "CONVGRAD_LOG_LEVEL", "ready listen="};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     assert_non_null(strstr(buf, opts[i]));
