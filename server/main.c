@@ -41,9 +41,14 @@ typedef struct app {
 static void exec_with_passive_omp(char **argv) {
   if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
     return;
-  if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+  /* The real path, not /proc/self/exe, so that the process keeps its
+   * name (comm) for ps, top and pkill. */
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0 || setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
     return;
-  execv("/proc/self/exe", argv);
+  self[n] = '\0';
+  execv(self, argv);
   fprintf(stderr, "convgrad-server: warning: cannot re-execute with "
                   "OMP_WAIT_POLICY=passive; idle OpenMP threads will spin\n");
 }

@@ -1,6 +1,6 @@
 /* test_server_process.c - process-wide settings of convgrad-server: it
- * re-executes itself with OMP_WAIT_POLICY=passive (same pid, so scripts
- * that signal it are unaffected) unless the environment already chose a
+ * re-executes itself with OMP_WAIT_POLICY=passive (same pid and name, so
+ * scripts that signal it are unaffected) unless the environment already chose a
  * wait policy or spin count, and serves correct results either way. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,6 +45,17 @@ static void server_env(const ts_server *s, const char *name, char *out,
   }
 }
 
+/* The running server's process name, as ps and pkill see it. */
+static void server_comm(const ts_server *s, char *out, size_t len) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/comm", (int)s->pid);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  assert_non_null(fgets(out, (int)len, f));
+  fclose(f);
+  out[strcspn(out, "\n")] = '\0';
+}
+
 /* Starts a server with the wait-policy variables as given (NULL = unset)
  * and checks what its environment holds and that it computes correctly. */
 static void check_policy(const char *policy, const char *spin,
@@ -73,6 +84,8 @@ static void check_policy(const char *policy, const char *spin,
   char got[64];
   server_env(&srv, "OMP_WAIT_POLICY", got, sizeof got);
   assert_string_equal(got, want_policy);
+  server_comm(&srv, got, sizeof got);
+  assert_string_equal(got, "convgrad-server"); /* a re-exec keeps it */
 
   /* A two-thread team computes the right answer under the policy. */
   ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
