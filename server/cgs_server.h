@@ -79,6 +79,7 @@ struct cgs_server {
 
   /* shutdown */
   int draining;
+  int stopped_accepting; /* grpc_server_shutdown_and_notify was called */
   int grace_expired;
   int cq_closed; /* grpc_completion_queue_shutdown was called */
   int torn_down;

@@ -154,7 +154,9 @@ static void on_slot(cgs_tag *t, int ok) {
   slot *sl = cgs_container_of(t, slot, tag);
   cgs_server *s = sl->s;
   if (ok) {
-    if (!s->draining)
+    /* Draining keeps taking calls (to refuse them with UNAVAILABLE) until
+     * the listener closes. */
+    if (!s->stopped_accepting)
       request_slot(s, sl->m);
     switch (sl->m) {
     case CGS_M_COMPUTE:
@@ -245,11 +247,25 @@ void cgs_rpc_reply(cgs_server *s, grpc_call *call, grpc_byte_buffer *msg,
 
 /* ---- shutdown -------------------------------------------------------- */
 
+/* Closes the listener and asks grpc to report when every call is over.
+ * Deferred while compute calls are in flight: until then the server
+ * answers new calls UNAVAILABLE itself, whereas grpc ends a call that
+ * arrives as it shuts down with CANCELLED, which a client cannot tell
+ * from its own cancellation and does not retry. */
+static void stop_accepting(cgs_server *s) {
+  if (s->stopped_accepting)
+    return;
+  s->stopped_accepting = 1;
+  grpc_server_shutdown_and_notify(s->grpc, s->cq, &s->shutdown_tag);
+}
+
 static void maybe_finish_drain(cgs_server *s) {
   /* Watch streams would hold the server open forever: end them once the
    * real work is done. */
-  if (s->draining && s->compute_active == 0 && !s->torn_down)
+  if (s->draining && s->compute_active == 0 && !s->torn_down) {
     cgs_health_end_watches(s->health);
+    stop_accepting(s);
+  }
 }
 
 void cgs_server_compute_ended(cgs_server *s) { maybe_finish_drain(s); }
@@ -259,6 +275,7 @@ static void on_grace_timer(uv_timer_t *h) {
   s->grace_expired = 1;
   cgs_warn("grace period over: cancelling %u in-flight calls",
            s->compute_active);
+  stop_accepting(s); /* grpc cancels all calls only after a shutdown */
   grpc_server_cancel_all_calls(s->grpc);
   cgs_call_cancel_all(s);
   cgs_health_end_watches(s->health);
@@ -286,7 +303,6 @@ void cgs_server_drain(cgs_server *s) {
            s->compute_active, s->unary_active,
            (double)s->cfg->grace_ms / 1000.0);
   cgs_health_set_serving(s->health, 0);
-  grpc_server_shutdown_and_notify(s->grpc, s->cq, &s->shutdown_tag);
   uv_timer_start(&s->grace_timer, on_grace_timer, s->cfg->grace_ms, 0);
   maybe_finish_drain(s);
 }
