@@ -54,7 +54,7 @@ struct cgs_call {
   uint64_t id;
   char *peer;
   cgs_tag tag_recv, tag_send, tag_close;
-  uv_timer_t timer; /* deadline */
+  uv_timer_t timer; /* the deadline; --idle-timeout while bytes move */
   cgs_call *prev, *next;
   call_state st;
 
@@ -272,6 +272,27 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   }
 }
 
+static void on_timer(uv_timer_t *h);
+
+/* Arms the call's one timer for what comes first: the deadline, or, while
+ * the request arrives or a result batch is out, --idle-timeout without
+ * progress. A client that stalls would otherwise hold its reserved bytes
+ * for as long as its deadline, which may be never. */
+static void arm_timer(cgs_call *c) {
+  uint64_t now = uv_hrtime();
+  uint64_t due = c->deadline_at ? c->deadline_at : UINT64_MAX;
+  uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
+  int moving = c->st == ST_RECV_DATA || c->send_pending;
+  if (idle && moving && now + idle < due)
+    due = now + idle;
+  if (due == UINT64_MAX) {
+    uv_timer_stop(&c->timer);
+    return;
+  }
+  uv_timer_start(&c->timer, on_timer,
+                 due > now ? (due - now + 999999) / 1000000 : 0, 0);
+}
+
 /* 1 when the call's deadline has (about) passed. A client cancels at its
  * own deadline, which our copy (taken when the header arrived) trails by
  * the transit time: a cancel that close to it is the deadline. */
@@ -290,7 +311,6 @@ static void add_ok_status(cgs_call *c, grpc_op *op) {
   c->st = ST_DONE;
   c->status_slice = grpc_slice_from_static_string("");
   c->status_slice_set = 1;
-  uv_timer_stop(&c->timer);
   op->op = GRPC_OP_SEND_STATUS_FROM_SERVER;
   op->data.send_status_from_server.status = GRPC_STATUS_OK;
   op->data.send_status_from_server.status_details = &c->status_slice;
@@ -300,8 +320,10 @@ static void add_ok_status(cgs_call *c, grpc_op *op) {
  * refuses one once the server is closing: the call ends there. */
 static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK)
+  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
+    arm_timer(c);
     return;
+  }
   c->send_pending = 0;
   if (c->send_bb) {
     grpc_byte_buffer_destroy(c->send_bb);
@@ -396,17 +418,23 @@ static void on_send(cgs_tag *t, int ok) {
   }
   if (!ok) {
     /* Nothing of this batch reached the client, a final status included:
-     * the stream broke (client cancelled, deadline, shutdown). */
-    int late = past_deadline(c);
-    const char *in = c->finished ? c->ended_in : state_names[c->st];
-    c->finished = 1;
-    c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
-    snprintf(c->msg, sizeof c->msg, "%s while %s",
-             late ? "deadline exceeded" : "cancelled by the client", in);
+     * the stream broke (client cancelled, deadline, shutdown). An error
+     * status we decided ourselves (and cancelled the call with) stays. */
+    if (!c->finished || c->status == GRPC_STATUS_OK) {
+      int late = past_deadline(c);
+      const char *in = c->finished ? c->ended_in : state_names[c->st];
+      c->finished = 1;
+      c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
+      snprintf(c->msg, sizeof c->msg, "%s while %s",
+               late ? "deadline exceeded" : "cancelled by the client", in);
+    }
+    uv_timer_stop(&c->timer);
   } else if (!c->finished) {
     send_next(c);
-  } else if (c->status == GRPC_STATUS_OK && c->st == ST_DONE) {
-    c->t_sent = uv_hrtime();
+  } else {
+    uv_timer_stop(&c->timer); /* the last batch is out */
+    if (c->status == GRPC_STATUS_OK && c->st == ST_DONE)
+      c->t_sent = uv_hrtime();
   }
   maybe_free(c);
 }
@@ -889,6 +917,8 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
     } else {
       post_recv(c); /* early: bytes past the tensors are seen sooner */
       handle_message(c, bb);
+      if (!c->finished)
+        arm_timer(c); /* progress: the idle clock restarts */
     }
   }
   if (bb)
@@ -945,10 +975,41 @@ static void on_close(cgs_tag *t, int ok) {
   maybe_free(c);
 }
 
-static void on_deadline(uv_timer_t *h) {
+/* The idle timeout: nothing arrived, or the client stopped taking the
+ * result, for --idle-timeout. */
+static void stalled(cgs_call *c) {
+  double secs = (double)c->s->cfg->idle_timeout_ms / 1e3;
+  if (!c->finished) {
+    if (c->st == ST_RECV_DATA)
+      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+             "no request data for %g s while receiving inputs[%d] (%zu of "
+             "%zu bytes) (--idle-timeout)",
+             secs, c->cur, c->in_fill[c->cur], c->in_len[c->cur]);
+    else
+      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+             "the client took no result data for %g s (%zu of %zu bytes "
+             "sent) (--idle-timeout)",
+             secs, c->sent, c->geom.out_bytes);
+  } else if (c->send_pending && !c->close_received) {
+    /* The last batch, OK status included, is stuck behind a client that
+     * stopped reading; grpc allows no second batch to say so. */
+    c->status = GRPC_STATUS_DEADLINE_EXCEEDED;
+    snprintf(c->msg, sizeof c->msg,
+             "the client took no result data for %g s (%zu of %zu bytes "
+             "sent) (--idle-timeout)",
+             secs, c->sent, c->geom.out_bytes);
+    grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+  }
+}
+
+static void on_timer(uv_timer_t *h) {
   cgs_call *c = h->data;
-  const char *in = where(c);
-  finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s", in);
+  if (!past_deadline(c)) {
+    stalled(c);
+  } else if (!c->finished) {
+    const char *in = where(c);
+    finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s", in);
+  }
   maybe_free(c);
 }
 
@@ -1014,7 +1075,6 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
       goto refused;
     }
     c->deadline_at = c->t_start + (uint64_t)ms * 1000000u;
-    uv_timer_start(&c->timer, on_deadline, (uint64_t)ms, 0);
   }
   take_message(c, first);
   maybe_free(c);

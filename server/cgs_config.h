@@ -34,6 +34,7 @@ typedef struct cgs_config {
   uint64_t chunk_bytes;        /* default response chunk size */
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
   uint64_t grace_ms;           /* drain time after SIGTERM/SIGINT */
+  uint64_t idle_timeout_ms;    /* a call without progress ends; 0 = never */
   cgs_log_level log_level;
 } cgs_config;
 

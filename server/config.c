@@ -72,6 +72,11 @@ static const opt_def opt_table[] = {
      "bytes per stream)"},
     {"grace", OPT_MS, offsetof(cgs_config, grace_ms), "30", 0, 3600 * 1000,
      "seconds in-flight requests may take to finish after SIGTERM/SIGINT"},
+    {"idle-timeout", OPT_MS, offsetof(cgs_config, idle_timeout_ms), "30", 0,
+     3600 * 1000,
+     "seconds a call may go without progress while its request arrives or "
+     "its result streams; then DEADLINE_EXCEEDED frees what it holds. "
+     "0 = no limit"},
     {"log-level", OPT_LEVEL, offsetof(cgs_config, log_level), "info", 0, 3,
      "error, warn, info or debug"},
 };

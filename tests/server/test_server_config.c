@@ -23,6 +23,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.chunk_bytes, 1 << 20);
   assert_int_equal(c.stream_window_bytes, 4 << 20);
   assert_int_equal(c.grace_ms, 30000);
+  assert_int_equal(c.idle_timeout_ms, 30000);
   assert_int_equal(c.max_request_bytes, 3ull << 30);
   assert_int_equal(c.log_level, CGS_LOG_INFO);
   assert_int_equal(c.io_cpus.n, 0); /* not pinned */
@@ -143,7 +144,7 @@ static void test_help_documents_every_option(void **state) {
       "--listen",       "CONVGRAD_LISTEN",   "--workers",
       "--threads-per-worker", "--cpus",      "--queue-depth",
       "--max-request-bytes",  "--max-tensor-elements",
-      "--max-inflight-bytes", "--chunk-bytes", "--stream-window", "--grace",
+      "--max-inflight-bytes", "--chunk-bytes", "--stream-window", "--grace", "--idle-timeout",
       "--log-level",    "CONVGRAD_LOG_LEVEL", "ready listen="};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     assert_non_null(strstr(buf, opts[i]));

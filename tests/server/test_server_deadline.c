@@ -2,12 +2,15 @@
  * single worker: a request whose deadline passes while it waits in the
  * queue leaves it with DEADLINE_EXCEEDED; a full queue answers
  * RESOURCE_EXHAUSTED at once; a client cancelling mid-stream stops the
- * stream and releases its memory; the server stays healthy throughout. */
+ * stream and releases its memory; a client that stalls its upload or stops
+ * reading its result is cut off after --idle-timeout and its memory comes
+ * back; the server stays healthy throughout. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -26,6 +29,7 @@ static int setup(void **state) {
                                      "--queue-depth",       "2",
                                      "--max-inflight-bytes", "160M",
                                      "--log-level",         "debug",
+                                     "--idle-timeout",      "2",
                                      NULL};
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
@@ -107,60 +111,135 @@ static void test_deadline_while_queued_and_queue_full(void **state) {
   assert_healthy();
 }
 
-/* A 52 MB output streamed in 64 KiB chunks; the client reads a few and
- * cancels. The call's 104 MB reservation must come back: the same request
- * fits in --max-inflight-bytes 160M only once at a time. */
-static void test_cancel_while_streaming(void **state) {
-  (void)state;
+/* 52 MB in + 52 MB out: fits once in the fixture's 160M, not twice. */
+static void big_problem(ts_problem *big) {
   ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
                .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
                .nsp = 2, .is = {900, 900}, .ks = {1, 1}, .stride = 1,
                .pad = 0, .dil = 1, .seed = 33};
-  ts_problem big; /* 52 MB in + 52 MB out: fits once in 160M, not twice */
-  assert_int_equal(ts_problem_init(&big, &d), 0);
-  int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
+  assert_int_equal(ts_problem_init(big, &d), 0);
+}
 
-  ts_call c;
+/* Opens a Compute call for tp, asking for 64 KiB result chunks, and sends
+ * the header and the first upto bytes of its inputs in 1 MiB chunks. */
+static void send_request(ts_call *c, const ts_problem *tp, size_t upto) {
   assert_int_equal(
-      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
-  Convgrad__V1__ComputeHeader h = big.header;
+      ts_call_open(c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+  Convgrad__V1__ComputeHeader h = tp->header;
   h.response_chunk_bytes = 64 * 1024;
   Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
   req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   req.header = &h;
-  assert_int_equal(ts_call_send_msg(&c, &req.base), 0);
+  assert_int_equal(ts_call_send_msg(c, &req.base), 0);
   for (int i = 0; i < 2; i++) {
-    size_t sent = 0, n = big.g.in_bytes[i];
-    while (sent < n) {
+    size_t sent = 0, n = tp->g.in_bytes[i];
+    while (sent < n && upto) {
       size_t k = n - sent < (1u << 20) ? n - sent : (1u << 20);
+      if (k > upto)
+        k = upto;
       Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
       dc.input = (uint32_t)i;
-      dc.data.data = (uint8_t *)big.in[i] + sent;
+      dc.data.data = (uint8_t *)tp->in[i] + sent;
       dc.data.len = k;
       Convgrad__V1__ComputeRequest m = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
       m.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
       m.chunk = &dc;
-      assert_int_equal(ts_call_send_msg(&c, &m.base), 0);
+      assert_int_equal(ts_call_send_msg(c, &m.base), 0);
       sent += k;
+      upto -= k;
     }
   }
-  assert_int_equal(ts_call_close_send(&c), 0);
-  for (int i = 0; i < 4; i++) { /* the header and three chunks */
+}
+
+/* Reads the result header and n chunks. */
+static void recv_some(ts_call *c, int n) {
+  for (int i = 0; i <= n; i++) {
     grpc_byte_buffer *bb = NULL;
-    assert_int_equal(ts_call_recv(&c, &bb), 0);
+    assert_int_equal(ts_call_recv(c, &bb), 0);
     assert_non_null(bb);
     grpc_byte_buffer_destroy(bb);
   }
+}
+
+/* Its memory is back: big fits again and is correct. */
+static void assert_big_fits(ts_problem *big) {
+  assert_int_equal(ts_problem_run(ch, big, NULL), 0);
+  ts_problem_free(big);
+  assert_healthy();
+}
+
+/* A 52 MB output streamed in 64 KiB chunks; the client reads a few and
+ * cancels. The call's 104 MB reservation must come back. */
+static void test_cancel_while_streaming(void **state) {
+  (void)state;
+  ts_problem big;
+  big_problem(&big);
+  int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
+  ts_call c;
+  send_request(&c, &big, SIZE_MAX);
+  assert_int_equal(ts_call_close_send(&c), 0);
+  recv_some(&c, 3);
   ts_call_cancel(&c);
   assert_int_equal(ts_call_finish(&c, NULL, 0), GRPC_STATUS_CANCELLED);
   ts_call_free(&c);
   wait_log("status=CANCELLED", cancelled + 1);
   assert_true(ts_server_log_count(&srv, "while sending") >= 1);
+  assert_big_fits(&big);
+}
 
-  /* Its memory is back: the same request fits again and is correct. */
-  assert_int_equal(ts_problem_run(ch, &big, NULL), 0);
-  ts_problem_free(&big);
-  assert_healthy();
+/* A client that sends the header and one chunk of 52 MB, then nothing:
+ * after --idle-timeout (2 s) the call ends and frees its reservation. */
+static void test_idle_upload(void **state) {
+  (void)state;
+  ts_problem big;
+  big_problem(&big);
+  ts_call c;
+  double t0 = ts_now_ms();
+  send_request(&c, &big, 1u << 20);
+  char msg[512];
+  assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
+                   GRPC_STATUS_DEADLINE_EXCEEDED);
+  double waited = ts_now_ms() - t0;
+  ts_call_free(&c);
+  assert_non_null(strstr(msg, "no request data for 2 s"));
+  assert_non_null(strstr(msg, "inputs[0] (1048576 of 51840000 bytes)"));
+  assert_non_null(strstr(msg, "--idle-timeout"));
+  assert_true(waited >= 1900 && waited < 20000);
+  assert_big_fits(&big);
+}
+
+/* A client that reads two result chunks and then pauses: once the
+ * flow-control windows are full, sends stop completing, and after
+ * --idle-timeout the server cuts the stream off and frees its memory.
+ * When the client reads on, the chunks already in its buffers end with
+ * that status. */
+static void test_idle_download(void **state) {
+  (void)state;
+  ts_problem big;
+  big_problem(&big);
+  int stalled = ts_server_log_count(&srv, "took no result data");
+  ts_call c;
+  send_request(&c, &big, SIZE_MAX);
+  assert_int_equal(ts_call_close_send(&c), 0);
+  recv_some(&c, 2);
+  wait_log("took no result data", stalled + 1);
+  size_t chunks = 0;
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    assert_int_equal(ts_call_recv(&c, &bb), 0);
+    if (!bb)
+      break;
+    grpc_byte_buffer_destroy(bb);
+    chunks++;
+  }
+  char msg[512];
+  assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
+                   GRPC_STATUS_DEADLINE_EXCEEDED);
+  ts_call_free(&c);
+  assert_true(chunks < big.g.out_bytes / (64 * 1024) - 2); /* cut short */
+  assert_non_null(strstr(msg, "took no result data for 2 s"));
+  assert_non_null(strstr(msg, "--idle-timeout"));
+  assert_big_fits(&big);
 }
 
 /* A client that goes away in the middle of its upload. */
@@ -189,6 +268,8 @@ int main(void) {
       cmocka_unit_test(test_deadline_while_queued_and_queue_full),
       cmocka_unit_test(test_cancel_while_streaming),
       cmocka_unit_test(test_cancel_while_uploading),
+      cmocka_unit_test(test_idle_upload),
+      cmocka_unit_test(test_idle_download),
   };
   if (getenv("TS_FILTER"))
     cmocka_set_test_filter(getenv("TS_FILTER"));
