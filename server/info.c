@@ -71,9 +71,11 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
     dt_ptrs[i] = &dt[i];
   }
 
-  int32_t cpus[CGS_MAX_CPUS];
+  int32_t cpus[CGS_MAX_CPUS], io_cpus[CGS_MAX_CPUS];
   for (unsigned i = 0; i < cfg->cpus.n; i++)
     cpus[i] = cfg->cpus.cpu[i];
+  for (unsigned i = 0; i < cfg->io_cpus.n; i++)
+    io_cpus[i] = cfg->io_cpus.cpu[i];
 
   Convgrad__V1__Limits limits = CONVGRAD__V1__LIMITS__INIT;
   limits.max_request_bytes = cfg->max_request_bytes;
@@ -81,6 +83,8 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   limits.max_inflight_bytes = cfg->max_inflight_bytes;
   limits.queue_depth = cfg->queue_depth;
   limits.default_chunk_bytes = (uint32_t)cfg->chunk_bytes;
+  limits.idle_timeout_ms = cfg->idle_timeout_ms;
+  limits.stream_window_bytes = cfg->stream_window_bytes;
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;
@@ -94,6 +98,8 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   info.threads_per_worker = cfg->threads_per_worker;
   info.n_cpus = cfg->cpus.n;
   info.cpus = cpus;
+  info.n_io_cpus = cfg->io_cpus.n;
+  info.io_cpus = io_cpus;
   info.limits = &limits;
   cgs_rpc_reply(s, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);
 }

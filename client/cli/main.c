@@ -63,6 +63,10 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
   for (size_t i = 0; i < in->n_cpus; i++)
     printf("%s%d", i ? "," : " ", in->cpus[i]);
   printf("%s\n", in->n_cpus ? "" : " any");
+  printf("io cpus    ");
+  for (size_t i = 0; i < in->n_io_cpus; i++)
+    printf("%s%d", i ? "," : " ", in->io_cpus[i]);
+  printf("%s\n", in->n_io_cpus ? "" : " any");
   printf("dtypes     ");
   for (size_t i = 0; i < in->n_dtypes; i++)
     printf(" %s (%s)", cgc__wire_dtype_name(in->dtypes[i].dtype),
@@ -82,11 +86,13 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
     }
   }
   printf("limits      request %llu bytes, tensor %llu elements, in-flight "
-         "%llu bytes, queue %u, chunk %u bytes\n",
+         "%llu bytes, queue %u, chunk %u bytes, idle timeout %llu ms, "
+         "stream window %llu bytes\n",
          (unsigned long long)in->max_request_bytes,
          (unsigned long long)in->max_tensor_elements,
          (unsigned long long)in->max_inflight_bytes, in->queue_depth,
-         in->default_chunk_bytes);
+         in->default_chunk_bytes, (unsigned long long)in->idle_timeout_ms,
+         (unsigned long long)in->stream_window_bytes);
 }
 
 static int cgc__info_json(const cgc_server_info *in) {
@@ -101,6 +107,9 @@ static int cgc__info_json(const cgc_server_info *in) {
   cpus = cJSON_AddArrayToObject(root, "cpus");
   for (size_t i = 0; cpus && i < in->n_cpus; i++)
     cJSON_AddItemToArray(cpus, cJSON_CreateNumber(in->cpus[i]));
+  cpus = cJSON_AddArrayToObject(root, "io_cpus");
+  for (size_t i = 0; cpus && i < in->n_io_cpus; i++)
+    cJSON_AddItemToArray(cpus, cJSON_CreateNumber(in->io_cpus[i]));
   dts = cJSON_AddArrayToObject(root, "dtypes");
   for (size_t i = 0; dts && i < in->n_dtypes; i++) {
     cJSON *d = cJSON_CreateObject();
@@ -131,6 +140,10 @@ static int cgc__info_json(const cgc_server_info *in) {
     cJSON_AddNumberToObject(lim, "queue_depth", in->queue_depth);
     cJSON_AddNumberToObject(lim, "default_chunk_bytes",
                             in->default_chunk_bytes);
+    cJSON_AddNumberToObject(lim, "idle_timeout_ms",
+                            (double)in->idle_timeout_ms);
+    cJSON_AddNumberToObject(lim, "stream_window_bytes",
+                            (double)in->stream_window_bytes);
   }
   char *text = cJSON_Print(root);
   cJSON_Delete(root);

@@ -119,12 +119,16 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
   info->threads_per_worker = m->threads_per_worker;
   info->cpus = m->cpus;
   info->n_cpus = m->n_cpus;
+  info->io_cpus = m->io_cpus;
+  info->n_io_cpus = m->n_io_cpus;
   if (m->limits) {
     info->max_request_bytes = m->limits->max_request_bytes;
     info->max_tensor_elements = m->limits->max_tensor_elements;
     info->max_inflight_bytes = m->limits->max_inflight_bytes;
     info->queue_depth = m->limits->queue_depth;
     info->default_chunk_bytes = m->limits->default_chunk_bytes;
+    info->idle_timeout_ms = m->limits->idle_timeout_ms;
+    info->stream_window_bytes = m->limits->stream_window_bytes;
   }
   priv->msg = m;
   priv->ops = ops;

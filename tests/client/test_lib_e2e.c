@@ -26,7 +26,8 @@ static char target[64];
 
 static int group_setup(void **state) {
   (void)state;
-  const char *extra[] = {"--workers", "2", NULL};
+  const char *extra[] = {"--workers", "2", "--io-cpus", "0",
+                         "--idle-timeout", "45", NULL};
   if (th_server_start(&srv, server_exe, 0, extra))
     return -1;
   snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
@@ -322,6 +323,10 @@ static void test_health_and_info(void **state) {
   assert_int_equal(in->workers, 2);
   assert_true(in->n_dtypes >= 3);
   assert_true(strlen(in->onednn_version) > 0);
+  assert_int_equal(in->n_io_cpus, 1);
+  assert_int_equal(in->io_cpus[0], 0);
+  assert_int_equal(in->idle_timeout_ms, 45000);
+  assert_int_equal(in->stream_window_bytes, 4u << 20);
   cgc_server_info_free(in);
   cgc_channel_free(ch);
 }

@@ -254,6 +254,9 @@ static void test_server_info(void **state) {
   assert_non_null(info->limits);
   assert_int_equal(info->limits->queue_depth, 64);
   assert_int_equal(info->limits->default_chunk_bytes, 1u << 20);
+  assert_int_equal(info->limits->idle_timeout_ms, 30000);
+  assert_int_equal(info->limits->stream_window_bytes, 4u << 20);
+  assert_int_equal(info->n_io_cpus, 0); /* not pinned by default */
   convgrad__v1__server_info__free_unpacked(info, NULL);
 }
 

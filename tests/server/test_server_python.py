@@ -116,6 +116,7 @@ def main():
             "ConvolutionBackwardData", names
         assert "ConvolutionBackpropData" in names[pb.CONVOLUTION_BACKWARD_DATA]
         assert info.workers == 2 and info.limits.default_chunk_bytes == 4096
+        assert info.limits.idle_timeout_ms == 30000 and not info.io_cpus
         assert info.onednn_version and info.cpu_isa
 
         # ConvolutionBackwardData, NCX / OIX, 2 groups, stride 2.
