@@ -70,7 +70,8 @@ typedef struct cgc_options {
   /* Largest single gRPC message sent or received (both directions). Chunks
    * keep messages small, so this only bounds what a server may send. */
   int64_t max_message_bytes; /* default 16 MiB */
-  /* Bytes of tensor data per uploaded message (header message included).
+  /* Bytes of tensor data per uploaded message. A request whose tensors
+   * fit in one such message travels whole with the header.
    * Keep it below the server's receive cap (gRPC's default: 4 MiB) minus
    * a few KiB of framing. */
   size_t upload_chunk_bytes; /* default 1 MiB; 0 = default */
