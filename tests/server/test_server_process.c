@@ -13,18 +13,6 @@
 
 #include "ts.h"
 
-static int setup(void **state) {
-  (void)state;
-  grpc_init();
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  grpc_shutdown();
-  return 0;
-}
-
 /* The value of name in the running server's environment, "" if unset. */
 static void server_env(const ts_server *s, const char *name, char *out,
                        size_t len) {
@@ -56,25 +44,26 @@ static void server_comm(const ts_server *s, char *out, size_t len) {
   out[strcspn(out, "\n")] = '\0';
 }
 
+/* Sets name to value, or unsets it when value is NULL. */
+static void env_put(const char *name, const char *value) {
+  if (value)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
 /* Starts a server with the wait-policy variables as given (NULL = unset)
- * and checks what its environment holds and that it computes correctly. */
+ * and checks what its environment holds and that it computes correctly;
+ * then puts the test's own environment back. */
 static void check_policy(const char *policy, const char *spin,
                          const char *want_policy) {
-  char saved_policy[64] = "", saved_spin[64] = "";
-  const char *p = getenv("OMP_WAIT_POLICY"), *sp = getenv("GOMP_SPINCOUNT");
-  int had_policy = p != NULL, had_spin = sp != NULL;
-  if (p)
-    snprintf(saved_policy, sizeof saved_policy, "%s", p);
-  if (sp)
-    snprintf(saved_spin, sizeof saved_spin, "%s", sp);
-  if (policy)
-    setenv("OMP_WAIT_POLICY", policy, 1);
-  else
-    unsetenv("OMP_WAIT_POLICY");
-  if (spin)
-    setenv("GOMP_SPINCOUNT", spin, 1);
-  else
-    unsetenv("GOMP_SPINCOUNT");
+  static const char *const names[2] = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"};
+  const char *want[2] = {policy, spin};
+  char *saved[2];
+  for (int i = 0; i < 2; i++) {
+    saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    env_put(names[i], want[i]);
+  }
 
   ts_server srv;
   grpc_channel *ch;
@@ -99,14 +88,10 @@ static void check_policy(const char *policy, const char *spin,
   ts_problem_free(&tp);
   assert_int_equal(ts_fixture_stop(&srv, ch), 0);
 
-  if (had_policy)
-    setenv("OMP_WAIT_POLICY", saved_policy, 1);
-  else
-    unsetenv("OMP_WAIT_POLICY");
-  if (had_spin)
-    setenv("GOMP_SPINCOUNT", saved_spin, 1);
-  else
-    unsetenv("GOMP_SPINCOUNT");
+  for (int i = 0; i < 2; i++) {
+    env_put(names[i], saved[i]);
+    free(saved[i]);
+  }
 }
 
 static void test_default_policy_is_passive(void **state) {
@@ -130,5 +115,5 @@ int main(void) {
       cmocka_unit_test(test_explicit_policy_is_kept),
       cmocka_unit_test(test_spin_count_is_left_alone),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, NULL, NULL);
 }

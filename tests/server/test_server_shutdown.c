@@ -17,18 +17,6 @@
 
 #define INFLIGHT 8
 
-static int setup(void **state) {
-  (void)state;
-  grpc_init();
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  grpc_shutdown();
-  return 0;
-}
-
 static void test_sigterm_during_load(void **state) {
   (void)state;
   ts_server srv;
@@ -151,5 +139,6 @@ int main(void) {
   };
   if (getenv("TS_FILTER"))
     cmocka_set_test_filter(getenv("TS_FILTER"));
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, ts_group_grpc_init,
+                                ts_group_grpc_shutdown);
 }

@@ -116,6 +116,18 @@ int ts_server_stop(ts_server *s, int sig, int timeout_ms) {
   return rc;
 }
 
+int ts_group_grpc_init(void **state) {
+  (void)state;
+  grpc_init();
+  return 0;
+}
+
+int ts_group_grpc_shutdown(void **state) {
+  (void)state;
+  grpc_shutdown();
+  return 0;
+}
+
 int ts_server_log_count(const ts_server *s, const char *needle) {
   FILE *f = fopen(s->log_path, "r");
   if (!f)

@@ -40,6 +40,10 @@ int ts_fixture_start(ts_server *s, grpc_channel **ch, const char *const *args);
 /* Undoes ts_fixture_start: closes ch, stops the server with SIGTERM (30 s)
  * and shuts gRPC down. Returns 0 when the server exited cleanly. */
 int ts_fixture_stop(ts_server *s, grpc_channel *ch);
+/* cmocka group setup and teardown for groups whose tests start their own
+ * servers: grpc_init and grpc_shutdown. Return 0. */
+int ts_group_grpc_init(void **state);
+int ts_group_grpc_shutdown(void **state);
 /* Number of lines of the server's log containing needle. */
 int ts_server_log_count(const ts_server *s, const char *needle);
 
