@@ -1,5 +1,6 @@
 /* cgs_pool.h - the compute worker pool: pthreads pinned to configured
- * cores, each owning a cg_engine, fed from one bounded FIFO queue.
+ * cores, each owning a cg_engine, fed from one bounded FIFO queue; a new
+ * job wakes an idle worker on the submitting core if there is one.
  *
  * Only the loop thread calls these functions. Workers report finished jobs
  * back to the loop through a locked list and uv_async_send; done_cb runs on
@@ -58,6 +59,8 @@ int cgs_pool_submit(cgs_pool *p, cgs_job *job);
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
 /* Jobs waiting for a worker. */
 unsigned cgs_pool_queued(cgs_pool *p);
+/* Workers asleep for want of work. */
+unsigned cgs_pool_idle(cgs_pool *p);
 /* 1 when queue_depth jobs wait. */
 int cgs_pool_full(cgs_pool *p);
 /* Name of worker i ("cg-worker-0"); static storage of the pool. */
