@@ -1,10 +1,16 @@
 /* call.c - owns the Compute call state machine: admission (validation,
  * limits, in-flight reservation), receiving tensors chunk by chunk into
  * preallocated buffers, handing the job to the pool, streaming the result
- * back without copying it, deadlines, cancellation and the request log. */
+ * back without copying it, deadlines, cancellation and the request log.
+ *
+ * Threads: every handler runs on the loop thread, except that a data chunk
+ * which neither ends nor breaks the upload is taken on the completion-queue
+ * thread (on_recv_fast), so the loop is not woken once per chunk. Each
+ * loop handler holds the call's mutex, and so does the fast path. */
 #include "cgs_call.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -53,7 +59,9 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
+  pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
+  cgs_tag tag_recv_failed; /* the fast path could not post a receive */
   uv_timer_t timer; /* the deadline; --idle-timeout while bytes move */
   cgs_call *prev, *next;
   call_state st;
@@ -76,6 +84,7 @@ struct cgs_call {
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
   uint64_t t_send;               /* the result header went out */
   uint64_t t_sent;               /* the last result batch completed */
+  uint64_t t_progress; /* the last request message or result batch */
 
   /* request */
   Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
@@ -195,6 +204,7 @@ static void on_timer_closed(uv_handle_t *h) {
   if (c->status_slice_set)
     grpc_slice_unref(c->status_slice);
   gpr_free(c->peer);
+  pthread_mutex_destroy(&c->mu);
   free(c);
   s->compute_active--;
   cgs_server_compute_ended(s);
@@ -274,17 +284,23 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
 
 static void on_timer(uv_timer_t *h);
 
+/* 1 while bytes should be moving: the request arriving, or a result batch
+ * out. */
+static int moving(const cgs_call *c) {
+  return c->st == ST_RECV_DATA || c->send_pending;
+}
+
 /* Arms the call's one timer for what comes first: the deadline, or, while
- * the request arrives or a result batch is out, --idle-timeout without
- * progress. A client that stalls would otherwise hold its reserved bytes
- * for as long as its deadline, which may be never. */
+ * bytes move, --idle-timeout after the last progress. A client that stalls
+ * would otherwise hold its reserved bytes for as long as its deadline,
+ * which may be never. Progress the fast path makes only moves t_progress:
+ * on_timer re-arms when it fires early. */
 static void arm_timer(cgs_call *c) {
   uint64_t now = uv_hrtime();
   uint64_t due = c->deadline_at ? c->deadline_at : UINT64_MAX;
   uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
-  int moving = c->st == ST_RECV_DATA || c->send_pending;
-  if (idle && moving && now + idle < due)
-    due = now + idle;
+  if (idle && moving(c) && c->t_progress + idle < due)
+    due = c->t_progress + idle;
   if (due == UINT64_MAX) {
     uv_timer_stop(&c->timer);
     return;
@@ -321,6 +337,7 @@ static void add_ok_status(cgs_call *c, grpc_op *op) {
 static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   c->send_pending = 1;
   if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
+    c->t_progress = uv_hrtime();
     arm_timer(c);
     return;
   }
@@ -411,6 +428,7 @@ static void send_header(cgs_call *c) {
 
 static void on_send(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_send);
+  pthread_mutex_lock(&c->mu);
   c->send_pending = 0;
   if (c->send_bb) {
     grpc_byte_buffer_destroy(c->send_bb);
@@ -437,6 +455,7 @@ static void on_send(cgs_tag *t, int ok) {
       c->t_sent = uv_hrtime();
   }
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- the worker's answer ---------------------------------------------- */
@@ -444,6 +463,7 @@ static void on_send(cgs_tag *t, int ok) {
 void cgs_call_job_done(cgs_job *job, void *data) {
   cgs_call *c = cgs_container_of(job, cgs_call, job);
   (void)data;
+  pthread_mutex_lock(&c->mu);
   c->job_busy = 0;
   if (!c->finished) {
     if (job->rc != 0)
@@ -452,6 +472,7 @@ void cgs_call_job_done(cgs_job *job, void *data) {
       send_header(c);
   }
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- admission -------------------------------------------------------- */
@@ -821,6 +842,15 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
     inputs_complete(c);
 }
 
+/* Counts n bytes just copied into the current input and moves on past
+ * every input that is full. */
+static void add_input_bytes(cgs_call *c, size_t n) {
+  c->in_fill[c->cur] += n;
+  c->bytes_in += n;
+  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
+    c->cur++;
+}
+
 static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
                          grpc_byte_buffer *bb) {
   int i = c->cur;
@@ -850,10 +880,7 @@ static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
            "request: malformed ComputeRequest message");
     return;
   }
-  c->in_fill[i] += v->data_len;
-  c->bytes_in += v->data_len;
-  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
-    c->cur++;
+  add_input_bytes(c, v->data_len);
   if (c->cur == c->ninputs)
     inputs_complete(c);
 }
@@ -862,18 +889,24 @@ static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
 
 static void on_recv(cgs_tag *t, int ok);
 
-static void post_recv(cgs_call *c) {
-  if (c->half_closed || c->finished || c->recv_pending)
-    return;
+/* Asks grpc for the next request message; 0 or -1. */
+static int start_recv(cgs_call *c) {
   grpc_op op;
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_MESSAGE;
   op.data.recv_message.recv_message = &c->recv_bb;
   c->recv_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_recv) != GRPC_CALL_OK) {
-    c->recv_pending = 0;
+  if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_recv) == GRPC_CALL_OK)
+    return 0;
+  c->recv_pending = 0;
+  return -1;
+}
+
+static void post_recv(cgs_call *c) {
+  if (c->half_closed || c->finished || c->recv_pending)
+    return;
+  if (start_recv(c) != 0)
     finish(c, GRPC_STATUS_INTERNAL, "cannot start a receive batch");
-  }
 }
 
 static void handle_message(cgs_call *c, grpc_byte_buffer *bb) {
@@ -917,8 +950,9 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
     } else {
       post_recv(c); /* early: bytes past the tensors are seen sooner */
       handle_message(c, bb);
+      c->t_progress = uv_hrtime();
       if (!c->finished)
-        arm_timer(c); /* progress: the idle clock restarts */
+        arm_timer(c);
     }
   }
   if (bb)
@@ -927,6 +961,7 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
 
 static void on_recv(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
+  pthread_mutex_lock(&c->mu);
   grpc_byte_buffer *bb = c->recv_bb;
   c->recv_bb = NULL;
   c->recv_pending = 0;
@@ -935,6 +970,62 @@ static void on_recv(cgs_tag *t, int ok) {
   else if (bb)
     grpc_byte_buffer_destroy(bb);
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Bytes the request still lacks. */
+static size_t bytes_missing(const cgs_call *c) {
+  size_t n = 0;
+  for (int i = 0; i < c->ninputs; i++)
+    n += c->in_len[i] - c->in_fill[i];
+  return n;
+}
+
+/* Completion-queue thread: takes a data chunk that fits the current input
+ * and leaves bytes missing, and asks for the next message, without waking
+ * the loop (a 12.8 MB upload's recv_ms went from 7.9-8.6 to 6.7-7.4 here).
+ * Anything else (the header, the last bytes, an error, a half-close, a
+ * finished call) goes to on_recv on the loop. */
+static cgs_tag *on_recv_fast(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
+  cgs_tag *loop_tag = t;
+  pthread_mutex_lock(&c->mu);
+  grpc_byte_buffer *bb = c->recv_bb;
+  cgs_msg_kind kind;
+  cgs_chunk_view v;
+  char err[64];
+  if (!ok || !bb || c->finished || c->half_closed || c->st != ST_RECV_DATA ||
+      cgs_wire_scan_request(bb, &kind, &v, err, sizeof err) != 0 ||
+      kind != CGS_MSG_CHUNK || v.input != (uint32_t)c->cur ||
+      v.data_len > c->in_len[c->cur] - c->in_fill[c->cur] ||
+      v.data_len >= bytes_missing(c) ||
+      cgs_wire_copy(bb, v.data_off, v.data_len,
+                    c->in_buf[c->cur] + c->in_fill[c->cur]) != 0)
+    goto out;
+  add_input_bytes(c, v.data_len);
+  c->recv_bb = NULL;
+  grpc_byte_buffer_destroy(bb);
+  c->t_progress = uv_hrtime();
+  loop_tag = NULL;
+  if (start_recv(c) != 0) {
+    /* The report holds the call like a pending receive until the loop
+     * has taken it. */
+    c->recv_pending = 1;
+    loop_tag = &c->tag_recv_failed;
+  }
+out:
+  pthread_mutex_unlock(&c->mu);
+  return loop_tag;
+}
+
+static void on_recv_failed(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv_failed);
+  (void)ok;
+  pthread_mutex_lock(&c->mu);
+  c->recv_pending = 0;
+  finish(c, GRPC_STATUS_INTERNAL, "cannot start a receive batch");
+  maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- deadline, cancellation ------------------------------------------- */
@@ -954,6 +1045,7 @@ static const char *where(cgs_call *c) {
 static void on_close(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_close);
   (void)ok;
+  pthread_mutex_lock(&c->mu);
   c->close_received = 1;
   int late = past_deadline(c);
   if (c->finished && c->cancelled && c->status != GRPC_STATUS_CANCELLED &&
@@ -973,6 +1065,7 @@ static void on_close(cgs_tag *t, int ok) {
            in);
   }
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }
 
 /* The idle timeout: nothing arrived, or the client stopped taking the
@@ -1004,21 +1097,31 @@ static void stalled(cgs_call *c) {
 
 static void on_timer(uv_timer_t *h) {
   cgs_call *c = h->data;
-  if (!past_deadline(c)) {
+  pthread_mutex_lock(&c->mu);
+  uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
+  if (past_deadline(c)) {
+    if (!c->finished) {
+      const char *in = where(c);
+      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s",
+             in);
+    }
+  } else if (idle && moving(c) && uv_hrtime() >= c->t_progress + idle) {
     stalled(c);
-  } else if (!c->finished) {
-    const char *in = where(c);
-    finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "deadline exceeded while %s", in);
+  } else {
+    arm_timer(c); /* progress since it was armed */
   }
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }
 
 void cgs_call_cancel_all(cgs_server *s) {
   for (cgs_call *c = s->calls, *next; c; c = next) {
     next = c->next;
+    pthread_mutex_lock(&c->mu);
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server shut down before the request finished; retry elsewhere");
     maybe_free(c);
+    pthread_mutex_unlock(&c->mu);
   }
 }
 
@@ -1036,8 +1139,11 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   c->call = call;
   c->id = s->next_call_id++;
   c->peer = grpc_call_get_peer(call);
-  c->t_start = uv_hrtime();
+  c->t_start = c->t_progress = uv_hrtime();
+  pthread_mutex_init(&c->mu, NULL);
   c->tag_recv.cb = on_recv;
+  c->tag_recv.fast = on_recv_fast;
+  c->tag_recv_failed.cb = on_recv_failed;
   c->tag_send.cb = on_send;
   c->tag_close.cb = on_close;
   c->st = ST_RECV_HEADER;
@@ -1049,6 +1155,8 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     s->calls->prev = c;
   s->calls = c;
   s->compute_active++;
+  /* From the first receive on, the fast path may run for this call. */
+  pthread_mutex_lock(&c->mu);
 
   grpc_op op;
   memset(&op, 0, sizeof op);
@@ -1078,10 +1186,12 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   }
   take_message(c, first);
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
   return;
 
 refused:
   if (first)
     grpc_byte_buffer_destroy(first);
   maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
 }

@@ -29,13 +29,17 @@
 
 /* A completion-queue tag. Objects embed one per kind of operation they
  * may have pending (at most one of each at a time), so handing a tag to
- * the loop needs no allocation. cb runs on the loop thread. */
+ * the loop needs no allocation. cb runs on the loop thread. fast, when
+ * set, runs first on the completion-queue thread: it returns NULL when it
+ * handled the event there, else the tag whose cb the loop should run. */
 typedef struct cgs_tag cgs_tag;
 typedef void (*cgs_tag_cb)(cgs_tag *tag, int ok);
+typedef cgs_tag *(*cgs_tag_fast)(cgs_tag *tag, int ok);
 struct cgs_tag {
   cgs_tag_cb cb;
-  int ok;        /* grpc_event.success */
-  cgs_tag *next; /* link in the cq -> loop list */
+  cgs_tag_fast fast; /* NULL: always the loop */
+  int ok;            /* grpc_event.success */
+  cgs_tag *next;     /* link in the cq -> loop list */
 };
 
 typedef enum {

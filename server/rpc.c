@@ -65,11 +65,13 @@ static void *cq_main(void *arg) {
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(
         s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    cgs_tag *t = ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
+    if (t && t->fast && !(t = t->fast(t, ev.success)))
+      continue; /* handled on this thread */
     pthread_mutex_lock(&s->ev_mu);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) {
       s->cq_exited = 1;
-    } else if (ev.type == GRPC_OP_COMPLETE) {
-      cgs_tag *t = ev.tag;
+    } else if (t) {
       t->ok = ev.success;
       t->next = NULL;
       if (s->ev_tail)
