@@ -1072,25 +1072,24 @@ static void on_close(cgs_tag *t, int ok) {
  * result, for --idle-timeout. */
 static void stalled(cgs_call *c) {
   double secs = (double)c->s->cfg->idle_timeout_ms / 1e3;
-  if (!c->finished) {
-    if (c->st == ST_RECV_DATA)
-      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+  char why[256];
+  if (c->st == ST_RECV_DATA)
+    snprintf(why, sizeof why,
              "no request data for %g s while receiving inputs[%d] (%zu of "
              "%zu bytes) (--idle-timeout)",
              secs, c->cur, c->in_fill[c->cur], c->in_len[c->cur]);
-    else
-      finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+  else
+    snprintf(why, sizeof why,
              "the client took no result data for %g s (%zu of %zu bytes "
              "sent) (--idle-timeout)",
              secs, c->sent, c->geom.out_bytes);
+  if (!c->finished) {
+    finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s", why);
   } else if (c->send_pending && !c->close_received) {
     /* The last batch, OK status included, is stuck behind a client that
      * stopped reading; grpc allows no second batch to say so. */
     c->status = GRPC_STATUS_DEADLINE_EXCEEDED;
-    snprintf(c->msg, sizeof c->msg,
-             "the client took no result data for %g s (%zu of %zu bytes "
-             "sent) (--idle-timeout)",
-             secs, c->sent, c->geom.out_bytes);
+    snprintf(c->msg, sizeof c->msg, "%s", why);
     grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
   }
 }
