@@ -120,11 +120,13 @@ static void big_problem(ts_problem *big) {
   assert_int_equal(ts_problem_init(big, &d), 0);
 }
 
-/* Opens a Compute call for tp, asking for 64 KiB result chunks, and sends
- * the header and the first upto bytes of its inputs in 1 MiB chunks. */
-static void send_request(ts_call *c, const ts_problem *tp, size_t upto) {
+/* Opens a Compute call for tp on channel on, asking for 64 KiB result
+ * chunks, and sends the header and the first upto bytes of its inputs in
+ * 1 MiB chunks. */
+static void send_request(ts_call *c, grpc_channel *on, const ts_problem *tp,
+                         size_t upto) {
   assert_int_equal(
-      ts_call_open(c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+      ts_call_open(c, on, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
   Convgrad__V1__ComputeHeader h = tp->header;
   h.response_chunk_bytes = 64 * 1024;
   Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
@@ -176,7 +178,7 @@ static void test_cancel_while_streaming(void **state) {
   big_problem(&big);
   int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
   ts_call c;
-  send_request(&c, &big, SIZE_MAX);
+  send_request(&c, ch, &big, SIZE_MAX);
   assert_int_equal(ts_call_close_send(&c), 0);
   recv_some(&c, 3);
   ts_call_cancel(&c);
@@ -195,7 +197,7 @@ static void test_idle_upload(void **state) {
   big_problem(&big);
   ts_call c;
   double t0 = ts_now_ms();
-  send_request(&c, &big, 1u << 20);
+  send_request(&c, ch, &big, 1u << 20);
   char msg[512];
   assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
                    GRPC_STATUS_DEADLINE_EXCEEDED);
@@ -212,14 +214,16 @@ static void test_idle_upload(void **state) {
  * flow-control windows are full, sends stop completing, and after
  * --idle-timeout the server cuts the stream off and frees its memory.
  * When the client reads on, the chunks already in its buffers end with
- * that status. */
+ * that status. (A growing window could swallow all 52 MB: the channel's
+ * stays small.) */
 static void test_idle_download(void **state) {
   (void)state;
   ts_problem big;
   big_problem(&big);
   int stalled = ts_server_log_count(&srv, "took no result data");
+  grpc_channel *narrow = ts_channel_small_window(&srv);
   ts_call c;
-  send_request(&c, &big, SIZE_MAX);
+  send_request(&c, narrow, &big, SIZE_MAX);
   assert_int_equal(ts_call_close_send(&c), 0);
   recv_some(&c, 2);
   wait_log("took no result data", stalled + 1);
@@ -236,6 +240,7 @@ static void test_idle_download(void **state) {
   assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
                    GRPC_STATUS_DEADLINE_EXCEEDED);
   ts_call_free(&c);
+  grpc_channel_destroy(narrow);
   assert_true(chunks < big.g.out_bytes / (64 * 1024) - 2); /* cut short */
   assert_non_null(strstr(msg, "took no result data for 2 s"));
   assert_non_null(strstr(msg, "--idle-timeout"));

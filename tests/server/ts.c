@@ -143,11 +143,27 @@ int ts_server_log_count(const ts_server *s, const char *needle) {
 
 /* ---- raw calls ---- */
 
-grpc_channel *ts_channel(const ts_server *s) {
+static grpc_channel *channel_with(const ts_server *s,
+                                  const grpc_channel_args *args) {
   grpc_channel_credentials *creds = grpc_insecure_credentials_create();
-  grpc_channel *ch = grpc_channel_create(s->target, creds, NULL);
+  grpc_channel *ch = grpc_channel_create(s->target, creds, args);
   grpc_channel_credentials_release(creds);
   return ch;
+}
+
+grpc_channel *ts_channel(const ts_server *s) { return channel_with(s, NULL); }
+
+grpc_channel *ts_channel_small_window(const ts_server *s) {
+  grpc_arg args[] = {
+      {.type = GRPC_ARG_INTEGER,
+       .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+       .value.integer = 64 * 1024},
+      {.type = GRPC_ARG_INTEGER,
+       .key = GRPC_ARG_HTTP2_BDP_PROBE,
+       .value.integer = 0},
+  };
+  grpc_channel_args cargs = {.num_args = 2, .args = args};
+  return channel_with(s, &cargs);
 }
 
 static gpr_timespec deadline_in(int64_t ms) {

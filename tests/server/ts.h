@@ -50,6 +50,9 @@ int ts_server_log_count(const ts_server *s, const char *needle);
 /* ---- raw calls ---- */
 
 grpc_channel *ts_channel(const ts_server *s);
+/* A channel whose receive window stays at 64 KiB (no BDP probing): a
+ * client on it that stops reading stalls the server's sends at once. */
+grpc_channel *ts_channel_small_window(const ts_server *s);
 
 typedef struct ts_call {
   grpc_call *call;
