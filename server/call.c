@@ -3,10 +3,11 @@
  * preallocated buffers, handing the job to the pool, streaming the result
  * back without copying it, deadlines, cancellation and the request log.
  *
- * Threads: every handler runs on the loop thread, except that a data chunk
- * which neither ends nor breaks the upload is taken on the completion-queue
- * thread (on_recv_fast), so the loop is not woken once per chunk. Each
- * loop handler holds the call's mutex, and so does the fast path. */
+ * Threads: every handler runs on the loop thread, except that data chunks
+ * in the middle of the upload or of the result are moved on the
+ * completion-queue thread (on_recv_fast, on_send_fast), so the loop is not
+ * woken once per chunk. Each loop handler holds the call's mutex, and so
+ * do the fast paths. */
 #include "cgs_call.h"
 
 #include <inttypes.h>
@@ -62,6 +63,7 @@ struct cgs_call {
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
   cgs_tag tag_recv_failed; /* the fast path could not post a receive */
+  cgs_tag tag_send_failed; /* the fast path could not start a send */
   uv_timer_t timer; /* the deadline; --idle-timeout while bytes move */
   cgs_call *prev, *next;
   call_state st;
@@ -334,6 +336,8 @@ static void add_ok_status(cgs_call *c, grpc_op *op) {
 
 /* Starts a result batch (c->send_bb, if any, is its message). grpc only
  * refuses one once the server is closing: the call ends there. */
+static void send_failed(cgs_call *c);
+
 static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   c->send_pending = 1;
   if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
@@ -341,6 +345,11 @@ static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
     arm_timer(c);
     return;
   }
+  send_failed(c);
+}
+
+/* A send batch could not start: the call ends there. */
+static void send_failed(cgs_call *c) {
   c->send_pending = 0;
   if (c->send_bb) {
     grpc_byte_buffer_destroy(c->send_bb);
@@ -454,6 +463,45 @@ static void on_send(cgs_tag *t, int ok) {
     if (c->status == GRPC_STATUS_OK && c->st == ST_DONE)
       c->t_sent = uv_hrtime();
   }
+  maybe_free(c);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* Completion-queue thread: after a chunk went out, starts the next one
+ * when it is not the last, without waking the loop. The last chunk (it
+ * carries the status), a failed batch and everything else go to on_send
+ * on the loop. */
+static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_send);
+  pthread_mutex_lock(&c->mu);
+  cgs_tag *loop_tag = t;
+  if (ok && !c->finished && c->st == ST_SENDING &&
+      c->geom.out_bytes - c->sent > c->chunk_bytes) {
+    grpc_byte_buffer_destroy(c->send_bb);
+    size_t len = c->chunk_bytes;
+    atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
+    c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
+                                          outbuf_unref, c->out);
+    c->sent += len;
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_SEND_MESSAGE;
+    op.data.send_message.send_message = c->send_bb;
+    c->t_progress = uv_hrtime();
+    if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
+      loop_tag = NULL;
+    else
+      loop_tag = &c->tag_send_failed;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return loop_tag;
+}
+
+static void on_send_failed(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_send_failed);
+  (void)ok;
+  pthread_mutex_lock(&c->mu);
+  send_failed(c);
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
 }
@@ -1144,6 +1192,8 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   c->tag_recv.fast = on_recv_fast;
   c->tag_recv_failed.cb = on_recv_failed;
   c->tag_send.cb = on_send;
+  c->tag_send.fast = on_send_fast;
+  c->tag_send_failed.cb = on_send_failed;
   c->tag_close.cb = on_close;
   c->st = ST_RECV_HEADER;
   cgs_debug("compute id=%" PRIu64 " started, peer %s", c->id, c->peer);
