@@ -364,20 +364,25 @@ static void send_failed(cgs_call *c) {
   grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
 }
 
+/* Fills op with the next result chunk of len bytes (c->send_bb, a slice
+ * over the output memory). */
+static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
+  atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
+  c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
+                                        outbuf_unref, c->out);
+  c->sent += len;
+  op->op = GRPC_OP_SEND_MESSAGE;
+  op->data.send_message.send_message = c->send_bb;
+}
+
 static void send_next(cgs_call *c) {
   size_t total = c->geom.out_bytes, left = total - c->sent;
   size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
   grpc_op ops[2];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
-  if (len) {
-    atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
-    c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
-                                          outbuf_unref, c->out);
-    c->sent += len;
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n++].data.send_message.send_message = c->send_bb;
-  }
+  if (len)
+    chunk_op(c, len, &ops[n++]);
   if (c->sent == total)
     add_ok_status(c, &ops[n++]); /* the last chunk carries it */
   start_send(c, ops, n);
@@ -478,15 +483,9 @@ static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
   if (ok && !c->finished && c->st == ST_SENDING &&
       c->geom.out_bytes - c->sent > c->chunk_bytes) {
     grpc_byte_buffer_destroy(c->send_bb);
-    size_t len = c->chunk_bytes;
-    atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
-    c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
-                                          outbuf_unref, c->out);
-    c->sent += len;
     grpc_op op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_MESSAGE;
-    op.data.send_message.send_message = c->send_bb;
+    chunk_op(c, c->chunk_bytes, &op);
     c->t_progress = uv_hrtime();
     if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
       loop_tag = NULL;
