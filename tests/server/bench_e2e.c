@@ -12,7 +12,8 @@
  *    and output bytes down. Each rep runs the in-process kernel, the e2e
  *    call and the bare transfer back to back (the VM's speed drifts too
  *    much for figures taken minutes apart).
- *    ratio = e2e / bound, so <= 1 meets the target.
+ *    ratio = e2e / bound from the medians, so <= 1 meets the target;
+ *    "best" is the same ratio from each column's fastest rep.
  * 3. The tiny problem mb1ic4ih8oc4oh8kh3ph1: p50 latency end to end versus
  *    the bare echo p50, measured in alternating blocks so that both see
  *    the same machine (a shared VM drifts by tens of percent within a
@@ -472,11 +473,12 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
     fclose(f);
     return;
   }
-  printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %8s %6s\n", "problem", "op",
-         "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms", "bare ms",
-         "bound ms", "ratio");
+  printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %8s %6s %6s\n", "problem",
+         "op", "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms",
+         "bare ms", "bound ms", "ratio", "best");
   char line[512];
-  double worst = 0;
+  double worst = 0, worst_best = 0;
+  int rows = 0, rows_ok = 0, rows_ok_best = 0;
   while (fgets(line, sizeof line, f)) {
     cg_bdesc d;
     int is_problem = 0;
@@ -519,12 +521,20 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
         double bms = percentile(tb, reps, 0.5);
         double bound = kms + 1.25 * bms;
         double ratio = ems / bound;
-        if (ratio > worst)
-          worst = ratio;
+        /* The same ratio from each column's fastest rep: on a shared VM,
+         * interference only ever adds time, and it lands on the bare
+         * transfer as much as on the call. */
+        double best = percentile(te, reps, 0) /
+                      (percentile(tk, reps, 0) + 1.25 * percentile(tb, reps, 0));
+        worst = ratio > worst ? ratio : worst;
+        worst_best = best > worst_best ? best : worst_best;
+        rows++;
+        rows_ok += ratio <= 1;
+        rows_ok_best += best <= 1;
         printf("%-40.40s %-28s %8.1f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f "
-               "%6.2f\n",
+               "%6.2f %6.2f\n",
                d.name, cg_op_name(ops[k]), (double)(up + down) / 1e6, kms,
-               st.compute_ms, st.total_ms, ems, bms, bound, ratio);
+               st.compute_ms, st.total_ms, ems, bms, bound, ratio, best);
         fflush(stdout);
       }
       free(tk);
@@ -533,8 +543,10 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
       prob_free(&p);
     }
   }
-  printf("worst ratio e2e / (compute + 1.25 x bare transfer): %.2f\n",
-         worst);
+  printf("ratio e2e / (compute + 1.25 x bare transfer), target <= 1: "
+         "medians: %d of %d rows, worst %.2f; fastest reps: %d of %d rows, "
+         "worst %.2f\n",
+         rows_ok, rows, worst, rows_ok_best, rows, worst_best);
   cg_engine_free(e);
   fclose(f);
 }
@@ -704,7 +716,7 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
 
 int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
-  int reps = 5, threads = 2, lat_n = 2000, skip_rows = 0;
+  int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0;
   static const struct option lo[] = {{"problems", required_argument, 0, 'p'},
                                      {"reps", required_argument, 0, 'r'},
                                      {"threads", required_argument, 0, 't'},
