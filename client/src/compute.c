@@ -12,7 +12,6 @@
 #include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
-#include <grpc/support/alloc.h>
 
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
@@ -510,18 +509,13 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   int rc = 0;
   grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
   grpc_call *call = NULL;
-  grpc_byte_buffer *send_bb = NULL, *recv_bb = NULL;
-  grpc_metadata_array initial_md, trailing_md;
-  grpc_status_code code = GRPC_STATUS_UNKNOWN;
-  grpc_slice details = grpc_empty_slice();
-  const char *error_string = NULL;
+  cgc__call_io io;
   int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 0;
   int status_started = 0, batch_failed = 0, local_rc = 0;
   grpc_op ops[5];
   double t0 = cgc__now_ms(), t_last = t0;
 
-  grpc_metadata_array_init(&initial_md);
-  grpc_metadata_array_init(&trailing_md);
+  cgc__call_io_init(&io);
   /* Reset what a previous attempt left. */
   cgc__drop_out(a);
   a->have_header = 0;
@@ -535,7 +529,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     goto out;
   }
   atomic_init(&a->pin->refs, 1);
-  if ((rc = cgc__encode_header(a, &send_bb)) != 0) {
+  if ((rc = cgc__encode_header(a, &io.send_bb)) != 0) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     goto out;
   }
@@ -552,10 +546,9 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   }
 
   grpc_op status_op;
-  cgc__op_recv_status(&status_op, &trailing_md, &code, &details,
-                      &error_string);
+  cgc__op_recv_status(&status_op, &io);
 
-  cgc__ops_one_message(ops, send_bb, &initial_md, &recv_bb);
+  cgc__ops_one_message(ops, &io);
   sending = cgc__upload_left(a);
   if (!sending) {
     /* The whole request fits one message: a single batch sends it and
@@ -587,18 +580,18 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     switch ((intptr_t)ev.tag) {
     case CGC__TAG_SEND:
       send_busy = 0;
-      grpc_byte_buffer_destroy(send_bb);
-      send_bb = NULL;
+      grpc_byte_buffer_destroy(io.send_bb);
+      io.send_bb = NULL;
       if (!ev.success)
         sending = 0; /* the call is over; the status says why */
       else if (!sending)
         a->res.upload_ms = cgc__now_ms() - t0;
       if (sending) {
-        send_bb = cgc__encode_chunk(a);
+        io.send_bb = cgc__encode_chunk(a);
         sending = cgc__upload_left(a);
         memset(ops, 0, sizeof ops);
         ops[0].op = GRPC_OP_SEND_MESSAGE;
-        ops[0].data.send_message.send_message = send_bb;
+        ops[0].data.send_message.send_message = io.send_bb;
         ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
         if (cgc__start(call, ops, sending ? 1 : 2, CGC__TAG_SEND) == 0)
           send_busy = 1;
@@ -608,12 +601,12 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
       break;
     case CGC__TAG_RECV: {
       recv_busy = 0;
-      if (recv_bb && !local_rc)
-        local_rc = cgc__on_message(a, recv_bb);
-      int ended = !recv_bb;
-      if (recv_bb)
-        grpc_byte_buffer_destroy(recv_bb);
-      recv_bb = NULL;
+      if (io.recv_bb && !local_rc)
+        local_rc = cgc__on_message(a, io.recv_bb);
+      int ended = !io.recv_bb;
+      if (io.recv_bb)
+        grpc_byte_buffer_destroy(io.recv_bb);
+      io.recv_bb = NULL;
       if (local_rc)
         grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
                                      "client rejected the response", NULL);
@@ -626,7 +619,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
         grpc_op rop;
         memset(&rop, 0, sizeof rop);
         rop.op = GRPC_OP_RECV_MESSAGE;
-        rop.data.recv_message.recv_message = &recv_bb;
+        rop.data.recv_message.recv_message = &io.recv_bb;
         if (cgc__start(call, &rop, 1, CGC__TAG_RECV) == 0)
           recv_busy = 1;
         else
@@ -660,8 +653,8 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
                                            : GRPC_STATUS_RESOURCE_EXHAUSTED,
                     "%s", a->perr);
     rc = local_rc;
-  } else if (code != GRPC_STATUS_OK) {
-    cgc__status_from_grpc(st, code, details);
+  } else if (io.code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, io.code, io.details);
     rc = CGC_ERPC;
   } else if (!a->have_header || a->received != a->out->nbytes) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
@@ -693,15 +686,7 @@ start_failed:
       status_busy = 0;
   }
 out:
-  cgc__call_end(call, cq);
-  if (send_bb)
-    grpc_byte_buffer_destroy(send_bb);
-  if (recv_bb)
-    grpc_byte_buffer_destroy(recv_bb);
-  grpc_slice_unref(details);
-  gpr_free((void *)error_string);
-  grpc_metadata_array_destroy(&initial_md);
-  grpc_metadata_array_destroy(&trailing_md);
+  cgc__call_end(call, cq, &io);
   free(a->hbuf);
   a->hbuf = NULL;
   if (a->pin) {

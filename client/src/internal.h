@@ -38,16 +38,24 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc_status *st);
 
 
+/* What one call's batches read from and write into. The function that
+ * runs the call owns it: cgc__call_io_init, then cgc__call_end, which
+ * frees whatever it still holds. */
+typedef struct cgc__call_io {
+  grpc_byte_buffer *send_bb, *recv_bb;
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_status_code code;
+  grpc_slice details;
+  const char *error_string;
+} cgc__call_io;
+void cgc__call_io_init(cgc__call_io *io);
+
 /* The opening ops of a call whose request fits one message: send the
- * initial metadata, send_bb and the half-close, receive the initial
+ * initial metadata, io->send_bb and the half-close, receive the initial
  * metadata and the first response message. Fills ops[0..4]. */
-void cgc__ops_one_message(grpc_op ops[5], grpc_byte_buffer *send_bb,
-                          grpc_metadata_array *initial_md,
-                          grpc_byte_buffer **recv_bb);
-/* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into the given outputs. */
-void cgc__op_recv_status(grpc_op *op, grpc_metadata_array *trailing_md,
-                         grpc_status_code *code, grpc_slice *details,
-                         const char **error_string);
+void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io);
+/* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into io. */
+void cgc__op_recv_status(grpc_op *op, cgc__call_io *io);
 /* One unary call of method with the serialized request req. On success
  * *resp holds the serialized response (caller frees). Returns 0, CGC_ERPC
  * or CG_ENOMEM. */
@@ -55,9 +63,10 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, gpr_timespec deadline, void **resp,
                size_t *resplen, cgc_status *st);
 
-/* Ends a call's life: unrefs call (may be NULL), then shuts down, drains
- * and destroys its completion queue. */
-void cgc__call_end(grpc_call *call, grpc_completion_queue *cq);
+/* Ends a call's life: unrefs call (may be NULL), shuts down, drains and
+ * destroys its completion queue, then frees what io holds. */
+void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
+                   cgc__call_io *io);
 
 /* Copies every byte of bb into one malloc'ed buffer (small messages only).
  * Returns 0 or CG_ENOMEM. */
