@@ -1,9 +1,10 @@
 /* bench_e2e.c - end-to-end benchmark of convgrad-server over loopback (a
  * benchmark, not a test: it prints figures and asserts nothing).
  *
- * 1. A bare gRPC C-core server (forked child, no convgrad code) measures
- *    loopback gRPC bandwidth in both directions with 1 MiB messages, and
- *    the p50 latency of a unary echo of a 1 KiB message.
+ * 1. A bare gRPC C-core server (forked child, no convgrad code, the same
+ *    malloc settings as convgrad-server) measures loopback gRPC bandwidth
+ *    in both directions with 1 MiB messages, and the p50 latency of a
+ *    unary echo of a 1 KiB message.
  * 2. For every row of the kernels' problem list, each gradient op of its
  *    family in f32: the in-process cg_engine median versus the median of a
  *    full Compute call through libcgclient to a real server, and the bound
@@ -21,6 +22,7 @@
  *    Both servers sit on the last core (convgrad-server with --io-cpus
  *    there, and with one worker --cpus too); the client floats. */
 #include <getopt.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -183,6 +185,13 @@ static pid_t echo_start(int *port) {
     CPU_ZERO(&set);
     CPU_SET(server_cpu(), &set);
     sched_setaffinity(0, sizeof set, &set);
+    /* The malloc settings convgrad-server runs with (server/main.c). With
+     * glibc's defaults, whether gRPC's read buffers come from fresh mmaps
+     * (page faults, zeroing) or warm heap depends on the order of earlier
+     * frees, and the bare uploads ran at 1.4-1.6 GB/s in most processes
+     * and 2.8-3.3 GB/s in others: a bound that moved by 2x between runs. */
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
     grpc_init();
     grpc_server *srv = grpc_server_create(NULL, NULL);
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
