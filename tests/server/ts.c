@@ -707,39 +707,85 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
 
 /* ---- background calls ---- */
 
+struct ts_bg_state {
+  grpc_channel *ch;
+  ts_problem tp; /* by value: g, in[] and ref; its header points elsewhere */
+  uint8_t *header; /* tp's header, packed */
+  size_t header_len;
+  int64_t deadline_ms;
+  grpc_status_code code;
+  char msg[512];
+  int checked;
+};
+
 static void *bg_main(void *p) {
-  ts_bg *b = p;
-  const void *data[2] = {b->tp->in[0], b->tp->in[1]};
-  size_t len[2] = {b->tp->g.in_bytes[0], b->tp->g.in_bytes[1]};
-  ts_opts o = {.deadline_ms = b->deadline_ms};
+  struct ts_bg_state *st = p;
+  Convgrad__V1__ComputeHeader *h =
+      convgrad__v1__compute_header__unpack(NULL, st->header_len, st->header);
+  const void *data[2] = {st->tp.in[0], st->tp.in[1]};
+  size_t len[2] = {st->tp.g.in_bytes[0], st->tp.g.in_bytes[1]};
+  ts_opts o = {.deadline_ms = st->deadline_ms};
   ts_result r;
-  if (ts_compute(b->ch, &b->tp->header, data, len, &o, &r) == 0) {
-    b->code = r.code;
-    snprintf(b->msg, sizeof b->msg, "%s", r.msg);
-    b->checked = r.code == GRPC_STATUS_OK && b->tp->ref &&
-                 r.nbytes == b->tp->g.out_bytes &&
-                 ts_problem_check(b->tp, r.data) == 0;
+  if (h && ts_compute(st->ch, h, data, len, &o, &r) == 0) {
+    st->code = r.code;
+    snprintf(st->msg, sizeof st->msg, "%s", r.msg);
+    st->checked = r.code == GRPC_STATUS_OK && st->tp.ref &&
+                  r.nbytes == st->tp.g.out_bytes &&
+                  ts_problem_check(&st->tp, r.data) == 0;
     ts_result_free(&r);
   }
+  if (h)
+    convgrad__v1__compute_header__free_unpacked(h, NULL);
   return NULL;
 }
 
-int ts_bg_start(ts_bg *b, grpc_channel *ch, ts_problem *tp,
+int ts_bg_start(ts_bg *b, grpc_channel *ch, const ts_problem *tp,
                 int64_t deadline_ms) {
   memset(b, 0, sizeof *b);
-  b->ch = ch;
-  b->tp = tp;
   b->code = GRPC_STATUS_UNKNOWN;
-  b->deadline_ms = deadline_ms;
-  return pthread_create(&b->th, NULL, bg_main, b) == 0 ? 0 : -1;
+  struct ts_bg_state *st = calloc(1, sizeof *st);
+  if (!st)
+    return -1;
+  st->ch = ch;
+  st->tp = *tp;
+  st->header_len = convgrad__v1__compute_header__get_packed_size(&tp->header);
+  st->header = malloc(st->header_len ? st->header_len : 1);
+  st->deadline_ms = deadline_ms;
+  st->code = GRPC_STATUS_UNKNOWN;
+  if (!st->header) {
+    free(st);
+    return -1;
+  }
+  convgrad__v1__compute_header__pack(&tp->header, st->header);
+  if (pthread_create(&b->th, NULL, bg_main, st) != 0) {
+    free(st->header);
+    free(st);
+    return -1;
+  }
+  b->st = st;
+  return 0;
 }
 
-void ts_bg_join(ts_bg *b) { pthread_join(b->th, NULL); }
+void ts_bg_join(ts_bg *b) {
+  pthread_join(b->th, NULL);
+  b->code = b->st->code;
+  memcpy(b->msg, b->st->msg, sizeof b->msg);
+  b->checked = b->st->checked;
+  free(b->st->header);
+  free(b->st);
+  b->st = NULL;
+}
+
+struct ts_watch_state {
+  grpc_channel *ch;
+  int seen[16];
+  int nseen;
+  grpc_status_code code;
+};
 
 static void *watch_main(void *p) {
-  ts_watch *w = p;
+  struct ts_watch_state *w = p;
   ts_call c;
-  w->code = GRPC_STATUS_UNKNOWN;
   if (ts_call_open(&c, w->ch, "/grpc.health.v1.Health/Watch", 120000) == 0) {
     Grpc__Health__V1__HealthCheckRequest req =
         GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -764,11 +810,28 @@ static void *watch_main(void *p) {
 
 int ts_watch_start(ts_watch *w, grpc_channel *ch) {
   memset(w, 0, sizeof *w);
-  w->ch = ch;
-  return pthread_create(&w->th, NULL, watch_main, w) == 0 ? 0 : -1;
+  w->code = GRPC_STATUS_UNKNOWN;
+  struct ts_watch_state *st = calloc(1, sizeof *st);
+  if (!st)
+    return -1;
+  st->ch = ch;
+  st->code = GRPC_STATUS_UNKNOWN;
+  if (pthread_create(&w->th, NULL, watch_main, st) != 0) {
+    free(st);
+    return -1;
+  }
+  w->st = st;
+  return 0;
 }
 
-void ts_watch_join(ts_watch *w) { pthread_join(w->th, NULL); }
+void ts_watch_join(ts_watch *w) {
+  pthread_join(w->th, NULL);
+  memcpy(w->seen, w->st->seen, sizeof w->seen);
+  w->nseen = w->st->nseen;
+  w->code = w->st->code;
+  free(w->st);
+  w->st = NULL;
+}
 
 int ts_server_wait_log(const ts_server *s, const char *needle, int count,
                        int timeout_ms) {

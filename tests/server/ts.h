@@ -162,27 +162,33 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
 
 /* ---- calls in background threads ---- */
 
-/* Runs tp on ch in a thread; when tp->ref is set the result is checked. */
+/* Runs tp on ch in a thread; when tp->ref is set the result is checked.
+ * The thread works on a heap copy of what it needs (tp's tensors and
+ * reference must outlive it): when a failed assertion leaves the test
+ * before ts_bg_join, it never writes into the dead stack frame. */
+struct ts_bg_state;
 typedef struct ts_bg {
-  grpc_channel *ch;
-  ts_problem *tp;
-  int64_t deadline_ms;
-  grpc_status_code code; /* UNKNOWN until joined */
+  struct ts_bg_state *st; /* owned by the thread until joined */
+  pthread_t th;
+  /* Filled by ts_bg_join. */
+  grpc_status_code code;
   char msg[512];
   int checked; /* OK and equal to tp->ref */
-  pthread_t th;
 } ts_bg;
-int ts_bg_start(ts_bg *b, grpc_channel *ch, ts_problem *tp,
+int ts_bg_start(ts_bg *b, grpc_channel *ch, const ts_problem *tp,
                 int64_t deadline_ms);
 void ts_bg_join(ts_bg *b);
 
-/* A Health/Watch("") stream read in a thread until it ends. */
+/* A Health/Watch("") stream read in a thread until it ends; heap state as
+ * for ts_bg. */
+struct ts_watch_state;
 typedef struct ts_watch {
-  grpc_channel *ch;
+  struct ts_watch_state *st;
+  pthread_t th;
+  /* Filled by ts_watch_join. */
   int seen[16]; /* statuses in order of arrival */
   int nseen;
   grpc_status_code code; /* the stream's final status */
-  pthread_t th;
 } ts_watch;
 int ts_watch_start(ts_watch *w, grpc_channel *ch);
 void ts_watch_join(ts_watch *w);
