@@ -665,8 +665,8 @@ static int check_layout(cgs_call *c, int i, int layout, int weights,
     return 0;
   if (weights ? !is_weights_layout(layout) : !is_data_layout(layout)) {
     finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-           "inputs[%d].layout: %s is not a %s layout", i, layout_name(layout),
-           weights ? "weights" : "data");
+           "inputs[%d].layout: %s (%d) is not a %s layout", i,
+           layout_name(layout), layout, weights ? "weights" : "data");
     return -1;
   }
   if (*attr == 0) {
@@ -689,8 +689,12 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
   cg_problem *p = &c->prob;
   cg_problem_init(p);
   if (h->op < 1 || h->op > CG_OP_COUNT) {
-    finish(c, GRPC_STATUS_INVALID_ARGUMENT, "header.op: %s %d",
-           h->op == 0 ? "not set," : "unknown value", (int)h->op);
+    if (h->op == 0)
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.op: not set (OP_UNSPECIFIED); name one of the four ops");
+    else
+      finish(c, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value %d",
+             (int)h->op);
     return -1;
   }
   p->op = (cg_op)h->op;

@@ -241,7 +241,8 @@ static void test_unknown_enums(void **state) {
   hdr x;
   hdr_init(&x);
   x.h.op = (Convgrad__V1__Op)9;
-  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op");
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT,
+                "header.op: unknown value 9");
   hdr_init(&x);
   x.h.op = CONVGRAD__V1__OP__OP_UNSPECIFIED;
   expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op: not set");
@@ -254,6 +255,10 @@ static void test_unknown_enums(void **state) {
   hdr_init(&x);
   x.a.auto_pad = (Convgrad__V1__AutoPad)5;
   expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad");
+  hdr_init(&x);
+  x.t[0].layout = (Convgrad__V1__Layout)8;
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT,
+                "inputs[0].layout: ? (8) is not a data layout");
   hdr_init(&x);
   x.t[1].dtype = CONVGRAD__V1__DTYPE__BF16;
   expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "inputs[1].dtype");
