@@ -1,0 +1,270 @@
+/* header.c - checks a call's ComputeHeader and turns it into a
+ * cg_problem and input sizes (see cgs_header.h). */
+#include "cgs_header.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Where a refusal goes: the status code and the message buffer. */
+typedef struct refusal {
+  grpc_status_code *code;
+  char *msg;
+  size_t msglen;
+} refusal;
+
+static void refuse(refusal *r, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void refuse(refusal *r, grpc_status_code code, const char *fmt, ...) {
+  *r->code = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->msg, r->msglen, fmt, ap);
+  va_end(ap);
+}
+
+static const char *layout_name(int l) {
+  static const char *const names[] = {"UNSPECIFIED", "NCX", "NXC", "OIX",
+                                      "XIO",         "IOX", "XOI"};
+  return l >= 0 && l <= 6 ? names[l] : "?";
+}
+
+static int is_data_layout(int l) {
+  return l == CONVGRAD__V1__LAYOUT__NCX || l == CONVGRAD__V1__LAYOUT__NXC;
+}
+
+static int is_weights_layout(int l) {
+  return l >= CONVGRAD__V1__LAYOUT__OIX && l <= CONVGRAD__V1__LAYOUT__XOI;
+}
+
+/* Wire Layout <-> kernels enums (values line up but are not the same). */
+static cg_data_format to_data_format(int l) {
+  return (cg_data_format)l;
+}
+static cg_weights_format to_weights_format(int l) {
+  return l ? (cg_weights_format)(l - 2) : CG_WEIGHTS_DEFAULT;
+}
+
+/* Size of input i in bytes into *len; -1 after refuse(). */
+static int tensor_size(refusal *r, int i, const Convgrad__V1__Tensor *t,
+                       size_t esize, uint64_t max, size_t *len) {
+  uint64_t elems = 1;
+  if (t->n_shape < 1 || t->n_shape > CG_MAX_RANK) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].shape: rank %zu, expected %s", i, t->n_shape,
+           i == 2 ? "1" : "3 to 5");
+    return -1;
+  }
+  for (size_t d = 0; d < t->n_shape; d++) {
+    if (t->shape[d] <= 0) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "inputs[%d].shape[%zu]: must be > 0, got %" PRId64, i, d,
+             t->shape[d]);
+      return -1;
+    }
+    if (__builtin_mul_overflow(elems, (uint64_t)t->shape[d], &elems)) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "inputs[%d].shape: element count overflows", i);
+      return -1;
+    }
+  }
+  if (elems > max) {
+    refuse(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "inputs[%d]: %" PRIu64 " elements exceed the limit %" PRIu64
+           " (--max-tensor-elements)",
+           i, elems, max);
+    return -1;
+  }
+  /* elems <= 2^48 and esize <= 8: no overflow; size_t is 64-bit here. */
+  *len = (size_t)(elems * esize);
+  if (t->data.len > *len) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].data: %zu bytes, but shape and dtype make %zu", i,
+           t->data.len, *len);
+    return -1;
+  }
+  return 0;
+}
+
+/* Checks a tensor's layout against the attribute it must agree with and
+ * adopts it when the attribute is unspecified. */
+static int check_layout(refusal *r, int i, int layout, int weights, int *attr) {
+  if (layout == 0)
+    return 0;
+  if (weights ? !is_weights_layout(layout) : !is_data_layout(layout)) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].layout: %s (%d) is not a %s layout", i,
+           layout_name(layout), layout, weights ? "weights" : "data");
+    return -1;
+  }
+  if (*attr == 0) {
+    *attr = layout;
+  } else if (*attr != layout) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].layout: %s disagrees with attrs.%s_format %s", i,
+           layout_name(layout), weights ? "weights" : "data",
+           layout_name(*attr));
+    return -1;
+  }
+  return 0;
+}
+
+static cg_ints ints(const int64_t *v, size_t n) {
+  return (cg_ints){v, n};
+}
+
+int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
+                     const cgs_config *cfg, cgs_header_info *info,
+                     grpc_status_code *code, char *msg, size_t msglen) {
+  refusal r = {code, msg, msglen};
+  memset(info, 0, sizeof *info);
+  cg_problem *p = &info->prob;
+  cg_problem_init(p);
+  if (h->op < 1 || h->op > CG_OP_COUNT) {
+    if (h->op == 0)
+      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.op: not set (OP_UNSPECIFIED); name one of the four ops");
+    else
+      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value %d",
+             (int)h->op);
+    return -1;
+  }
+  p->op = (cg_op)h->op;
+  const char *opt = cg_op_input_name(p->op, 2); /* the shape tensor */
+  if (h->n_inputs < 2 || h->n_inputs > (opt ? 3u : 2u)) {
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.inputs: %s takes %s and %s%s%s, got %zu tensors",
+           cg_op_name(p->op), cg_op_input_name(p->op, 0),
+           cg_op_input_name(p->op, 1), opt ? ", optionally then " : "",
+           opt ? opt : "", h->n_inputs);
+    return -1;
+  }
+  info->ninputs = (int)h->n_inputs;
+
+  const Convgrad__V1__Attributes *a = h->attrs;
+  Convgrad__V1__Attributes empty = CONVGRAD__V1__ATTRIBUTES__INIT;
+  if (!a)
+    a = &empty;
+  if ((int)a->auto_pad < 0 || a->auto_pad > CONVGRAD__V1__AUTO_PAD__VALID) {
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad: unknown value %d",
+           (int)a->auto_pad);
+    return -1;
+  }
+  int data_fmt = a->data_format, w_fmt = a->weights_format;
+  if (data_fmt != 0 && !is_data_layout(data_fmt)) {
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.data_format: %s (%d) is not NCX or NXC",
+           layout_name(data_fmt), data_fmt);
+    return -1;
+  }
+  if (w_fmt != 0 && !is_weights_layout(w_fmt)) {
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.weights_format: %s (%d) is not OIX, XIO, IOX or XOI",
+           layout_name(w_fmt), w_fmt);
+    return -1;
+  }
+  if (a->groups < 0) {
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+           "attrs.groups: must be > 0, got %" PRId64, a->groups);
+    return -1;
+  }
+
+  /* dtypes, layouts and sizes of the tensors */
+  uint64_t total = 0;
+  int weights_input =
+      p->op == CG_OP_CONV_BWD_DATA || p->op == CG_OP_DECONV_BWD_DATA;
+  for (int i = 0; i < info->ninputs; i++) {
+    const Convgrad__V1__Tensor *t = h->inputs[i];
+    size_t esize;
+    if (i < 2) {
+      if (t->dtype < CONVGRAD__V1__DTYPE__F32 ||
+          t->dtype > CONVGRAD__V1__DTYPE__F16) {
+        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[%d].dtype: %d is not F32, BF16 or F16", i,
+               (int)t->dtype);
+        return -1;
+      }
+      if (i == 1 && t->dtype != h->inputs[0]->dtype) {
+        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[1].dtype: %s differs from inputs[0].dtype %s",
+               cg_dtype_name((cg_dtype)t->dtype),
+               cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
+        return -1;
+      }
+      esize = cg_dtype_size((cg_dtype)t->dtype);
+      int w = weights_input && i == 1;
+      if (check_layout(&r, i, t->layout, w, w ? &w_fmt : &data_fmt) != 0)
+        return -1;
+    } else {
+      if (t->dtype != CONVGRAD__V1__DTYPE__S32 &&
+          t->dtype != CONVGRAD__V1__DTYPE__S64) {
+        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].dtype: a %s tensor must be S32 or S64",
+               cg_op_input_name(p->op, 2));
+        return -1;
+      }
+      if (t->n_shape != 1 || t->shape[0] < 1 || t->shape[0] > CG_MAX_RANK) {
+        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].shape: a %s tensor is 1-D with 1 to %d values",
+               cg_op_input_name(p->op, 2), CG_MAX_RANK);
+        return -1;
+      }
+      if (t->layout != 0) {
+        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+               "inputs[2].layout: a shape tensor has no layout");
+        return -1;
+      }
+      esize = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
+    }
+    if (tensor_size(&r, i, t, esize, cfg->max_tensor_elements,
+                    &info->in_len[i]) != 0)
+      return -1;
+    total += info->in_len[i];
+  }
+  if (total > cfg->max_request_bytes) {
+    refuse(&r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "inputs: %" PRIu64 " bytes exceed the limit %" PRIu64
+           " (--max-request-bytes)",
+           total, cfg->max_request_bytes);
+    return -1;
+  }
+
+  int out_layout = h->output_layout;
+  if (out_layout != 0) {
+    int want_w = cg_op_outputs_weights(p->op);
+    if (want_w ? !is_weights_layout(out_layout) : !is_data_layout(out_layout)) {
+      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.output_layout: %s (%d) is not a %s layout",
+             layout_name(out_layout), out_layout, want_w ? "weights" : "data");
+      return -1;
+    }
+    if (want_w)
+      p->out_weights_format = to_weights_format(out_layout);
+    else
+      p->out_data_format = to_data_format(out_layout);
+  }
+
+  p->dtype = (cg_dtype)h->inputs[0]->dtype;
+  p->attrs.strides = ints(a->strides, a->n_strides);
+  p->attrs.pads_begin = ints(a->pads_begin, a->n_pads_begin);
+  p->attrs.pads_end = ints(a->pads_end, a->n_pads_end);
+  p->attrs.dilations = ints(a->dilations, a->n_dilations);
+  p->attrs.output_padding = ints(a->output_padding, a->n_output_padding);
+  p->attrs.groups = a->groups ? a->groups : 1;
+  p->attrs.auto_pad = (cg_auto_pad)a->auto_pad;
+  p->attrs.data_format = to_data_format(data_fmt);
+  p->attrs.weights_format = to_weights_format(w_fmt);
+  p->attrs.dst_shape = ints(a->dst_shape, a->n_dst_shape);
+  p->attrs.weights_shape = ints(a->weights_shape, a->n_weights_shape);
+  for (int i = 0; i < 2; i++)
+    p->input_dims[i] = ints(h->inputs[i]->shape, h->inputs[i]->n_shape);
+
+  info->chunk_bytes = h->response_chunk_bytes ? h->response_chunk_bytes
+                                              : (size_t)cfg->chunk_bytes;
+  if (info->chunk_bytes > CGS_MAX_CHUNK_BYTES)
+    info->chunk_bytes = CGS_MAX_CHUNK_BYTES;
+
+  return 0;
+}
