@@ -1,5 +1,6 @@
-/* call.c - owns the Compute call state machine: admission (validation,
- * limits, in-flight reservation), receiving tensors chunk by chunk into
+/* call.c - owns the Compute call state machine: admission (the header's
+ * checks are header.c's; here the geometry, the queue and the in-flight
+ * reservation), receiving tensors chunk by chunk into
  * preallocated buffers, handing the job to the pool, streaming the result
  * back without copying it, deadlines, cancellation and the request log.
  *
