@@ -9,15 +9,13 @@ OK, INVALID_ARGUMENT (with a message), RESOURCE_EXHAUSTED or UNIMPLEMENTED
 (or DEADLINE_EXCEEDED / CANCELLED when cut short); the server must stay
 SERVING and exit 0 on SIGTERM (under ASan/UBSan any report aborts it).
 Exits 77 (ctest skip) when no stub generator is installed."""
-import argparse
 import os
 import random
 import signal
 import sys
-import tempfile
 import threading
 
-from test_server_python import generate_stubs, start_server
+from test_server_python import common_args, prepare_stubs, start_server
 
 EXPECTED = ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED")
 CUT_SHORT = EXPECTED + ("DEADLINE_EXCEEDED", "CANCELLED")
@@ -182,20 +180,15 @@ class Fuzzer:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--proto", required=True)
-    ap.add_argument("--workdir", default=None)
+    ap = common_args(__doc__)
     ap.add_argument("--calls", type=int, default=1500)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=4)
     args = ap.parse_args()
 
-    out = args.workdir or tempfile.mkdtemp(prefix="cgs-fuzz-")
-    if not generate_stubs(args.proto, out):
-        print("no grpc_tools and no protoc + grpc_python_plugin: skipped")
+    out = prepare_stubs(args.proto, args.workdir, "cgs-fuzz-")
+    if not out:
         return 77
-    sys.path.insert(0, out)
     import grpc
     from convgrad.v1 import convgrad_pb2 as pb
     import health_pb2

@@ -41,6 +41,28 @@ def generate_stubs(proto_dir, out_dir):
     return True
 
 
+def common_args(description):
+    """The arguments both grpcio tests take: server binary, proto dir and
+    where the stubs go."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--proto", required=True)
+    ap.add_argument("--workdir", default=None)
+    return ap
+
+
+def prepare_stubs(proto_dir, workdir, prefix):
+    """Generates the stubs (into workdir, or a new temporary directory) and
+    puts them on sys.path; returns the directory, or None when there is no
+    stub generator."""
+    out = workdir or tempfile.mkdtemp(prefix=prefix)
+    if not generate_stubs(proto_dir, out):
+        print("no grpc_tools and no protoc + grpc_python_plugin: skipped")
+        return None
+    sys.path.insert(0, out)
+    return out
+
+
 def start_server(path, log):
     proc = subprocess.Popen([path, "--listen", "127.0.0.1:0", "--workers", "2",
                              "--chunk-bytes", "4096"],
@@ -75,17 +97,10 @@ def conv_bwd_data_ref(dy, w, groups, stride, pad, dil, in_hw):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--server", required=True)
-    ap.add_argument("--proto", required=True)
-    ap.add_argument("--workdir", default=None)
-    args = ap.parse_args()
-
-    out = args.workdir or tempfile.mkdtemp(prefix="cgs-py-")
-    if not generate_stubs(args.proto, out):
-        print("no grpc_tools and no protoc + grpc_python_plugin: skipped")
+    args = common_args(__doc__).parse_args()
+    out = prepare_stubs(args.proto, args.workdir, "cgs-py-")
+    if not out:
         return 77
-    sys.path.insert(0, out)
     import grpc
     from convgrad.v1 import convgrad_pb2 as pb
     from convgrad.v1 import convgrad_pb2_grpc as pbg
