@@ -78,17 +78,38 @@ static int setup(void **state) {
   return cgs_config_defaults(&cfg, err, sizeof err);
 }
 
-/* Expects x to be refused with code and a message containing want. */
-static void expect_refused(const hdr *x, grpc_status_code code,
-                           const char *want) {
+/* Checks x against limits c: 0 when accepted, else -1 with *code and msg. */
+static int check(const hdr *x, const cgs_config *c, cgs_header_info *info,
+                 grpc_status_code *code, char *msg, size_t msglen) {
+  *code = GRPC_STATUS_OK;
+  msg[0] = '\0';
+  return cgs_header_check(&x->h, c, info, code, msg, msglen);
+}
+
+/* Expects x to pass cfg's checks, filling *info. */
+static void expect_accepted(const hdr *x, cgs_header_info *info) {
+  grpc_status_code code;
+  char msg[512];
+  if (check(x, &cfg, info, &code, msg, sizeof msg) != 0)
+    fail_msg("refused (%d): %s", code, msg);
+}
+
+/* Expects x to be refused under limits c with code and a message
+ * containing want. */
+static void expect_refused_by(const hdr *x, const cgs_config *c,
+                              grpc_status_code code, const char *want) {
   cgs_header_info info;
-  grpc_status_code got = GRPC_STATUS_OK;
-  char msg[512] = "";
-  assert_int_equal(cgs_header_check(&x->h, &cfg, &info, &got, msg, sizeof msg),
-                   -1);
+  grpc_status_code got;
+  char msg[512];
+  assert_int_equal(check(x, c, &info, &got, msg, sizeof msg), -1);
   assert_int_equal(got, code);
   if (!strstr(msg, want))
     fail_msg("message '%s' lacks '%s'", msg, want);
+}
+
+static void expect_refused(const hdr *x, grpc_status_code code,
+                           const char *want) {
+  expect_refused_by(x, &cfg, code, want);
 }
 
 static void test_valid_header(void **state) {
@@ -96,10 +117,7 @@ static void test_valid_header(void **state) {
   hdr x;
   hdr_init(&x);
   cgs_header_info info;
-  grpc_status_code code = GRPC_STATUS_OK;
-  char msg[512] = "";
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.prob.op, CG_OP_CONV_BWD_DATA);
   assert_int_equal(info.prob.dtype, CG_DTYPE_F32);
   assert_int_equal(info.prob.attrs.groups, 1); /* 0 on the wire */
@@ -116,8 +134,7 @@ static void test_valid_header(void **state) {
   /* bf16 halves the sizes; a shape tensor of 4 S32 values is 16 bytes. */
   x.t[0].dtype = x.t[1].dtype = CONVGRAD__V1__DTYPE__BF16;
   add_shape_tensor(&x);
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.ninputs, 3);
   assert_int_equal(info.in_len[0], 2 * 8 * 5 * 5 * 2);
   assert_int_equal(info.in_len[2], 16);
@@ -127,15 +144,12 @@ static void test_layouts_adopted_and_checked(void **state) {
   (void)state;
   hdr x;
   cgs_header_info info;
-  grpc_status_code code;
-  char msg[512];
   /* Unspecified attributes take the tensors' layouts. */
   hdr_init(&x);
   x.a.data_format = x.a.weights_format = 0;
   x.t[0].layout = CONVGRAD__V1__LAYOUT__NXC;
   x.t[1].layout = CONVGRAD__V1__LAYOUT__XIO;
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.prob.attrs.data_format, CG_DATA_NXC);
   assert_int_equal(info.prob.attrs.weights_format, CG_WEIGHTS_XIO);
   /* Set on both sides, they must agree. */
@@ -164,8 +178,7 @@ static void test_layouts_adopted_and_checked(void **state) {
                  "header.output_layout: XIO (4) is not a data layout");
   hdr_init(&x);
   x.h.output_layout = CONVGRAD__V1__LAYOUT__NXC;
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.prob.out_data_format, CG_DATA_NXC);
 }
 
@@ -252,13 +265,8 @@ static void test_sizes_and_limits(void **state) {
   hdr_init(&x);
   cgs_config small = cfg;
   small.max_request_bytes = 2 * 8 * 5 * 5 * 4; /* diff_dst alone */
-  cgs_header_info info;
-  grpc_status_code code = GRPC_STATUS_OK;
-  char msg[512] = "";
-  assert_int_equal(
-      cgs_header_check(&x.h, &small, &info, &code, msg, sizeof msg), -1);
-  assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
-  assert_non_null(strstr(msg, "--max-request-bytes"));
+  expect_refused_by(&x, &small, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "--max-request-bytes");
   /* Inline data longer than the tensor. */
   hdr_init(&x);
   static uint8_t bytes[8 * 4 * 3 * 3 * 4 + 1];
@@ -273,15 +281,11 @@ static void test_response_chunk_bytes(void **state) {
   hdr x;
   hdr_init(&x);
   cgs_header_info info;
-  grpc_status_code code;
-  char msg[512];
   x.h.response_chunk_bytes = 4096;
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.chunk_bytes, 4096);
   x.h.response_chunk_bytes = UINT32_MAX; /* clamped under gRPC's 4 MiB */
-  assert_int_equal(
-      cgs_header_check(&x.h, &cfg, &info, &code, msg, sizeof msg), 0);
+  expect_accepted(&x, &info);
   assert_int_equal(info.chunk_bytes, CGS_MAX_CHUNK_BYTES);
 }
 
