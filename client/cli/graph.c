@@ -182,6 +182,14 @@ int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
   cgc_spec_init(s);
   s->op = kind;
   const cJSON *attrs = cJSON_GetObjectItemCaseSensitive(op, "attrs");
+  /* Only an object's members carry the attribute names read below. */
+  if (attrs && !cJSON_IsObject(attrs)) {
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "%s: attrs must be an object {NAME: {\"type\": .., "
+                   "\"value\": ..}}",
+                   path);
+    goto out;
+  }
   cJSON_ArrayForEach(it, attrs) {
     if ((rc = cgc__graph_attr(it, s, path, err, errlen)) != 0)
       goto out;

@@ -211,6 +211,23 @@ static void test_run_graph_json(void **state) {
   expect(&r, 3, "/nonexistent.json", bad);
 }
 
+/* An "attrs" array made `run --graph` crash on its members' NULL names. */
+static void test_run_graph_attrs_array(void **state) {
+  (void)state;
+  th_run r;
+  char f[256];
+  snprintf(f, sizeof f, "%s/attrs_array.json", tmpdir);
+  assert_int_equal(
+      th_write_file(
+          f, "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+             "\"attrs\": [{\"type\": \"s64[]\", \"value\": [1, 1]}], "
+             "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
+             "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}"),
+      0);
+  const char *argv[] = {cli, "run", tflag, "--graph", f, NULL};
+  expect(&r, 3, "attrs must be an object", argv);
+}
+
 static void test_npy_interop_numpy(void **state) {
   (void)state;
   th_run r;
@@ -412,6 +429,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_info),
       cmocka_unit_test(test_run_flags_check_and_out),
       cmocka_unit_test(test_run_graph_json),
+      cmocka_unit_test(test_run_graph_attrs_array),
       cmocka_unit_test(test_npy_interop_numpy),
       cmocka_unit_test(test_failure_exit_codes),
       cmocka_unit_test(test_smoke),

@@ -1,7 +1,8 @@
 /* test_graph.c - unit tests of the oneDNN graph JSON op reader: both
  * spec generations' files in tests/client/data (checked field by field and
  * resolved by the kernels' validator), and the rejections (unknown
- * attribute, non-dense strides, no gradient op, not JSON). */
+ * attribute, non-dense strides, no gradient op, not JSON, attrs not an
+ * object). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -129,6 +130,18 @@ static void test_rejections(void **state) {
   expect_error("{\"graph\": [", "not valid JSON");
 }
 
+/* An "attrs" array once reached strcmp with its members' NULL names. */
+static void test_attrs_array_rejected(void **state) {
+  (void)state;
+  expect_error(
+      "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+      "\"attrs\": [{\"type\": \"s64[]\", \"value\": [1, 1]}], " TENSORS,
+      "attrs must be an object");
+  expect_error("{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+               "\"attrs\": 3, " TENSORS,
+               "attrs must be an object");
+}
+
 int main(int argc, char **argv) {
   data_dir = argc > 1 ? argv[1] : "tests/client/data";
   snprintf(tmp_path, sizeof tmp_path, "/tmp/cgc-graph-test-%d.json",
@@ -137,6 +150,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_conv_bwd_data),
       cmocka_unit_test(test_older_names_and_skips_other_ops),
       cmocka_unit_test(test_rejections),
+      cmocka_unit_test(test_attrs_array_rejected),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   unlink(tmp_path);
