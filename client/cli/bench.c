@@ -178,16 +178,6 @@ static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
     }
     cgc__bench_row *r = &rows[*nrows];
     memset(r, 0, sizeof *r);
-    if (cg_bdesc_problem_init(&bp, d, ops[i], dt, df, wf, err, sizeof err)) {
-      fprintf(stderr, "convgrad bench: %s: %s\n", d->name, err);
-      return CGC_EXIT_INPUT;
-    }
-    cgc_spec_from_problem(&r->spec, &bp.problem);
-    cgc_spec_problem(&r->spec, &p);
-    if (cg_problem_resolve(&p, &r->geom, err, sizeof err)) {
-      fprintf(stderr, "convgrad bench: %s: %s\n", d->name, err);
-      return CGC_EXIT_INPUT;
-    }
     if (d->name[0]) {
       snprintf(r->name, sizeof r->name, "%s", d->name);
     } else {
@@ -196,6 +186,22 @@ static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
         text += 7 + strspn(text + 7, " \t");
       snprintf(r->name, sizeof r->name, "%.*s", (int)strcspn(text, " \t#"),
                text);
+    }
+    int bad =
+        cg_bdesc_problem_init(&bp, d, ops[i], dt, df, wf, err, sizeof err);
+    if (!bad) {
+      cgc_spec_from_problem(&r->spec, &bp.problem);
+      cgc_spec_problem(&r->spec, &p);
+      bad = cg_problem_resolve(&p, &r->geom, err, sizeof err);
+    }
+    /* The inputs are allocated before the first call. */
+    for (int k = 0; !bad && k < 2; k++) {
+      size_t nbytes;
+      bad = cgc_spec_input_bytes(&r->spec, k, &nbytes, err, sizeof err);
+    }
+    if (bad) {
+      fprintf(stderr, "convgrad bench: %s: %s\n", r->name, err);
+      return CGC_EXIT_INPUT;
     }
     (*nrows)++;
   }

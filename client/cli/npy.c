@@ -5,10 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "npy.h"
 
 static const char cgc__npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
+
+/* Step by which the data buffer of a pipe grows. */
+#define CGC__NPY_CHUNK ((size_t)1 << 20)
 
 /* Finds "'key'" in the header dict and returns the text after its colon. */
 static const char *cgc__npy_key(const char *hdr, const char *key) {
@@ -89,6 +93,47 @@ static int cgc__npy_parse_header(const char *hdr, cgc_npy *out,
   return 0;
 }
 
+/* Reads the out->nbytes of array data that must end fp. The header alone
+ * does not decide the allocation, since a few bytes of it can declare
+ * terabytes: a regular file must hold that much first, and a pipe's buffer
+ * grows only with the data that arrives. */
+static int cgc__npy_read_data(FILE *fp, cgc_npy *out, const char *path,
+                              char *err, size_t errlen) {
+  size_t want = out->nbytes, cap = want, got = 0;
+  struct stat st;
+  long pos = -1;
+  int sized = fstat(fileno(fp), &st) == 0 && S_ISREG(st.st_mode) &&
+              (pos = ftell(fp)) >= 0;
+  size_t held = sized && st.st_size > pos ? (size_t)(st.st_size - pos) : 0;
+  if (!sized && cap > CGC__NPY_CHUNK)
+    cap = CGC__NPY_CHUNK;
+  if (!sized || held == want) {
+    for (;;) {
+      void *grown = realloc(out->data, cap ? cap : 1);
+      if (!grown)
+        return cg_errorf(err, errlen, CG_ENOMEM,
+                         "%s: out of memory for %zu bytes", path, cap);
+      out->data = grown;
+      got += fread((char *)out->data + got, 1, cap - got, fp);
+      if (got < cap || cap == want)
+        break;
+      cap = want - cap > cap ? 2 * cap : want;
+    }
+    held = got;
+  }
+  if (held != want)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "%s: file holds %zu bytes of data, its header declares "
+                     "%zu",
+                     path, held, want);
+  if (fgetc(fp) != EOF)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "%s: extra bytes after the %zu bytes of data its header "
+                     "declares",
+                     path, want);
+  return 0;
+}
+
 int cgc_npy_read(const char *path, cgc_npy *out, char *err, size_t errlen) {
   int rc = 0;
   unsigned char pre[12];
@@ -134,21 +179,7 @@ int cgc_npy_read(const char *path, cgc_npy *out, char *err, size_t errlen) {
   rc = cgc__npy_parse_header(hdr, out, path, err, errlen);
   if (rc)
     goto out;
-  out->data = malloc(out->nbytes ? out->nbytes : 1);
-  if (!out->data) {
-    rc = cg_errorf(err, errlen, CG_ENOMEM, "%s: out of memory for %zu bytes",
-                   path, out->nbytes);
-    goto out;
-  }
-  if (fread(out->data, 1, out->nbytes, fp) != out->nbytes) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "%s: file shorter than its shape says (%zu data bytes)",
-                   path, out->nbytes);
-    goto out;
-  }
-  if (fgetc(fp) != EOF)
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "%s: extra bytes after the array data", path);
+  rc = cgc__npy_read_data(fp, out, path, err, errlen);
 out:
   fclose(fp);
   free(hdr);

@@ -353,17 +353,10 @@ int cgc_cmd_run(int argc, char **argv) {
                            i, cg_op_input_name(s.op, i), i, i);
       goto out;
     }
-    nbytes[i] = cgc_spec_input_bytes(&s, i);
-    if (nbytes[i] == 0 && s.rank[i] > 0) {
-      int zero = 0;
-      for (int d = 0; d < s.rank[i]; d++)
-        zero |= s.dims[i][d] == 0;
-      if (!zero) {
-        fprintf(stderr, "convgrad run: --in%d-shape: negative or too large\n",
-                i);
-        code = CGC_EXIT_INPUT;
-        goto out;
-      }
+    if (cgc_spec_input_bytes(&s, i, &nbytes[i], err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      code = CGC_EXIT_INPUT;
+      goto out;
     }
     in[i] = malloc(nbytes[i] ? nbytes[i] : 1);
     if (!in[i]) {

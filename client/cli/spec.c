@@ -78,13 +78,26 @@ void cgc_spec_from_problem(cgc_spec *s, const cg_problem *p) {
   s->out_weights_format = p->out_weights_format;
 }
 
-size_t cgc_spec_input_bytes(const cgc_spec *s, int i) {
-  size_t n = cg_dtype_size(s->dtype);
-  for (int d = 0; d < s->rank[i]; d++)
-    if (s->dims[i][d] < 0 ||
-        __builtin_mul_overflow(n, (size_t)s->dims[i][d], &n))
-      return 0;
-  return n;
+int cgc_spec_input_bytes(const cgc_spec *s, int i, size_t *nbytes, char *err,
+                         size_t errlen) {
+  int64_t n = 1;
+  for (int d = 0; d < s->rank[i]; d++) {
+    if (s->dims[i][d] < 0)
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "input %d (%s): dim %d is negative (%lld)", i,
+                       cg_op_input_name(s->op, i), d, (long long)s->dims[i][d]);
+    /* Saturating, so that a later zero dim still empties the tensor. */
+    if (__builtin_mul_overflow(n, s->dims[i][d], &n))
+      n = INT64_MAX;
+  }
+  if (n > CGC_MAX_INPUT_ELEMS)
+    return cg_errorf(err, errlen, CG_ERANGE,
+                     "input %d (%s): more than the limit of %lld elements "
+                     "(the server's default max_tensor_elements)",
+                     i, cg_op_input_name(s->op, i),
+                     (long long)CGC_MAX_INPUT_ELEMS);
+  *nbytes = (size_t)n * cg_dtype_size(s->dtype);
+  return 0;
 }
 
 void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,

@@ -59,9 +59,15 @@ void cgc_spec_problem(const cgc_spec *s, cg_problem *p);
 /* Builds a request whose tensors (dims from s) point at in0/in1. */
 void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,
                       const void *in1, size_t n1, cgc_request *r);
-/* Bytes of input i (product of its dims times the dtype size); 0 when a
- * dim is negative or the product overflows. */
-size_t cgc_spec_input_bytes(const cgc_spec *s, int i);
+/* Elements the CLI allows in one input it makes up (random data): the
+ * server's default max_tensor_elements, so that a mistyped shape is
+ * refused before it is allocated. */
+#define CGC_MAX_INPUT_ELEMS ((int64_t)1 << 30)
+/* Bytes of input i (product of its dims times the dtype size) into
+ * *nbytes. Returns 0, or CG_EINVAL (a negative dim) / CG_ERANGE (more than
+ * CGC_MAX_INPUT_ELEMS elements) with err naming the input and the limit. */
+int cgc_spec_input_bytes(const cgc_spec *s, int i, size_t *nbytes, char *err,
+                         size_t errlen);
 /* Copies a descriptor-built problem into s. */
 void cgc_spec_from_problem(cgc_spec *s, const cg_problem *p);
 

@@ -228,6 +228,63 @@ static void test_run_graph_attrs_array(void **state) {
   expect(&r, 3, "attrs must be an object", argv);
 }
 
+/* Shapes of hundreds of GB used to reach malloc before any check: a
+ * 79-byte .npy declaring 400 GB, and random inputs from flags, a graph
+ * file or a descriptor. */
+static void test_huge_shapes_refused_before_allocating(void **state) {
+  (void)state;
+  th_run r;
+  static const char hdr[] =
+      "\x93NUMPY\x01\x00\x45\x00{'descr': '<f4', 'fortran_order': False, "
+      "'shape': (100000000000,), }\n";
+  char npy[256], graph[256];
+  snprintf(npy, sizeof npy, "%s/huge.npy", tmpdir);
+  FILE *fp = fopen(npy, "wb");
+  assert_non_null(fp);
+  assert_int_equal(fwrite(hdr, 1, sizeof hdr - 1, fp), 79);
+  assert_int_equal(fclose(fp), 0);
+  const char *file[] = {
+      cli,     "run", tflag,         "--op",    "ConvolutionBackwardData",
+      "--in0", npy,   "--in1-shape", "3,3,4,4", NULL};
+  expect(&r, 3, "file holds 0 bytes of data, its header declares 400000000000",
+         file);
+  const char *flags[] = {cli,
+                         "run",
+                         tflag,
+                         "--op",
+                         "ConvolutionBackwardData",
+                         "--in0-shape",
+                         "100000000000",
+                         "--in1-shape",
+                         "3,3,4,4",
+                         NULL};
+  expect(&r, 3,
+         "input 0 (diff_dst): more than the limit of 1073741824 elements",
+         flags);
+  snprintf(graph, sizeof graph, "%s/huge.json", tmpdir);
+  assert_int_equal(
+      th_write_file(
+          graph,
+          "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+          "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
+          "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 100000000000]}]}]}"),
+      0);
+  const char *json[] = {cli, "run", tflag, "--graph", graph, NULL};
+  expect(&r, 3, "input 1 (weights): more than the limit of 1073741824", json);
+  const char *desc = "mb100000ic16ih1000oc1000oh1000kh1";
+  const char *run[] = {
+      cli,         "run", tflag, "--op", "ConvolutionBackwardData",
+      "--problem", desc,  NULL};
+  expect(&r, 3, "input 0 (diff_dst): more than the limit", run);
+  const char *bench[] = {
+      cli, "bench", tflag, "--problem", desc, "--op", "ConvolutionBackwardData",
+      NULL};
+  expect(&r, 3,
+         "mb100000ic16ih1000oc1000oh1000kh1: input 0 (diff_dst): more than "
+         "the limit",
+         bench);
+}
+
 static void test_npy_interop_numpy(void **state) {
   (void)state;
   th_run r;
@@ -430,6 +487,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_run_flags_check_and_out),
       cmocka_unit_test(test_run_graph_json),
       cmocka_unit_test(test_run_graph_attrs_array),
+      cmocka_unit_test(test_huge_shapes_refused_before_allocating),
       cmocka_unit_test(test_npy_interop_numpy),
       cmocka_unit_test(test_failure_exit_codes),
       cmocka_unit_test(test_smoke),

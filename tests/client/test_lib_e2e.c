@@ -278,7 +278,9 @@ static void test_server_statuses(void **state) {
   cgc_spec s;
   make_spec(&s, CG_OP_CONV_BWD_DATA, 1);
   s.strides.v[1] = 0;
-  size_t n0 = cgc_spec_input_bytes(&s, 0), n1 = cgc_spec_input_bytes(&s, 1);
+  size_t n0, n1;
+  assert_int_equal(cgc_spec_input_bytes(&s, 0, &n0, err, sizeof err), 0);
+  assert_int_equal(cgc_spec_input_bytes(&s, 1, &n1, err, sizeof err), 0);
   void *a = calloc(1, n0), *b = calloc(1, n1);
   cgc_request req;
   cgc_tensor *out = (cgc_tensor *)&req; /* must be reset to NULL */

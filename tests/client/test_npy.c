@@ -1,7 +1,8 @@
 /* test_npy.c - unit tests of the CLI's .npy reader/writer: round trips of
  * f32/f16/bf16 at several ranks, the exact header NumPy expects, and each
  * rejection (Fortran order, big-endian, unknown type, truncation, bad
- * magic) with a message naming the reason. */
+ * magic, a header declaring more data than the file holds) with a message
+ * naming the reason, and reading through a pipe. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -142,11 +144,77 @@ static void test_rejects(void **state) {
   write_raw("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", 16);
   expect_reject("not supported");
   write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 20);
-  expect_reject("shorter");
+  expect_reject("file holds 20 bytes of data, its header declares 24");
   write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28);
-  expect_reject("extra bytes");
+  expect_reject("file holds 28 bytes of data, its header declares 24");
   write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (-2, 3), }", 0);
   expect_reject("bad shape");
+}
+
+/* A header declaring 400 GB once made the reader allocate them before
+ * finding the file empty. */
+static void test_huge_header_refused_before_allocating(void **state) {
+  (void)state;
+  write_raw("{'descr': '<f4', 'fortran_order': False, "
+            "'shape': (100000000000,), }",
+            0);
+  expect_reject("file holds 0 bytes of data, its header declares "
+                "400000000000");
+}
+
+/* Reads tmp_path through a pipe, as from `--in0 /dev/stdin`. */
+static int read_piped(cgc_npy *got, char *err, size_t errlen) {
+  int fds[2];
+  char path[32];
+  assert_int_equal(pipe(fds), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    char buf[4096];
+    size_t n;
+    FILE *fp = fopen(tmp_path, "rb");
+    close(fds[0]);
+    while (fp && (n = fread(buf, 1, sizeof buf, fp)) > 0)
+      if (write(fds[1], buf, n) != (ssize_t)n)
+        break;
+    _exit(0);
+  }
+  close(fds[1]);
+  snprintf(path, sizeof path, "/dev/fd/%d", fds[0]);
+  int rc = cgc_npy_read(path, got, err, errlen);
+  close(fds[0]);
+  waitpid(pid, NULL, 0);
+  return rc;
+}
+
+/* A pipe has no size to check first: its buffer grows with the data. */
+static void test_pipe(void **state) {
+  (void)state;
+  cgc_npy got;
+  char err[256] = "";
+  int64_t dims[] = {3, 1 << 18}; /* 3 MiB: several growth steps */
+  size_t bytes = (size_t)3 << 20;
+  unsigned char *data = malloc(bytes);
+  assert_non_null(data);
+  for (size_t i = 0; i < bytes; i++)
+    data[i] = (unsigned char)(i * 7);
+  assert_int_equal(cgc_npy_write(tmp_path, CG_DTYPE_F32, 2, dims, data, bytes,
+                                 err, sizeof err),
+                   0);
+  assert_int_equal(read_piped(&got, err, sizeof err), 0);
+  assert_int_equal(got.nbytes, bytes);
+  assert_memory_equal(got.data, data, bytes);
+  cgc_npy_free(&got);
+  free(data);
+  write_raw("{'descr': '<f4', 'fortran_order': False, "
+            "'shape': (100000000000,), }",
+            16);
+  assert_int_equal(read_piped(&got, err, sizeof err), CG_EINVAL);
+  assert_non_null(strstr(err, "holds 16 bytes of data, its header declares "
+                              "400000000000"));
+  write_raw("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 28);
+  assert_int_equal(read_piped(&got, err, sizeof err), CG_EINVAL);
+  assert_non_null(strstr(err, "extra bytes after the 24 bytes of data"));
 }
 
 static void test_bad_magic_and_missing(void **state) {
@@ -167,6 +235,8 @@ int main(void) {
       cmocka_unit_test(test_round_trip_bf16),
       cmocka_unit_test(test_header_text),
       cmocka_unit_test(test_rejects),
+      cmocka_unit_test(test_huge_header_refused_before_allocating),
+      cmocka_unit_test(test_pipe),
       cmocka_unit_test(test_bad_magic_and_missing),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
