@@ -310,18 +310,19 @@ int cgc_cmd_run(int argc, char **argv) {
       return CGC_EXIT_INPUT;
     }
   } else if (v[R_PROBLEM]) {
-    cg_op op;
-    cg_dtype dt = CG_DTYPE_F32;
     cg_bdesc d;
     cg_bdesc_problem bp;
-    if (!v[R_OP] || cg_op_parse(v[R_OP], &op))
-      return cgc_cli_usage("run", "--problem needs a valid --op");
-    if ((code = cgc_cli_name("run", CGC_CLI_DTYPE, v[R_DTYPE], &dt)))
+    /* The descriptor's shapes follow the op, dtype and layouts of the
+     * flags, so those are read first. */
+    if ((code = cgc__run_apply(&s, v, 0)) != 0)
       return code;
-    int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
+    if (!s.op)
+      return cgc_cli_usage("run", "--problem needs a valid --op");
+    int deconv =
+        s.op == CG_OP_DECONV_BWD_DATA || s.op == CG_OP_DECONV_BWD_WEIGHTS;
     if (cg_bdesc_parse(v[R_PROBLEM], deconv, &d, err, sizeof err) ||
-        cg_bdesc_problem_init(&bp, &d, op, dt, CG_DATA_DEFAULT,
-                              CG_WEIGHTS_DEFAULT, err, sizeof err))
+        cg_bdesc_problem_init(&bp, &d, s.op, s.dtype, s.data_format,
+                              s.weights_format, err, sizeof err))
       return cgc_cli_usage("run", "--problem: %s", err);
     cgc_spec_from_problem(&s, &bp.problem);
   }

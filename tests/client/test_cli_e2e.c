@@ -190,6 +190,47 @@ static void test_run_flags_check_and_out(void **state) {
   assert_non_null(strstr(r.out, ": OK"));
 }
 
+/* --problem used to build the descriptor's shapes in the default NXC/XIO
+ * layouts and only relabel them with --data-format/--weights-format, so a
+ * transposed problem ran (or the server refused it). */
+static void test_run_problem_in_given_formats(void **state) {
+  (void)state;
+  th_run r;
+  const char *nonsquare[] = {cli,
+                             "run",
+                             tflag,
+                             "--op",
+                             "ConvolutionBackwardData",
+                             "--problem",
+                             "mb2ic16ih16iw8oc16oh16ow8kh3kw3ph1pw1",
+                             "--data-format",
+                             "NCX",
+                             "--check",
+                             NULL};
+  expect(&r, 0, "diff_src [2, 16, 16, 8] NCX", nonsquare);
+  assert_non_null(strstr(r.out, ": OK"));
+  static const char *const ops[] = {"ConvolutionBackwardData",
+                                    "ConvolutionBackwardWeights"};
+  for (int i = 0; i < 2; i++) {
+    const char *both[] = {cli,
+                          "run",
+                          tflag,
+                          "--op",
+                          ops[i],
+                          "--problem",
+                          "mb2ic16ih14oc32oh14kh3ph1",
+                          "--data-format",
+                          "NCX",
+                          "--weights-format",
+                          "OIX",
+                          "--check",
+                          NULL};
+    expect(&r, 0, ": OK", both);
+    assert_non_null(strstr(r.out, i ? "diff_weights [32, 16, 3, 3] OIX"
+                                    : "diff_src [2, 16, 14, 14] NCX"));
+  }
+}
+
 static void test_run_graph_json(void **state) {
   (void)state;
   th_run r;
@@ -485,6 +526,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_health),
       cmocka_unit_test(test_info),
       cmocka_unit_test(test_run_flags_check_and_out),
+      cmocka_unit_test(test_run_problem_in_given_formats),
       cmocka_unit_test(test_run_graph_json),
       cmocka_unit_test(test_run_graph_attrs_array),
       cmocka_unit_test(test_huge_shapes_refused_before_allocating),
