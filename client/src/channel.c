@@ -61,24 +61,27 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
   return 0;
 }
 
-static int cgc__has_scheme(const char *t) {
+/* Length of the gRPC URI scheme target starts with, 0 for none. */
+static size_t cgc__scheme_len(const char *t) {
   static const char *const schemes[] = {
       "dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:"};
   for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
     if (strncmp(t, schemes[i], strlen(schemes[i])) == 0)
-      return 1;
+      return strlen(schemes[i]);
   return 0;
 }
 
-/* Resolves one "HOST:PORT" or "[V6]:PORT": v4 / v6 receive "a.b.c.d:p" /
- * "[v6]:p" for the first address of each family ("" if none). */
-static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
-                             size_t outsz, char *err, size_t errlen) {
-  char buf[300], host[256], port[16];
-  v4[0] = v6[0] = '\0';
+#define CGC__HOST_MAX 256
+
+/* Splits one "HOST:PORT" or "[V6]:PORT" (len bytes at item) into host
+ * and a port in 1..65535, checking only the syntax: nothing is resolved. */
+static int cgc__split_item(const char *item, size_t len,
+                           char host[CGC__HOST_MAX], long *port, char *err,
+                           size_t errlen) {
+  char buf[300];
   if (len == 0 || len >= sizeof buf)
     return cg_errorf(err, errlen, CG_EINVAL,
-                     "target: empty or overlong entry in address list");
+                     "target: empty or overlong HOST:PORT entry");
   memcpy(buf, item, len);
   buf[len] = '\0';
   const char *hs = buf, *colon;
@@ -99,19 +102,33 @@ static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
                        buf);
     hl = (size_t)(colon - buf);
   }
-  if (hl == 0 || hl >= sizeof host || strlen(colon + 1) == 0 ||
-      strlen(colon + 1) >= sizeof port ||
+  if (hl == 0 || hl >= CGC__HOST_MAX || strlen(colon + 1) == 0 ||
       strspn(colon + 1, "0123456789") != strlen(colon + 1))
     return cg_errorf(err, errlen, CG_EINVAL,
                      "target: '%s': expected HOST:PORT with a numeric port",
                      buf);
   memcpy(host, hs, hl);
   host[hl] = '\0';
-  strcpy(port, colon + 1);
-  long p = strtol(port, NULL, 10);
-  if (p < 1 || p > 65535)
+  /* strtol saturates, and gRPC would wrap a port above 65535 modulo 65536:
+   * both are refused here. */
+  *port = strtol(colon + 1, NULL, 10);
+  if (*port < 1 || *port > 65535)
     return cg_errorf(err, errlen, CG_EINVAL,
                      "target: '%s': port must be in 1..65535", buf);
+  return 0;
+}
+
+/* Resolves one "HOST:PORT" or "[V6]:PORT": v4 / v6 receive "a.b.c.d:p" /
+ * "[v6]:p" for the first address of each family ("" if none). */
+static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
+                             size_t outsz, char *err, size_t errlen) {
+  char host[CGC__HOST_MAX], port[8];
+  long p;
+  v4[0] = v6[0] = '\0';
+  int rc = cgc__split_item(item, len, host, &p, err, errlen);
+  if (rc)
+    return rc;
+  snprintf(port, sizeof port, "%ld", p);
 
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
@@ -141,14 +158,74 @@ static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
   return 0;
 }
 
+/* Checks the "A:P,B:P" list of an ipv4: (family AF_INET) or ipv6: target
+ * as gRPC's sockaddr resolver will read it, later and silently. */
+static int cgc__check_addr_list(const char *list, int family, char *err,
+                                size_t errlen) {
+  for (const char *p = list;; p++) {
+    char host[CGC__HOST_MAX];
+    unsigned char addr[sizeof(struct in6_addr)];
+    long port;
+    size_t len = strcspn(p, ",");
+    int rc = cgc__split_item(p, len, host, &port, err, errlen);
+    if (rc)
+      return rc;
+    /* A zone (%25eth0, URI-escaped) may follow an IPv6 address. */
+    if (family == AF_INET6)
+      host[strcspn(host, "%")] = '\0';
+    if (inet_pton(family, host, addr) != 1)
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "target: '%s' is not an %s address", host,
+                       family == AF_INET ? "IPv4" : "IPv6");
+    p += len;
+    if (!*p)
+      return 0;
+  }
+}
+
+/* Checks a "SCHEME:..." target without resolving it. What names the
+ * server(s) follows an optional "//AUTHORITY" and one '/', which gRPC
+ * strips (dns:///NAME:PORT, dns://8.8.8.8/NAME:PORT, ipv4:///A:P). */
+static int cgc__check_scheme_target(const char *target, size_t scheme_len,
+                                    char *err, size_t errlen) {
+  const char *name = target + scheme_len;
+  size_t authority = 0;
+  if (name[0] == '/' && name[1] == '/') {
+    authority = strcspn(name + 2, "/");
+    name += 2 + authority;
+  }
+  if (*name == '/')
+    name++;
+  int family = !strncmp(target, "ipv4:", 5)   ? AF_INET
+               : !strncmp(target, "ipv6:", 5) ? AF_INET6
+                                              : AF_UNSPEC;
+  /* gRPC's address lists take no authority. */
+  if (!*name || (family != AF_UNSPEC && authority))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "target: '%s': no server named after '%.*s'", target,
+                     (int)scheme_len, target);
+  return family == AF_UNSPEC ? 0
+                             : cgc__check_addr_list(name, family, err, errlen);
+}
+
 /* "h1:p1,h2:p2" -> "ipv4:a1:p1,a2:p2", or ipv6: when some host has no
  * IPv4 address (gRPC's address-list schemes take one family). Other
- * targets are copied as they are. *out is malloc'ed. */
+ * targets are checked without resolving (gRPC would accept a malformed
+ * one and fail every call) and copied as they are. *out is malloc'ed. */
 static int cgc__rewrite_target(const char *target, char **out, char *err,
                                size_t errlen) {
   if (!target || !*target)
     return cg_errorf(err, errlen, CG_EINVAL, "target: empty");
-  if (cgc__has_scheme(target) || !strchr(target, ',')) {
+  size_t scheme_len = cgc__scheme_len(target);
+  if (scheme_len || !strchr(target, ',')) {
+    char host[CGC__HOST_MAX];
+    long port;
+    int rc =
+        scheme_len
+            ? cgc__check_scheme_target(target, scheme_len, err, errlen)
+            : cgc__split_item(target, strlen(target), host, &port, err, errlen);
+    if (rc)
+      return rc;
     *out = strdup(target);
     return *out ? 0 : CG_ENOMEM;
   }

@@ -467,6 +467,23 @@ static void test_failure_exit_codes(void **state) {
   expect(&r, 2, "target", badtarget);
 }
 
+/* Malformed targets reached gRPC: 127.0.0.1:103999 was dialled as port
+ * 38463, the others failed as "unavailable". They are usage errors. */
+static void test_bad_target_is_usage_error(void **state) {
+  (void)state;
+  static const char *const bad[][2] = {
+      {"127.0.0.1:103999", "port must be in 1..65535"},
+      {"ipv4:garbage", "'garbage': expected HOST:PORT"},
+      {"dns:///", "no server named after 'dns:'"},
+      {"unix:", "no server named after 'unix:'"}};
+  th_run r;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *argv[] = {cli, "health",     "--target", bad[i][0], "--retries",
+                          "0", "--deadline", "1000",     NULL};
+    expect(&r, 2, bad[i][1], argv);
+  }
+}
+
 static void test_smoke(void **state) {
   (void)state;
   th_run r;
@@ -532,6 +549,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_huge_shapes_refused_before_allocating),
       cmocka_unit_test(test_npy_interop_numpy),
       cmocka_unit_test(test_failure_exit_codes),
+      cmocka_unit_test(test_bad_target_is_usage_error),
       cmocka_unit_test(test_smoke),
       cmocka_unit_test(test_bench),
   };

@@ -26,7 +26,7 @@ static char target[64];
 
 static int group_setup(void **state) {
   (void)state;
-  const char *extra[] = {"--workers", "2", "--io-cpus", "0",
+  const char *extra[] = {"--workers",      "2",  "--io-cpus", "0",
                          "--idle-timeout", "45", NULL};
   if (th_server_start(&srv, server_exe, 0, extra))
     return -1;
@@ -197,9 +197,9 @@ static void test_compute_into(void **state) {
     cgc_diff d;
     cgc_compare(&g, buf, ref, &d);
     assert_true(d.ok);
-    assert_int_equal(cgc_compute_into(ch, &req, buf, g.out_bytes - 1, &out,
-                                      NULL, &st),
-                     CG_ELIMIT);
+    assert_int_equal(
+        cgc_compute_into(ch, &req, buf, g.out_bytes - 1, &out, NULL, &st),
+        CG_ELIMIT);
     assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
     assert_non_null(strstr(st.message, "does not fit"));
     free(in0);
@@ -382,6 +382,52 @@ static void test_targets_and_options(void **state) {
                    CG_EINVAL);
 }
 
+/* These were passed to gRPC, which accepted them and failed every call
+ * or, for a port above 65535, talked to the port modulo 65536. */
+static void test_bad_targets_refused_up_front(void **state) {
+  (void)state;
+  static const struct {
+    const char *target, *why;
+  } bad[] = {
+      {"ipv4:garbage", "'garbage': expected HOST:PORT"},
+      {"ipv4:1.2.3:80", "'1.2.3' is not an IPv4 address"},
+      {"ipv4:", "no server named after 'ipv4:'"},
+      {"ipv6:127.0.0.1:80", "'127.0.0.1' is not an IPv6 address"},
+      {"ipv6:[::1]:70000", "port must be in 1..65535"},
+      {"dns:///", "no server named after 'dns:'"},
+      {"dns://8.8.8.8/", "no server named after 'dns:'"},
+      {"unix:", "no server named after 'unix:'"},
+      {"127.0.0.1:103999", "'127.0.0.1:103999': port must be in 1..65535"},
+      {"localhost:0", "port must be in 1..65535"},
+      {"localhost", "expected HOST:PORT"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cgc_channel *ch = (cgc_channel *)&ch;
+    char err[256] = "";
+    assert_int_equal(cgc_channel_new(&ch, bad[i].target, NULL, err, sizeof err),
+                     CG_EINVAL);
+    assert_null(ch);
+    if (!strstr(err, bad[i].why))
+      fail_msg("%s: message '%s' lacks '%s'", bad[i].target, err, bad[i].why);
+  }
+  /* Their well-formed counterparts are taken as they are, unresolved. */
+  static const char *const good[] = {"ipv4:127.0.0.1:1,127.0.0.2:2",
+                                     "ipv4:///127.0.0.1:1",
+                                     "ipv6:[::1]:1",
+                                     "dns:///no-such-host.invalid:1",
+                                     "dns:no-such-host.invalid:1",
+                                     "unix:/tmp/no-such-socket",
+                                     "no-such-host.invalid:65535"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    cgc_channel *ch;
+    char err[256] = "";
+    if (cgc_channel_new(&ch, good[i], NULL, err, sizeof err))
+      fail_msg("%s: %s", good[i], err);
+    assert_string_equal(cgc_channel_target(ch), good[i]);
+    cgc_channel_free(ch);
+  }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH/convgrad-server\n", argv[0]);
@@ -396,6 +442,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_server_statuses),
       cmocka_unit_test(test_health_and_info),
       cmocka_unit_test(test_targets_and_options),
+      cmocka_unit_test(test_bad_targets_refused_up_front),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -103,6 +103,8 @@ typedef struct cgc_channel cgc_channel;
  *   "HOST:PORT,HOST:PORT,..."    turned into an ipv4:/ipv6: list (host
  *                                names resolved once, here);
  *   "unix:PATH".
+ * Each is checked here without resolving anything (HOST:PORT syntax with
+ * a port in 1..65535, ipv4:/ipv6: addresses, a name after dns:/unix:).
  * Calls are balanced across addresses by gRPC's round_robin policy. opts
  * may be NULL (defaults). Connecting is lazy: an unreachable server shows up
  * as UNAVAILABLE on the first call, not here. On success *out is owned by
