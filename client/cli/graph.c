@@ -116,7 +116,11 @@ static int cgc__graph_tensor(const cJSON *t, const char *what, cg_dtype *dt,
                          "%s: %s: strides are not dense row-major; only dense "
                          "tensors in the format's dim order are supported",
                          path, what);
-      want *= shape->v[i];
+      if (__builtin_mul_overflow(want, shape->v[i], &want))
+        return cg_errorf(err, errlen, CG_EINVAL,
+                         "%s: %s: the shape's element count overflows, so "
+                         "its strides cannot be dense",
+                         path, what);
     }
   }
   return 0;

@@ -269,6 +269,23 @@ static void test_run_graph_attrs_array(void **state) {
   expect(&r, 3, "attrs must be an object", argv);
 }
 
+/* The graph reader's dense-stride check overflowed on huge dims. */
+static void test_run_graph_stride_overflow(void **state) {
+  (void)state;
+  th_run r;
+  char f[256];
+  snprintf(f, sizeof f, "%s/stride_overflow.json", tmpdir);
+  assert_int_equal(
+      th_write_file(f,
+                    "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+                    "\"inputs\": [{\"dtype\": \"f32\", \"shape\": "
+                    "[4294967296, 4294967296], \"stride\": [4294967296, 1]}, "
+                    "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}"),
+      0);
+  const char *argv[] = {cli, "run", tflag, "--graph", f, NULL};
+  expect(&r, 3, "inputs[0]: the shape's element count overflows", argv);
+}
+
 /* Shapes of hundreds of GB used to reach malloc before any check: a
  * 79-byte .npy declaring 400 GB, and random inputs from flags, a graph
  * file or a descriptor. */
@@ -546,6 +563,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_run_problem_in_given_formats),
       cmocka_unit_test(test_run_graph_json),
       cmocka_unit_test(test_run_graph_attrs_array),
+      cmocka_unit_test(test_run_graph_stride_overflow),
       cmocka_unit_test(test_huge_shapes_refused_before_allocating),
       cmocka_unit_test(test_npy_interop_numpy),
       cmocka_unit_test(test_failure_exit_codes),

@@ -2,7 +2,7 @@
  * spec generations' files in tests/client/data (checked field by field and
  * resolved by the kernels' validator), and the rejections (unknown
  * attribute, non-dense strides, no gradient op, not JSON, attrs not an
- * object). */
+ * object, a shape whose stride check overflows). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -142,6 +142,17 @@ static void test_attrs_array_rejected(void **state) {
                "attrs must be an object");
 }
 
+/* The dense-stride check multiplied the dims without an overflow check
+ * (signed overflow, fatal under UBSan). */
+static void test_stride_check_overflow(void **state) {
+  (void)state;
+  expect_error(OP_HEAD
+               "}, \"inputs\": [{\"dtype\": \"f32\", \"shape\": "
+               "[4294967296, 4294967296], \"stride\": [4294967296, 1]}, "
+               "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}",
+               "inputs[0]: the shape's element count overflows");
+}
+
 int main(int argc, char **argv) {
   data_dir = argc > 1 ? argv[1] : "tests/client/data";
   snprintf(tmp_path, sizeof tmp_path, "/tmp/cgc-graph-test-%d.json",
@@ -151,6 +162,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_older_names_and_skips_other_ops),
       cmocka_unit_test(test_rejections),
       cmocka_unit_test(test_attrs_array_rejected),
+      cmocka_unit_test(test_stride_check_overflow),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   unlink(tmp_path);
