@@ -176,9 +176,10 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v, int shape_input) {
   return 0;
 }
 
-/* Reads input i from a .npy file, converting to the problem's dtype. */
-static int cgc__run_load(cgc_spec *s, int i, const char *path, void **data,
-                         size_t *nbytes) {
+/* Reads input i from a .npy file, converting to the problem's dtype, or
+ * with take_dtype making the file's dtype the problem's. */
+static int cgc__run_load(cgc_spec *s, int i, const char *path, int take_dtype,
+                         void **data, size_t *nbytes) {
   char err[512];
   cgc_npy n;
   if (cgc_npy_read(path, &n, err, sizeof err)) {
@@ -202,6 +203,8 @@ static int cgc__run_load(cgc_spec *s, int i, const char *path, void **data,
     cgc_npy_free(&n);
     return CGC_EXIT_INPUT;
   }
+  if (take_dtype)
+    s->dtype = n.dtype;
   if (n.dtype == s->dtype) {
     *data = n.data;
     *nbytes = n.nbytes;
@@ -330,20 +333,16 @@ int cgc_cmd_run(int argc, char **argv) {
     return code;
   if (!s.op)
     return cgc_cli_usage("run", "give --op NAME or --graph FILE");
-  /* Without an explicit dtype, .npy inputs decide it. */
-  if (!v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM] && v[R_IN0]) {
-    cgc_npy probe;
-    if (cgc_npy_read(v[R_IN0], &probe, err, sizeof err) == 0) {
-      s.dtype = probe.dtype;
-      cgc_npy_free(&probe);
-    }
-  }
+  /* Without an explicit dtype, a .npy in0 decides it; it is read once, so
+   * that it may be a pipe. */
+  int dtype_from_in0 = !v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM];
 
   uint64_t state = (uint64_t)seed.v * 0x9e3779b97f4a7c15ull + 1;
   for (int i = 0; i < 2; i++) {
     const char *file = v[i ? R_IN1 : R_IN0];
     if (file) {
-      if ((code = cgc__run_load(&s, i, file, &in[i], &nbytes[i])) != 0)
+      if ((code = cgc__run_load(&s, i, file, i == 0 && dtype_from_in0, &in[i],
+                                &nbytes[i])) != 0)
         goto out;
       continue;
     }

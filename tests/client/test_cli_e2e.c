@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "npy.h"
+#include "spec.h"
 
 static const char *server_exe, *cli, *data_dir;
 static th_server srv;
@@ -409,6 +410,34 @@ static void test_npy_interop_numpy(void **state) {
   expect(&r, 3, "'<f8'", f);
 }
 
+/* Without --dtype, --in0 was read twice (a dtype probe, then the load),
+ * so a pipe reached the load empty. */
+static void test_run_in0_from_pipe(void **state) {
+  (void)state;
+  th_run r;
+  uint16_t dd[2 * 6 * 7 * 7], w[6 * 4 * 3 * 3];
+  uint64_t seed = 4;
+  char in0[256], in1[256], err[256], sh[1024];
+  cgc_fill_random(CG_DTYPE_F16, dd, sizeof dd / 2, &seed);
+  cgc_fill_random(CG_DTYPE_F16, w, sizeof w / 2, &seed);
+  snprintf(in0, sizeof in0, "%s/pipe_dd_f16.npy", tmpdir);
+  snprintf(in1, sizeof in1, "%s/pipe_w_f16.npy", tmpdir);
+  assert_int_equal(cgc_npy_write(in0, CG_DTYPE_F16, 4, (int64_t[]){2, 6, 7, 7},
+                                 dd, sizeof dd, err, sizeof err),
+                   0);
+  assert_int_equal(cgc_npy_write(in1, CG_DTYPE_F16, 4, (int64_t[]){6, 4, 3, 3},
+                                 w, sizeof w, err, sizeof err),
+                   0);
+  snprintf(sh, sizeof sh,
+           "cat '%s' | '%s' run %s --op ConvolutionBackwardData "
+           "--data-format NCX --weights-format OIX --pads-begin 1,1 "
+           "--pads-end 1,1 --in0 /dev/stdin --in1 '%s' --check",
+           in0, cli, tflag, in1);
+  const char *argv[] = {"/bin/sh", "-c", sh, NULL};
+  expect(&r, 0, "ConvolutionBackwardData f16: diff_src [2, 4, 7, 7]", argv);
+  assert_non_null(strstr(r.out, ": OK"));
+}
+
 static void test_failure_exit_codes(void **state) {
   (void)state;
   th_run r;
@@ -566,6 +595,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_run_graph_stride_overflow),
       cmocka_unit_test(test_huge_shapes_refused_before_allocating),
       cmocka_unit_test(test_npy_interop_numpy),
+      cmocka_unit_test(test_run_in0_from_pipe),
       cmocka_unit_test(test_failure_exit_codes),
       cmocka_unit_test(test_bad_target_is_usage_error),
       cmocka_unit_test(test_smoke),
