@@ -1,7 +1,7 @@
 /* test_cli_e2e.c - the convgrad CLI against a live server: each
- * subcommand and its --help, .npy interop with NumPy in f32/f16/bf16, the
- * graph JSON path, and the failure exit codes, each with exactly one line
- * on stderr. */
+ * subcommand and its --help, README's info example, .npy interop with
+ * NumPy in f32/f16/bf16 (also through a pipe), the graph JSON path, and the
+ * failure exit codes, each with exactly one line on stderr. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -248,39 +248,33 @@ static void test_run_flags_check_and_out(void **state) {
  * transposed problem ran (or the server refused it). */
 static void test_run_problem_in_given_formats(void **state) {
   (void)state;
+  static const struct {
+    const char *op, *problem, *weights_format, *want;
+  } cases[] = {
+      {"ConvolutionBackwardData", "mb2ic16ih16iw8oc16oh16ow8kh3kw3ph1pw1", NULL,
+       "diff_src [2, 16, 16, 8] NCX"},
+      {"ConvolutionBackwardData", "mb2ic16ih14oc32oh14kh3ph1", "OIX",
+       "diff_src [2, 16, 14, 14] NCX"},
+      {"ConvolutionBackwardWeights", "mb2ic16ih14oc32oh14kh3ph1", "OIX",
+       "diff_weights [32, 16, 3, 3] OIX"},
+  };
   th_run r;
-  const char *nonsquare[] = {cli,
-                             "run",
-                             tflag,
-                             "--op",
-                             "ConvolutionBackwardData",
-                             "--problem",
-                             "mb2ic16ih16iw8oc16oh16ow8kh3kw3ph1pw1",
-                             "--data-format",
-                             "NCX",
-                             "--check",
-                             NULL};
-  expect(&r, 0, "diff_src [2, 16, 16, 8] NCX", nonsquare);
-  assert_non_null(strstr(r.out, ": OK"));
-  static const char *const ops[] = {"ConvolutionBackwardData",
-                                    "ConvolutionBackwardWeights"};
-  for (int i = 0; i < 2; i++) {
-    const char *both[] = {cli,
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *argv[] = {cli,
                           "run",
                           tflag,
                           "--op",
-                          ops[i],
+                          cases[i].op,
                           "--problem",
-                          "mb2ic16ih14oc32oh14kh3ph1",
+                          cases[i].problem,
                           "--data-format",
                           "NCX",
-                          "--weights-format",
-                          "OIX",
                           "--check",
+                          cases[i].weights_format ? "--weights-format" : NULL,
+                          cases[i].weights_format,
                           NULL};
-    expect(&r, 0, ": OK", both);
-    assert_non_null(strstr(r.out, i ? "diff_weights [32, 16, 3, 3] OIX"
-                                    : "diff_src [2, 16, 14, 14] NCX"));
+    expect(&r, 0, cases[i].want, argv);
+    assert_non_null(strstr(r.out, ": OK"));
   }
 }
 
@@ -305,38 +299,40 @@ static void test_run_graph_json(void **state) {
   expect(&r, 3, "/nonexistent.json", bad);
 }
 
+/* Writes json to tmpdir/name and expects `run --graph` on it to exit 3
+ * with needle in its one line on stderr. */
+static void expect_graph_refused(const char *name, const char *json,
+                                 const char *needle) {
+  th_run r;
+  char f[256];
+  snprintf(f, sizeof f, "%s/%s", tmpdir, name);
+  assert_int_equal(th_write_file(f, json), 0);
+  const char *argv[] = {cli, "run", tflag, "--graph", f, NULL};
+  expect(&r, 3, needle, argv);
+}
+
 /* An "attrs" array made `run --graph` crash on its members' NULL names. */
 static void test_run_graph_attrs_array(void **state) {
   (void)state;
-  th_run r;
-  char f[256];
-  snprintf(f, sizeof f, "%s/attrs_array.json", tmpdir);
-  assert_int_equal(
-      th_write_file(
-          f, "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
-             "\"attrs\": [{\"type\": \"s64[]\", \"value\": [1, 1]}], "
-             "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
-             "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}"),
-      0);
-  const char *argv[] = {cli, "run", tflag, "--graph", f, NULL};
-  expect(&r, 3, "attrs must be an object", argv);
+  expect_graph_refused(
+      "attrs_array.json",
+      "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+      "\"attrs\": [{\"type\": \"s64[]\", \"value\": [1, 1]}], "
+      "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
+      "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}",
+      "attrs must be an object");
 }
 
 /* The graph reader's dense-stride check overflowed on huge dims. */
 static void test_run_graph_stride_overflow(void **state) {
   (void)state;
-  th_run r;
-  char f[256];
-  snprintf(f, sizeof f, "%s/stride_overflow.json", tmpdir);
-  assert_int_equal(
-      th_write_file(f,
-                    "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
-                    "\"inputs\": [{\"dtype\": \"f32\", \"shape\": "
-                    "[4294967296, 4294967296], \"stride\": [4294967296, 1]}, "
-                    "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}"),
-      0);
-  const char *argv[] = {cli, "run", tflag, "--graph", f, NULL};
-  expect(&r, 3, "inputs[0]: the shape's element count overflows", argv);
+  expect_graph_refused(
+      "stride_overflow.json",
+      "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+      "\"inputs\": [{\"dtype\": \"f32\", \"shape\": "
+      "[4294967296, 4294967296], \"stride\": [4294967296, 1]}, "
+      "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 4]}]}]}",
+      "inputs[0]: the shape's element count overflows");
 }
 
 /* Shapes of hundreds of GB used to reach malloc before any check: a
@@ -348,7 +344,7 @@ static void test_huge_shapes_refused_before_allocating(void **state) {
   static const char hdr[] =
       "\x93NUMPY\x01\x00\x45\x00{'descr': '<f4', 'fortran_order': False, "
       "'shape': (100000000000,), }\n";
-  char npy[256], graph[256];
+  char npy[256];
   snprintf(npy, sizeof npy, "%s/huge.npy", tmpdir);
   FILE *fp = fopen(npy, "wb");
   assert_non_null(fp);
@@ -372,16 +368,12 @@ static void test_huge_shapes_refused_before_allocating(void **state) {
   expect(&r, 3,
          "input 0 (diff_dst): more than the limit of 1073741824 elements",
          flags);
-  snprintf(graph, sizeof graph, "%s/huge.json", tmpdir);
-  assert_int_equal(
-      th_write_file(
-          graph,
-          "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
-          "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
-          "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 100000000000]}]}]}"),
-      0);
-  const char *json[] = {cli, "run", tflag, "--graph", graph, NULL};
-  expect(&r, 3, "input 1 (weights): more than the limit of 1073741824", json);
+  expect_graph_refused(
+      "huge.json",
+      "{\"graph\": [{\"kind\": \"ConvolutionBackwardData\", "
+      "\"inputs\": [{\"dtype\": \"f32\", \"shape\": [1, 4, 4, 4]}, "
+      "{\"dtype\": \"f32\", \"shape\": [3, 3, 4, 100000000000]}]}]}",
+      "input 1 (weights): more than the limit of 1073741824");
   const char *desc = "mb100000ic16ih1000oc1000oh1000kh1";
   const char *run[] = {
       cli,         "run", tflag, "--op", "ConvolutionBackwardData",
