@@ -27,7 +27,7 @@ typedef struct cgs_config {
                           until cgs_config_finish: all allowed */
   cgs_cpu_list io_cpus; /* cores of the loop and gRPC threads; empty =
                           not pinned */
-  unsigned queue_depth;        /* requests waiting for a worker */
+  unsigned queue_depth;        /* requests admitted beyond the workers */
   uint64_t max_request_bytes;  /* sum of one request's tensor bytes */
   uint64_t max_tensor_elements; /* elements of any one tensor */
   uint64_t max_inflight_bytes; /* reserved by admitted requests; 0 = auto */
@@ -40,13 +40,12 @@ typedef struct cgs_config {
 
 /* Fills c with the table's defaults. Returns 0 (defaults always parse). */
 int cgs_config_defaults(cgs_config *c, char *err, size_t errlen);
-/* Applies every CONVGRAD_* variable that is set. Returns 0 or -1 with a
- * message naming the variable. */
-int cgs_config_from_env(cgs_config *c, char *err, size_t errlen);
-/* Parses argv with getopt_long. Returns 0, 1 when --help was given (usage
- * already printed to out), or -1 with a message naming the flag. */
-int cgs_config_from_args(cgs_config *c, int argc, char **argv, FILE *out,
-                         char *err, size_t errlen);
+/* Applies argv (getopt_long) and, for each option no flag sets, its
+ * CONVGRAD_* variable if set. Returns 0, 1 when --help was given (usage
+ * already printed to out; nothing else is checked), or -1 with a message
+ * naming the flag or variable. */
+int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
+                    char *err, size_t errlen);
 /* Sets one option by its long name ("max-request-bytes"). Returns 0 or -1
  * with a message naming the option and its bounds. */
 int cgs_config_set(cgs_config *c, const char *name, const char *value,

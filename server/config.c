@@ -52,8 +52,9 @@ static const opt_def opt_table[] = {
      "Sharing a core with a worker makes small calls faster (thread "
      "hand-offs stay on one core)"},
     {"queue-depth", OPT_UINT, offsetof(cgs_config, queue_depth), "64", 1,
-     1000000, "requests that may wait for a worker; more are refused with "
-              "RESOURCE_EXHAUSTED"},
+     1000000, "requests admitted beyond the workers (uploading or "
+              "waiting); more are refused with RESOURCE_EXHAUSTED at their "
+              "header"},
     {"max-request-bytes", OPT_SIZE, offsetof(cgs_config, max_request_bytes),
      "3G", 1, 64 * TIB, "largest total of one request's tensor bytes"},
     {"max-tensor-elements", OPT_COUNT,
@@ -125,7 +126,9 @@ static int parse_u64(const char *s, int suffixes, uint64_t *out) {
   return 0;
 }
 
-/* Seconds with up to 3 decimals ("2.5") into milliseconds. */
+/* Seconds with up to 3 decimals ("2.5") into milliseconds. A positive
+ * value under half a millisecond is refused: rounded to 0 it would mean
+ * "no limit" for some options. */
 static int parse_ms(const char *s, uint64_t *out) {
   if (!isdigit((unsigned char)*s))
     return -1;
@@ -135,7 +138,7 @@ static int parse_ms(const char *s, uint64_t *out) {
   if (errno || *end || v < 0 || v > 1e12)
     return -1;
   *out = (uint64_t)(v * 1000.0 + 0.5);
-  return 0;
+  return v > 0 && *out == 0 ? -1 : 0;
 }
 
 /* "0,2,4-7" into *l. */
@@ -215,9 +218,10 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
   }
   if (rc != 0 || v < o->min || v > o->max) {
     if (o->type == OPT_MS)
-      snprintf(err, errlen, "%s: expected seconds in [%g, %g], got '%s'",
-               origin, (double)o->min / 1000.0, (double)o->max / 1000.0,
-               value);
+      snprintf(err, errlen, "%s: expected %sseconds in [%g, %g], got '%s'",
+               origin, o->min ? "" : "0 or ",
+               o->min ? (double)o->min / 1000.0 : 0.001,
+               (double)o->max / 1000.0, value);
     else
       snprintf(err, errlen, "%s: expected a number in [%llu, %llu]%s, got '%s'",
                origin, (unsigned long long)o->min, (unsigned long long)o->max,
@@ -253,19 +257,11 @@ int cgs_config_defaults(cgs_config *c, char *err, size_t errlen) {
   return 0;
 }
 
-int cgs_config_from_env(cgs_config *c, char *err, size_t errlen) {
-  for (size_t i = 0; i < OPT_COUNT_ALL; i++) {
-    char var[64];
-    env_name(&opt_table[i], var, sizeof var);
-    const char *value = getenv(var);
-    if (value && opt_apply(c, &opt_table[i], value, var, err, errlen) != 0)
-      return -1;
-  }
-  return 0;
-}
-
-int cgs_config_from_args(cgs_config *c, int argc, char **argv, FILE *out,
-                         char *err, size_t errlen) {
+int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
+                    char *err, size_t errlen) {
+  /* Flags first, so that --help works and a flag overrides a variable
+   * even when the variable would not parse. */
+  const char *flag_value[OPT_COUNT_ALL] = {0};
   struct option longopts[OPT_COUNT_ALL + 2];
   for (size_t i = 0; i < OPT_COUNT_ALL; i++)
     longopts[i] = (struct option){opt_table[i].name, required_argument, NULL,
@@ -286,13 +282,24 @@ int cgs_config_from_args(cgs_config *c, int argc, char **argv, FILE *out,
                argv[optind - 1]);
       return -1;
     }
-    if (cgs_config_set(c, opt_table[ch - 256].name, optarg, err, errlen) != 0)
-      return -1;
+    flag_value[ch - 256] = optarg;
   }
   if (optind < argc) {
     snprintf(err, errlen, "unexpected argument '%s' (try --help)",
              argv[optind]);
     return -1;
+  }
+  for (size_t i = 0; i < OPT_COUNT_ALL; i++) {
+    char origin[64];
+    const char *value = flag_value[i];
+    if (value) {
+      snprintf(origin, sizeof origin, "--%s", opt_table[i].name);
+    } else {
+      env_name(&opt_table[i], origin, sizeof origin);
+      value = getenv(origin);
+    }
+    if (value && opt_apply(c, &opt_table[i], value, origin, err, errlen) != 0)
+      return -1;
   }
   return 0;
 }

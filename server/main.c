@@ -107,9 +107,7 @@ int main(int argc, char **argv) {
   tune_malloc();
   int rc = cgs_config_defaults(&a.cfg, err, sizeof err);
   if (rc == 0)
-    rc = cgs_config_from_env(&a.cfg, err, sizeof err);
-  if (rc == 0)
-    rc = cgs_config_from_args(&a.cfg, argc, argv, stdout, err, sizeof err);
+    rc = cgs_config_load(&a.cfg, argc, argv, stdout, err, sizeof err);
   if (rc == 1)
     return 0; /* --help */
   cgs_log_set_level(a.cfg.log_level);

@@ -44,15 +44,16 @@ static void test_env_then_flags(void **state) {
   setenv("CONVGRAD_QUEUE_DEPTH", "7", 1);
   setenv("CONVGRAD_MAX_REQUEST_BYTES", "2MiB", 1);
   setenv("CONVGRAD_LOG_LEVEL", "debug", 1);
-  assert_int_equal(cgs_config_from_env(&c, err, sizeof err), 0);
-  assert_int_equal(c.queue_depth, 7);
-  assert_int_equal(c.max_request_bytes, 2 << 20);
-  assert_int_equal(c.log_level, CGS_LOG_DEBUG);
   char *argv[] = {"convgrad-server", "--queue-depth", "9", "--cpus", "0,2-3",
                   "--grace=1.5", "--listen", "0.0.0.0:0", "--io-cpus", "1",
                   NULL};
-  assert_int_equal(
-      cgs_config_from_args(&c, 10, argv, stdout, err, sizeof err), 0);
+  assert_int_equal(cgs_config_load(&c, 10, argv, stdout, err, sizeof err), 0);
+  unsetenv("CONVGRAD_QUEUE_DEPTH");
+  unsetenv("CONVGRAD_MAX_REQUEST_BYTES");
+  unsetenv("CONVGRAD_LOG_LEVEL");
+  assert_int_equal(c.max_request_bytes, 2 << 20); /* variables */
+  assert_int_equal(c.log_level, CGS_LOG_DEBUG);
+  assert_int_equal(c.grace_ms, 1500); /* flags */
   assert_int_equal(c.io_cpus.n, 1);
   assert_int_equal(c.io_cpus.cpu[0], 1);
   assert_int_equal(c.queue_depth, 9);
@@ -64,9 +65,6 @@ static void test_env_then_flags(void **state) {
   c.threads_per_worker = 2;
   assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
   assert_int_equal(c.workers, 1); /* 3 cpus / 2 threads */
-  unsetenv("CONVGRAD_QUEUE_DEPTH");
-  unsetenv("CONVGRAD_MAX_REQUEST_BYTES");
-  unsetenv("CONVGRAD_LOG_LEVEL");
 }
 
 static void expect_bad(const char *name, const char *value, const char *want) {
@@ -91,7 +89,7 @@ static void test_bounds(void **state) {
   expect_bad("stream-window", "2G", "--stream-window");
   expect_bad("max-request-bytes", "99999999999999999999999", "--max-request");
   expect_bad("max-request-bytes", "1X", "suffixes");
-  expect_bad("grace", "-3", "--grace: expected seconds");
+  expect_bad("grace", "-3", "--grace: expected 0 or seconds in [0.001, 3600]");
   expect_bad("cpus", "3-1", "--cpus");
   expect_bad("cpus", "0,,1", "--cpus");
   expect_bad("cpus", "999", "--cpus");
@@ -115,19 +113,33 @@ static void test_bad_env_and_args(void **state) {
   cgs_config c;
   char err[256];
   assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  char *none[] = {"convgrad-server", NULL};
   setenv("CONVGRAD_WORKERS", "many", 1);
-  assert_int_equal(cgs_config_from_env(&c, err, sizeof err), -1);
-  assert_non_null(strstr(err, "CONVGRAD_WORKERS"));
+  assert_int_equal(cgs_config_load(&c, 1, none, stdout, err, sizeof err), -1);
+  assert_string_equal(err, "CONVGRAD_WORKERS: expected a number in [0, 256], "
+                           "got 'many'");
+  /* A flag overrides a variable that would not parse. */
+  char *a0[] = {"convgrad-server", "--workers", "2", NULL};
+  assert_int_equal(cgs_config_load(&c, 3, a0, stdout, err, sizeof err), 0);
+  assert_int_equal(c.workers, 2);
   unsetenv("CONVGRAD_WORKERS");
   char *a1[] = {"convgrad-server", "--bogus", NULL};
-  assert_int_equal(cgs_config_from_args(&c, 2, a1, stdout, err, sizeof err), -1);
+  assert_int_equal(cgs_config_load(&c, 2, a1, stdout, err, sizeof err), -1);
   assert_non_null(strstr(err, "unknown option"));
   char *a2[] = {"convgrad-server", "--workers", NULL};
-  assert_int_equal(cgs_config_from_args(&c, 2, a2, stdout, err, sizeof err), -1);
+  assert_int_equal(cgs_config_load(&c, 2, a2, stdout, err, sizeof err), -1);
   assert_non_null(strstr(err, "missing value"));
   char *a3[] = {"convgrad-server", "extra", NULL};
-  assert_int_equal(cgs_config_from_args(&c, 2, a3, stdout, err, sizeof err), -1);
+  assert_int_equal(cgs_config_load(&c, 2, a3, stdout, err, sizeof err), -1);
   assert_non_null(strstr(err, "unexpected argument"));
+  /* Under half a millisecond would round to 0, "no limit". */
+  char *a4[] = {"convgrad-server", "--idle-timeout", "0.0004", NULL};
+  assert_int_equal(cgs_config_load(&c, 3, a4, stdout, err, sizeof err), -1);
+  assert_string_equal(err, "--idle-timeout: expected 0 or seconds in [0.001, "
+                           "3600], got '0.0004'");
+  char *a5[] = {"convgrad-server", "--idle-timeout", "0.0006", NULL};
+  assert_int_equal(cgs_config_load(&c, 3, a5, stdout, err, sizeof err), 0);
+  assert_int_equal(c.idle_timeout_ms, 1);
 }
 
 static void test_help_documents_every_option(void **state) {
@@ -137,8 +149,11 @@ static void test_help_documents_every_option(void **state) {
   assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
   char buf[16384] = "";
   FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+  /* Help is printed whatever the environment holds. */
+  setenv("CONVGRAD_WORKERS", "many", 1);
   char *argv[] = {"convgrad-server", "--help", NULL};
-  assert_int_equal(cgs_config_from_args(&c, 2, argv, f, err, sizeof err), 1);
+  assert_int_equal(cgs_config_load(&c, 2, argv, f, err, sizeof err), 1);
+  unsetenv("CONVGRAD_WORKERS");
   fclose(f);
   static const char *const opts[] = {
       "--listen",       "CONVGRAD_LISTEN",   "--workers",
