@@ -2,6 +2,7 @@
 #include "cgs_buf.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 /* Entries kept; a few shapes repeating is the case worth serving. */
@@ -9,7 +10,7 @@
 
 typedef struct slot {
   void *p;
-  size_t cap; /* bytes the buffer was allocated with */
+  size_t cap; /* bytes the buffer was allocated with (its header's) */
 } slot;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -26,6 +27,13 @@ static size_t capacity_of(size_t n) {
   size_t step = 64u << 10;
   return n + (step - n % step) % step;
 }
+
+/* Each block starts with its capacity, padded to keep the caller's memory
+ * 64-byte aligned: a cached buffer handed out for a smaller request keeps
+ * its real size when it comes back. */
+#define HEADER 64
+
+static size_t *header_of(void *p) { return (size_t *)((char *)p - HEADER); }
 
 void *cgs_buf_alloc(size_t n) {
   size_t cap = capacity_of(n);
@@ -44,18 +52,22 @@ void *cgs_buf_alloc(size_t n) {
     }
     pthread_mutex_unlock(&mu);
   }
-  void *p = NULL;
-  /* The capacity travels with the pointer implicitly: callers free with
-   * the same n, hence the same capacity. */
-  if (posix_memalign(&p, 64, cap) != 0)
+  void *block = NULL;
+  if (cap > SIZE_MAX - HEADER || posix_memalign(&block, 64, HEADER + cap) != 0)
     return NULL;
+  void *p = (char *)block + HEADER;
+  *header_of(p) = cap;
   return p;
 }
 
-void cgs_buf_free(void *p, size_t n) {
+size_t cgs_buf_capacity(const void *p) {
+  return *header_of((void *)p);
+}
+
+void cgs_buf_free(void *p) {
   if (!p)
     return;
-  size_t cap = capacity_of(n);
+  size_t cap = *header_of(p);
   if (cap >= CGS_BUF_CACHE_MIN && cap <= budget) {
     pthread_mutex_lock(&mu);
     /* Make room: drop the biggest entries first until it fits. */
@@ -66,7 +78,7 @@ void cgs_buf_free(void *p, size_t n) {
           big = i;
       if (big < 0)
         break;
-      free(cache[big].p);
+      free(header_of(cache[big].p));
       cached_bytes -= cache[big].cap;
       cache[big].p = NULL;
     }
@@ -79,13 +91,22 @@ void cgs_buf_free(void *p, size_t n) {
     }
     pthread_mutex_unlock(&mu);
   }
-  free(p); /* not cached: NULL when it was */
+  if (p) /* not cached */
+    free(header_of(p));
+}
+
+size_t cgs_buf_cached_bytes(void) {
+  pthread_mutex_lock(&mu);
+  size_t n = cached_bytes;
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 void cgs_buf_drain(void) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < SLOTS; i++) {
-    free(cache[i].p);
+    if (cache[i].p)
+      free(header_of(cache[i].p));
     cache[i].p = NULL;
   }
   cached_bytes = 0;

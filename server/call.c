@@ -51,7 +51,6 @@ static const char *const state_names[] = {"receiving the header",
 typedef struct outbuf {
   atomic_int refs;
   void *data;
-  size_t len;
 } outbuf;
 
 struct cgs_call {
@@ -70,12 +69,16 @@ struct cgs_call {
   /* grpc side */
   int recv_pending, send_pending;
   int close_received, cancelled;
+  int server_cancelled; /* we cancelled the call ourselves */
   int half_closed;   /* client sent END_STREAM */
   int md_sent;       /* initial metadata went out */
   int finished;      /* final status decided; nothing more to send */
   int grpc_released; /* grpc_call_unref done */
   int closing;       /* uv_close(timer) started */
   int job_busy;      /* the pool holds job */
+  int place_held;    /* a pool place is reserved for job, not yet used */
+  int job_picked;    /* a worker took job: its queue_ms and worker are set */
+  char worker[32];   /* that worker's name; the log may outlive the pool */
   grpc_byte_buffer *recv_bb, *send_bb;
   grpc_slice status_slice;
   int status_slice_set;
@@ -128,7 +131,7 @@ static grpc_status_code status_of_cg(int rc) {
 static void outbuf_unref(void *p) {
   outbuf *o = p;
   if (atomic_fetch_sub(&o->refs, 1) == 1) {
-    cgs_buf_free(o->data, o->len);
+    cgs_buf_free(o->data);
     free(o);
   }
 }
@@ -151,7 +154,9 @@ static void log_call(cgs_call *c) {
   char out[64] = "-";
   if (c->resolved)
     format_dims(out, sizeof out, c->geom.out_dims, (size_t)c->geom.in_rank);
-  int ok = c->status == GRPC_STATUS_OK;
+  /* A job can have run for a call that then failed (a cancel while
+   * sending, say): its figures are still true. */
+  int computed = c->job_picked && c->job.rc == 0;
   cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
           "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
           "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
@@ -161,12 +166,14 @@ static void log_call(cgs_call *c) {
           c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
           c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
-          ms_between(c->t_start, c->job.t_submit), ok ? c->job.queue_ms : 0.0,
-          ok ? c->job.info.compute_ms : 0.0, ms_between(c->t_send, c->t_sent),
-          total_ms,
-          ok ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
-             : "-",
-          ok ? cgs_pool_worker_name(c->s->pool, c->job.worker) : "-",
+          ms_between(c->t_start, c->job.t_submit),
+          c->job_picked ? c->job.queue_ms : 0.0,
+          computed ? c->job.info.compute_ms : 0.0,
+          ms_between(c->t_send, c->t_sent), total_ms,
+          computed
+              ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
+              : "-",
+          c->job_picked ? c->worker : "-",
           cgs_status_name(c->status), c->msg[0] ? " msg=\"" : "", c->msg,
           c->msg[0] ? "\"" : "");
 }
@@ -177,7 +184,7 @@ static void on_timer_closed(uv_handle_t *h) {
   log_call(c);
   s->inflight_bytes -= c->reserved;
   for (int i = 0; i < 3; i++)
-    cgs_buf_free(c->in_buf[i], c->in_len[i]);
+    cgs_buf_free(c->in_buf[i]);
   if (c->out)
     outbuf_unref(c->out);
   if (c->req)
@@ -214,6 +221,14 @@ static void maybe_free(cgs_call *c) {
 
 static void on_send(cgs_tag *t, int ok);
 
+/* Cancels the grpc call with the status already recorded in c. gRPC then
+ * reports the call as cancelled to on_close, which must not take that for
+ * the client's doing. */
+static void cancel_with_status(cgs_call *c) {
+  c->server_cancelled = 1;
+  grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+}
+
 /* Ends the call with code unless its end is already decided. Does not free
  * c; callers run maybe_free afterwards. */
 static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...)
@@ -225,6 +240,10 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   c->finished = 1;
   c->ended_in = state_names[c->st];
   c->status = code;
+  if (c->place_held) {
+    cgs_pool_unreserve(c->s->pool);
+    c->place_held = 0;
+  }
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(c->msg, sizeof c->msg, fmt, ap);
@@ -240,7 +259,7 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
     return; /* the client is gone: nobody to tell */
   if (c->send_pending) {
     /* A chunk is in flight and grpc allows one send batch at a time. */
-    grpc_call_cancel_with_status(c->call, code, c->msg, NULL);
+    cancel_with_status(c);
     return;
   }
   grpc_op ops[2];
@@ -259,7 +278,7 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   c->send_pending = 1;
   if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
-    grpc_call_cancel_with_status(c->call, code, c->msg, NULL);
+    cancel_with_status(c);
   }
 }
 
@@ -340,7 +359,7 @@ static void send_failed(cgs_call *c) {
   c->status = GRPC_STATUS_INTERNAL;
   snprintf(c->msg, sizeof c->msg, "cannot start a send batch");
   uv_timer_stop(&c->timer);
-  grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+  cancel_with_status(c);
 }
 
 /* Fills op with the next result chunk of len bytes (c->send_bb, a slice
@@ -389,7 +408,7 @@ static void send_header(cgs_call *c) {
   h.n_pads_begin = h.n_pads_end = (size_t)g->nsp;
   h.pads_begin = pb;
   h.pads_end = pe;
-  h.worker = (char *)cgs_pool_worker_name(c->s->pool, c->job.worker);
+  h.worker = c->worker;
   int whole =
       g->out_bytes <= INLINE_RESULT_MAX && g->out_bytes <= c->chunk_bytes;
   if (whole) {
@@ -491,6 +510,9 @@ void cgs_call_job_done(cgs_job *job, void *data) {
   (void)data;
   pthread_mutex_lock(&c->mu);
   c->job_busy = 0;
+  c->job_picked = 1;
+  snprintf(c->worker, sizeof c->worker, "%s",
+           cgs_pool_worker_name(c->s->pool, job->worker));
   if (!c->finished) {
     if (job->rc != 0)
       finish(c, status_of_cg(job->rc), "%s", job->err);
@@ -577,20 +599,14 @@ static void inputs_complete(cgs_call *c) {
   }
   atomic_init(&o->refs, 1);
   o->data = data;
-  o->len = c->geom.out_bytes;
   c->out = o;
   c->job.geom = &c->geom;
   c->job.in0 = c->in_buf[0];
   c->job.in1 = c->in_buf[1];
   c->job.out = o->data;
   atomic_init(&c->job.discard, 0);
-  if (cgs_pool_submit(c->s->pool, &c->job) != 0) {
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "queue full: %u requests wait for a worker (--queue-depth); retry "
-           "later",
-           c->s->cfg->queue_depth);
-    return;
-  }
+  cgs_pool_submit(c->s->pool, &c->job);
+  c->place_held = 0;
   c->job_busy = 1;
   c->st = ST_QUEUED;
 }
@@ -600,7 +616,18 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
   cgs_header_info info;
   grpc_status_code code;
   char msg[sizeof c->msg];
+  /* The log names what was asked for, refused or not. */
+  size_t k = 0;
+  for (size_t i = 0; i < 2 && i < h->n_inputs && k < sizeof c->shapes; i++) {
+    if (i)
+      c->shapes[k++] = ',';
+    format_dims(c->shapes + k, sizeof c->shapes - k, h->inputs[i]->shape,
+                h->inputs[i]->n_shape);
+    k = strlen(c->shapes);
+  }
   if (cgs_header_check(h, c->s->cfg, &info, &code, msg, sizeof msg) != 0) {
+    c->prob.op = info.prob.op;
+    c->prob.dtype = info.prob.dtype;
     finish(c, code, "%s", msg);
     return -1;
   }
@@ -608,14 +635,6 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
   c->ninputs = info.ninputs;
   memcpy(c->in_len, info.in_len, sizeof c->in_len);
   c->chunk_bytes = info.chunk_bytes;
-  size_t k = 0;
-  for (int i = 0; i < 2 && k < sizeof c->shapes; i++) {
-    if (i)
-      c->shapes[k++] = ',';
-    format_dims(c->shapes + k, sizeof c->shapes - k, h->inputs[i]->shape,
-                h->inputs[i]->n_shape);
-    k = strlen(c->shapes);
-  }
   return 0;
 }
 
@@ -630,14 +649,15 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   const Convgrad__V1__ComputeHeader *h = c->req->header;
   if (admit(c, h) != 0)
     return;
-  if (cgs_pool_full(c->s->pool)) {
+  if (cgs_pool_reserve(c->s->pool) != 0) {
     /* Refuse before the client uploads anything. */
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "queue full: %u requests wait for a worker (--queue-depth); retry "
-           "later",
-           c->s->cfg->queue_depth);
+           "queue full: %u requests are running, uploading or waiting for "
+           "a worker (--workers + --queue-depth); retry later",
+           c->s->cfg->workers + c->s->cfg->queue_depth);
     return;
   }
+  c->place_held = 1;
   uint64_t in_total = c->in_len[0] + c->in_len[1] + c->in_len[2];
   if (reserve(c, in_total, "inputs") != 0)
     return;
@@ -875,10 +895,12 @@ static void on_close(cgs_tag *t, int ok) {
   pthread_mutex_lock(&c->mu);
   c->close_received = 1;
   int late = past_deadline(c);
-  if (c->finished && c->cancelled && c->status != GRPC_STATUS_CANCELLED &&
+  if (c->finished && c->cancelled && !c->server_cancelled &&
+      c->status != GRPC_STATUS_CANCELLED &&
       c->status != GRPC_STATUS_DEADLINE_EXCEEDED) {
-    /* Our status never reached the client: a cancel can look like a
-     * half-close, which ended the call as a truncated stream. */
+    /* The client cancelled before our status reached it: its cancel can
+     * look like a half-close, which ended the call as a truncated
+     * stream. */
     c->status = late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED;
     snprintf(c->msg, sizeof c->msg, "%s while %s",
              late ? "deadline exceeded" : "cancelled by the client",
@@ -917,7 +939,7 @@ static void stalled(cgs_call *c) {
      * stopped reading; grpc allows no second batch to say so. */
     c->status = GRPC_STATUS_DEADLINE_EXCEEDED;
     snprintf(c->msg, sizeof c->msg, "%s", why);
-    grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
+    cancel_with_status(c);
   }
 }
 
@@ -946,6 +968,7 @@ void cgs_call_cancel_all(cgs_server *s) {
     pthread_mutex_lock(&c->mu);
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server shut down before the request finished; retry elsewhere");
+    c->server_cancelled = 1; /* see cgs_call.h */
     maybe_free(c);
     pthread_mutex_unlock(&c->mu);
   }

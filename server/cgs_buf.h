@@ -17,11 +17,15 @@
 /* Sets the most bytes the cache may hold (0 disables it). Call once at
  * start-up, before any other function here. */
 void cgs_buf_init(size_t cache_bytes);
-/* 64-byte-aligned memory for n bytes (n may be 0); NULL when out of
- * memory. Release it with cgs_buf_free(p, n), with the same n. */
+/* 64-byte-aligned memory for at least n bytes (n may be 0); NULL when out
+ * of memory. Release it with cgs_buf_free. */
 void *cgs_buf_alloc(size_t n);
+/* Bytes p really holds: n rounded up, or more for a cached buffer. */
+size_t cgs_buf_capacity(const void *p);
 /* Releases p (NULL is fine): into the cache or to the system. */
-void cgs_buf_free(void *p, size_t n);
+void cgs_buf_free(void *p);
+/* Bytes the cache holds now. */
+size_t cgs_buf_cached_bytes(void);
 /* Frees every cached buffer (at exit). */
 void cgs_buf_drain(void);
 

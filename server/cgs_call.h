@@ -22,7 +22,9 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
                     grpc_byte_buffer *first);
 /* Pool completion callback (data = the cgs_server). */
 void cgs_call_job_done(cgs_job *job, void *data);
-/* Ends every live Compute call with CANCELLED (grace period over). */
+/* Ends every live Compute call with UNAVAILABLE (grace period over, or
+ * teardown). Callers then cancel every grpc call, or expect no more grpc
+ * events: on_close will not blame the client for those cancels. */
 void cgs_call_cancel_all(cgs_server *s);
 
 #endif

@@ -30,7 +30,9 @@ typedef struct cgs_header_info {
 } cgs_header_info;
 
 /* Checks h against cfg's limits and fills *info. Returns 0, or -1 with
- * *code (INVALID_ARGUMENT or RESOURCE_EXHAUSTED) and msg filled. */
+ * *code (INVALID_ARGUMENT or RESOURCE_EXHAUSTED) and msg filled; then
+ * info->prob.op and .dtype are still set (0 = not read) when the refusal
+ * came after they were checked. */
 int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
                      const cgs_config *cfg, cgs_header_info *info,
                      grpc_status_code *code, char *msg, size_t msglen);

@@ -50,19 +50,22 @@ typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
 int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
                  cgs_pool_done_cb done_cb, void *data, char *err,
                  size_t errlen);
-/* Queues job. Returns 0, or CG_ELIMIT when queue_depth jobs already wait
- * (the caller answers RESOURCE_EXHAUSTED). */
-int cgs_pool_submit(cgs_pool *p, cgs_job *job);
+/* Holds a place for a job to come: at most workers + queue_depth places
+ * are held at once, so that a request is refused when it arrives rather
+ * than after its upload. Returns 0, or CG_ELIMIT when every place is
+ * held (the caller answers RESOURCE_EXHAUSTED). */
+int cgs_pool_reserve(cgs_pool *p);
+/* Gives back a place that no job will use. */
+void cgs_pool_unreserve(cgs_pool *p);
+/* Queues job on a place held with cgs_pool_reserve; the place is given
+ * back when the job has run or is cancelled. */
+void cgs_pool_submit(cgs_pool *p, cgs_job *job);
 /* Takes job back if no worker has picked it up: returns 1 and done_cb will
  * not run for it. Returns 0 when it is running or finished (done_cb will
  * run or has run). */
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
-/* Jobs waiting for a worker. */
-unsigned cgs_pool_queued(cgs_pool *p);
 /* Workers asleep for want of work. */
 unsigned cgs_pool_idle(cgs_pool *p);
-/* 1 when queue_depth jobs wait. */
-int cgs_pool_full(cgs_pool *p);
 /* Name of worker i ("cg-worker-0"); static storage of the pool. */
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
 /* Stops the workers after their current job, joins them, delivers the

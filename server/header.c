@@ -193,7 +193,8 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
                cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
         return -1;
       }
-      esize = cg_dtype_size((cg_dtype)t->dtype);
+      p->dtype = (cg_dtype)t->dtype;
+      esize = cg_dtype_size(p->dtype);
       int w = weights_input && i == 1;
       if (check_layout(&r, i, t->layout, w, w ? &w_fmt : &data_fmt) != 0)
         return -1;
@@ -246,7 +247,6 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
       p->out_data_format = to_data_format(out_layout);
   }
 
-  p->dtype = (cg_dtype)h->inputs[0]->dtype;
   p->attrs.strides = ints(a->strides, a->n_strides);
   p->attrs.pads_begin = ints(a->pads_begin, a->n_pads_begin);
   p->attrs.pads_end = ints(a->pads_end, a->n_pads_end);

@@ -33,6 +33,7 @@ struct cgs_pool {
   pthread_cond_t ready_cv; /* a worker finished start-up */
   cgs_job *head, *tail;    /* waiting jobs, FIFO */
   unsigned queued;
+  unsigned admitted; /* places held: reserved, queued or running */
   int stop;
   unsigned ready, failed; /* start-up accounting */
   char start_err[320]; /* worker name + engine message */
@@ -128,6 +129,9 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&p->mu);
 
     run_job(w, engine, job);
+    pthread_mutex_lock(&p->mu);
+    p->admitted--;
+    pthread_mutex_unlock(&p->mu);
     deliver(p, job);
   }
   cg_engine_free(engine);
@@ -265,13 +269,25 @@ static void wake_one(cgs_pool *p) {
   }
 }
 
-int cgs_pool_submit(cgs_pool *p, cgs_job *job) {
+int cgs_pool_reserve(cgs_pool *p) {
   int rc = 0;
   pthread_mutex_lock(&p->mu);
-  if (p->queued >= p->cfg->queue_depth) {
+  if (p->admitted >= p->nworkers + p->cfg->queue_depth)
     rc = CG_ELIMIT;
-    goto out;
-  }
+  else
+    p->admitted++;
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+void cgs_pool_unreserve(cgs_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  p->admitted--;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void cgs_pool_submit(cgs_pool *p, cgs_job *job) {
+  pthread_mutex_lock(&p->mu);
   job->t_submit = uv_hrtime();
   job->next = NULL;
   job->queued = 1;
@@ -282,9 +298,7 @@ int cgs_pool_submit(cgs_pool *p, cgs_job *job) {
   p->tail = job;
   p->queued++;
   wake_one(p);
-out:
   pthread_mutex_unlock(&p->mu);
-  return rc;
 }
 
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
@@ -301,19 +315,13 @@ int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
       if (p->tail == job)
         p->tail = prev;
       p->queued--;
+      p->admitted--;
       job->queued = 0;
       removed = 1;
     }
   }
   pthread_mutex_unlock(&p->mu);
   return removed;
-}
-
-unsigned cgs_pool_queued(cgs_pool *p) {
-  pthread_mutex_lock(&p->mu);
-  unsigned n = p->queued;
-  pthread_mutex_unlock(&p->mu);
-  return n;
 }
 
 unsigned cgs_pool_idle(cgs_pool *p) {
@@ -323,10 +331,6 @@ unsigned cgs_pool_idle(cgs_pool *p) {
     n += (unsigned)p->workers[i].waiting;
   pthread_mutex_unlock(&p->mu);
   return n;
-}
-
-int cgs_pool_full(cgs_pool *p) {
-  return cgs_pool_queued(p) >= p->cfg->queue_depth;
 }
 
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i) {

@@ -278,8 +278,10 @@ static void on_grace_timer(uv_timer_t *h) {
   cgs_warn("grace period over: cancelling %u in-flight calls",
            s->compute_active);
   stop_accepting(s); /* grpc cancels all calls only after a shutdown */
-  grpc_server_cancel_all_calls(s->grpc);
+  /* Ours first, so that each call ends with our UNAVAILABLE and its
+   * message rather than grpc's generic cancel. */
   cgs_call_cancel_all(s);
+  grpc_server_cancel_all_calls(s->grpc);
   cgs_health_end_watches(s->health);
 }
 

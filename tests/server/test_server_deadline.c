@@ -1,10 +1,12 @@
 /* test_server_deadline.c - backpressure, deadlines and cancellation with a
  * single worker: a request whose deadline passes while it waits in the
  * queue leaves it with DEADLINE_EXCEEDED; a full queue answers
- * RESOURCE_EXHAUSTED at once; a client cancelling mid-stream stops the
+ * RESOURCE_EXHAUSTED at once, and calls still uploading count; a client cancelling mid-stream stops the
  * stream and releases its memory; a client that stalls its upload or stops
  * reading its result is cut off after --idle-timeout and its memory comes
- * back; the server stays healthy throughout. */
+ * back; bytes sent past the tensors while the result streams end the call
+ * with INVALID_ARGUMENT, logged as such; the server stays healthy
+ * throughout. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -163,6 +165,20 @@ static void recv_some(ts_call *c, int n) {
   }
 }
 
+/* Reads messages until the stream ends; returns how many. gRPC hands a
+ * client the status only after the messages already buffered for it. */
+static size_t recv_rest(ts_call *c) {
+  size_t n = 0;
+  for (;;) {
+    grpc_byte_buffer *bb = NULL;
+    assert_int_equal(ts_call_recv(c, &bb), 0);
+    if (!bb)
+      return n;
+    grpc_byte_buffer_destroy(bb);
+    n++;
+  }
+}
+
 /* Its memory is back: big fits again and is correct. */
 static void assert_big_fits(ts_problem *big) {
   assert_int_equal(ts_problem_run(ch, big, NULL), 0);
@@ -227,15 +243,7 @@ static void test_idle_download(void **state) {
   assert_int_equal(ts_call_close_send(&c), 0);
   recv_some(&c, 2);
   wait_log("took no result data", stalled + 1);
-  size_t chunks = 0;
-  for (;;) {
-    grpc_byte_buffer *bb = NULL;
-    assert_int_equal(ts_call_recv(&c, &bb), 0);
-    if (!bb)
-      break;
-    grpc_byte_buffer_destroy(bb);
-    chunks++;
-  }
+  size_t chunks = recv_rest(&c);
   char msg[512];
   assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
                    GRPC_STATUS_DEADLINE_EXCEEDED);
@@ -245,6 +253,68 @@ static void test_idle_download(void **state) {
   assert_non_null(strstr(msg, "took no result data for 2 s"));
   assert_non_null(strstr(msg, "--idle-timeout"));
   assert_big_fits(&big);
+}
+
+/* Bytes beyond the declared tensors while the result streams: the server
+ * ends the call with INVALID_ARGUMENT by cancelling it (a send is in
+ * flight), and its log keeps that status and the job's figures instead
+ * of blaming the client for the cancel. */
+static void test_extra_bytes_while_streaming(void **state) {
+  (void)state;
+  ts_problem big;
+  big_problem(&big);
+  const char *logged = "path=native worker=cg-worker-0 "
+                       "status=INVALID_ARGUMENT "
+                       "msg=\"chunk.data: 10 bytes beyond the declared";
+  int before = ts_server_log_count(&srv, logged);
+  ts_call c;
+  send_request(&c, ch, &big, SIZE_MAX);
+  recv_some(&c, 3);
+  static const uint8_t extra[10];
+  Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
+  dc.input = 1;
+  dc.data.data = (uint8_t *)extra;
+  dc.data.len = sizeof extra;
+  Convgrad__V1__ComputeRequest m = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  m.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+  m.chunk = &dc;
+  assert_int_equal(ts_call_send_msg(&c, &m.base), 0);
+  wait_log(logged, before + 1);
+  recv_rest(&c);
+  char msg[512];
+  assert_int_equal(ts_call_finish(&c, msg, sizeof msg),
+                   GRPC_STATUS_INVALID_ARGUMENT);
+  ts_call_free(&c);
+  assert_non_null(strstr(msg, "10 bytes beyond the declared tensors"));
+  assert_big_fits(&big);
+}
+
+/* Calls still uploading hold their place in the queue: with one worker
+ * and --queue-depth 2, three calls that sent only their header leave no
+ * room, and a fourth is refused at its header, not after its upload. Once
+ * they go, their places come back. */
+static void test_uploads_hold_queue_places(void **state) {
+  (void)state;
+  int admitted = ts_server_log_count(&srv, "admitted");
+  int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
+  ts_call up[3];
+  for (int i = 0; i < 3; i++)
+    send_request(&up[i], ch, &small, 0);
+  wait_log("admitted", admitted + 3);
+  const void *data[2] = {small.in[0], small.in[1]};
+  size_t len[2] = {small.g.in_bytes[0], small.g.in_bytes[1]};
+  ts_result r;
+  assert_int_equal(ts_compute(ch, &small.header, data, len, NULL, &r), 0);
+  assert_int_equal(r.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(r.msg, "queue full"));
+  ts_result_free(&r);
+  assert_int_equal(ts_server_log_count(&srv, "admitted"), admitted + 3);
+  for (int i = 0; i < 3; i++) {
+    ts_call_cancel(&up[i]);
+    ts_call_free(&up[i]);
+  }
+  wait_log("status=CANCELLED", cancelled + 3);
+  assert_healthy();
 }
 
 /* A client that goes away in the middle of its upload. */
@@ -273,6 +343,8 @@ int main(void) {
       cmocka_unit_test(test_deadline_while_queued_and_queue_full),
       cmocka_unit_test(test_cancel_while_streaming),
       cmocka_unit_test(test_cancel_while_uploading),
+      cmocka_unit_test(test_extra_bytes_while_streaming),
+      cmocka_unit_test(test_uploads_hold_queue_places),
       cmocka_unit_test(test_idle_upload),
       cmocka_unit_test(test_idle_download),
   };

@@ -326,6 +326,12 @@ static void test_limits(void **state) {
   assert_int_equal(send_raw(m, 1, 1, "--max-request-bytes"),
                    GRPC_STATUS_RESOURCE_EXHAUSTED);
   free_raws(m, 1);
+  /* The log names what was refused. */
+  assert_int_equal(ts_server_wait_log(&srv,
+                                      "op=ConvolutionBackwardData dtype=f32 "
+                                      "in=1x4x600x600,",
+                                      1, 10000),
+                   0);
   ts_problem_free(&big);
 
   d.is[0] = d.is[1] = 400; /* 2.56 MB in + 2.56 MB out: 5.1 MB */

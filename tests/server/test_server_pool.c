@@ -1,6 +1,8 @@
 /* test_server_pool.c - unit tests of the worker pool (server/pool.c): a
- * job submitted from a core wakes the idle worker pinned to that core, and
- * a burst of jobs through a small queue all run correctly and come back. */
+ * job submitted from a core wakes the idle worker pinned to that core; at
+ * most workers + queue-depth places are held, and a finished job gives its
+ * place back; a burst of jobs through a small queue all run correctly and
+ * come back. */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -113,7 +115,8 @@ static void test_wakes_the_worker_on_this_core(void **state) {
     assert_int_equal(pin_to(cpu), 0);
     job_init(f, 0);
     int done = f->done;
-    assert_int_equal(cgs_pool_submit(f->pool, &f->jobs[0]), 0);
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+    cgs_pool_submit(f->pool, &f->jobs[0]);
     wait_done(f, done + 1);
     assert_int_equal(f->jobs[0].rc, 0);
     /* worker i is pinned to --cpus entry i */
@@ -126,16 +129,29 @@ static void test_wakes_the_worker_on_this_core(void **state) {
 static void test_burst_runs_every_job(void **state) {
   fixture *f = *state;
   wait_idle(f);
-  int done = f->done, queued = 0;
-  /* Two run at once and three may wait (--queue-depth 3): submit as
-   * fast as the queue takes them, running the loop while it is full. */
+  int done = f->done;
+  /* Two run at once and three may wait (--queue-depth 3): five places.
+   * Hold them all, check that a sixth is refused, then submit as fast as
+   * places come back, running the loop while none is free. */
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  assert_int_equal(cgs_pool_reserve(f->pool), CG_ELIMIT);
+  cgs_pool_unreserve(f->pool); /* one given back unused */
+  assert_int_equal(cgs_pool_reserve(f->pool), 0);
   for (int i = 0; i < NJOBS; i++) {
     job_init(f, i);
-    while (cgs_pool_submit(f->pool, &f->jobs[i]) == CG_ELIMIT)
-      uv_run(&f->loop, UV_RUN_ONCE);
-    queued++;
+    if (i >= 5)
+      while (cgs_pool_reserve(f->pool) == CG_ELIMIT)
+        uv_run(&f->loop, UV_RUN_ONCE);
+    cgs_pool_submit(f->pool, &f->jobs[i]);
   }
-  wait_done(f, done + queued);
+  wait_done(f, done + NJOBS);
+  /* Every place has come back. */
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  assert_int_equal(cgs_pool_reserve(f->pool), CG_ELIMIT);
+  for (int i = 0; i < 5; i++)
+    cgs_pool_unreserve(f->pool);
   for (int i = 0; i < NJOBS; i++) {
     assert_int_equal(f->jobs[i].rc, 0);
     assert_int_equal(ts_problem_check(&f->tp, f->out[i]), 0);

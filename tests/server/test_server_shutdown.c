@@ -122,13 +122,19 @@ static void test_grace_period_runs_out(void **state) {
   assert_int_equal(kill(srv.pid, SIGTERM), 0);
   ts_bg_join(&a);
   ts_bg_join(&b);
-  /* Cut off: the running one is discarded, the queued one never runs. */
-  assert_int_not_equal(a.code, GRPC_STATUS_OK);
-  assert_int_not_equal(b.code, GRPC_STATUS_OK);
+  /* Cut off: the running one is discarded, the queued one never runs;
+   * both are told to retry elsewhere, and the log does not blame their
+   * clients for the server's cancel. */
+  assert_int_equal(a.code, GRPC_STATUS_UNAVAILABLE);
+  assert_int_equal(b.code, GRPC_STATUS_UNAVAILABLE);
   assert_true(ts_now_ms() - t0 < took);
   grpc_channel_destroy(ch);
   assert_int_equal(ts_server_stop(&srv, 0, 30000), 0);
   assert_int_equal(ts_server_log_count(&srv, "grace period over"), 1);
+  assert_int_equal(ts_server_log_count(&srv, "status=UNAVAILABLE msg=\"server "
+                                             "shut down before the request"),
+                   2);
+  assert_int_equal(ts_server_log_count(&srv, "cancelled by the client"), 0);
   ts_problem_free(&slow);
 }
 
