@@ -313,11 +313,14 @@ int cgc_channel_new(cgc_channel **out, const char *target,
        {.integer = (int)ch->opts.max_message_bytes}},
       /* gRPC's own reconnect backoff starts at 1 s and grows to 120 s;
        * bounding it by our retry backoff lets a server that starts late be
-       * reached by the retries of the call that is waiting for it. */
+       * reached by the retries of the call that is waiting for it.
+       * GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays at its default: it is the
+       * time a connection attempt may take (20 s), and at 100 ms a server
+       * that answered its handshake late (a loaded machine, a TLS peer
+       * far away) was never reached ("tcp handshaker shutdown"). */
       {GRPC_ARG_INTEGER,
        GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
        {.integer = 100}},
-      {GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 100}},
       {GRPC_ARG_INTEGER,
        GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
        {.integer = reconnect_max}},

@@ -1,9 +1,11 @@
 /* test_net_e2e.c - retries and balancing against real server processes:
  * a call (and `convgrad smoke --wait`) issued before the server exists
  * succeeds once it starts; a server that never starts gives UNAVAILABLE
- * within the deadline; round_robin over two servers sends calls to both
- * (counted in each server's per-request log). */
+ * within the deadline; a server slow to answer its handshake is still
+ * reached; round_robin over two servers sends calls to both (counted in
+ * each server's per-request log). */
 #include <pthread.h>
+#include <signal.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,6 +107,30 @@ static void test_retry_until_server_starts(void **state) {
   assert_non_null(strstr(r.out, "passed"));
 }
 
+/* A server that answers its connection handshake late (stopped for
+ * 600 ms while the CLI connects: the kernel accepts the TCP connection,
+ * the HTTP/2 handshake waits) is still reached by the first attempt's
+ * connection. With a 100 ms connect timeout it never was. */
+static void test_slow_handshake_still_connects(void **state) {
+  (void)state;
+  th_server srv;
+  assert_int_equal(th_server_start(&srv, server_exe, 0, NULL), 0);
+  char target[64], so[128], se[128];
+  snprintf(target, sizeof target, "--target=127.0.0.1:%d", srv.port);
+  assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+  const char *argv[] = {cli_exe, "health", target, NULL};
+  pid_t health = th_spawn(argv, so, se);
+  assert_true(health > 0);
+  usleep(600 * 1000);
+  assert_int_equal(kill(srv.pid, SIGCONT), 0);
+  th_run r;
+  th_collect(health, 60, so, se, &r);
+  th_server_stop(&srv);
+  if (r.code != 0)
+    fail_msg("health exit %d: %s%s", r.code, r.out, r.err);
+  assert_non_null(strstr(r.out, "SERVING"));
+}
+
 static void test_unavailable_within_deadline(void **state) {
   (void)state;
   int port = th_free_port();
@@ -187,6 +213,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_retry_until_server_starts),
       cmocka_unit_test(test_unavailable_within_deadline),
+      cmocka_unit_test(test_slow_handshake_still_connects),
       cmocka_unit_test(test_round_robin_host_list),
       cmocka_unit_test(test_round_robin_ipv4_scheme),
   };
