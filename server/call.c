@@ -529,11 +529,20 @@ void cgs_call_job_done(cgs_job *job, void *data) {
 static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
   cgs_server *s = c->s;
   uint64_t max = s->cfg->max_inflight_bytes;
-  if (bytes > max || s->inflight_bytes > max - bytes) {
+  if (bytes > max - c->reserved) {
+    /* Even an idle server cannot take it: retrying cannot help. */
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "%s: needs %" PRIu64 " bytes but %" PRIu64 " of %" PRIu64
-           " are in flight (--max-inflight-bytes); retry later",
-           what, bytes, s->inflight_bytes, max);
+           "%s: the request needs %" PRIu64 " bytes in all, more than the "
+           "whole in-flight budget %" PRIu64
+           " (--max-inflight-bytes); it cannot run on this server",
+           what, c->reserved + bytes, max);
+    return -1;
+  }
+  if (s->inflight_bytes > max - bytes) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "%s: needs %" PRIu64 " bytes but other requests hold %" PRIu64
+           " of %" PRIu64 " (--max-inflight-bytes); retry later",
+           what, bytes, s->inflight_bytes - c->reserved, max);
     return -1;
   }
   s->inflight_bytes += bytes;
@@ -575,7 +584,7 @@ static int resolve(cgs_call *c) {
   if (c->geom.out_elems > max) {
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
            "%s: %zu elements exceed the limit %" PRIu64
-           " (--max-tensor-elements)",
+           " (--max-tensor-elements); it cannot run on this server",
            cg_op_output_name(c->geom.op), c->geom.out_elems, max);
     return -1;
   }

@@ -21,6 +21,8 @@
 /* Largest response chunk we send, whatever the client asks for: stays
  * under gRPC's default 4 MiB receive limit with room for framing. */
 #define CGS_MAX_CHUNK_BYTES (4u * 1024 * 1024 - 1024)
+/* Smallest a client may ask for: the floor of --chunk-bytes too. */
+#define CGS_MIN_CHUNK_BYTES 1024u
 
 typedef struct cgs_header_info {
   cg_problem prob;    /* its lists point into the header: keep it alive */

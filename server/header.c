@@ -73,7 +73,7 @@ static int tensor_size(refusal *r, int i, const Convgrad__V1__Tensor *t,
   if (elems > max) {
     refuse(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
            "inputs[%d]: %" PRIu64 " elements exceed the limit %" PRIu64
-           " (--max-tensor-elements)",
+           " (--max-tensor-elements); it cannot run on this server",
            i, elems, max);
     return -1;
   }
@@ -227,7 +227,7 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
   if (total > cfg->max_request_bytes) {
     refuse(&r, GRPC_STATUS_RESOURCE_EXHAUSTED,
            "inputs: %" PRIu64 " bytes exceed the limit %" PRIu64
-           " (--max-request-bytes)",
+           " (--max-request-bytes); it cannot run on this server",
            total, cfg->max_request_bytes);
     return -1;
   }
@@ -261,6 +261,14 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
   for (int i = 0; i < 2; i++)
     p->input_dims[i] = ints(h->inputs[i]->shape, h->inputs[i]->n_shape);
 
+  if (h->response_chunk_bytes && h->response_chunk_bytes < CGS_MIN_CHUNK_BYTES) {
+    /* One message per few bytes would hold the call's memory for hours. */
+    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.response_chunk_bytes: must be 0 (the server's default) or "
+           "at least %u, got %u",
+           CGS_MIN_CHUNK_BYTES, h->response_chunk_bytes);
+    return -1;
+  }
   info->chunk_bytes = h->response_chunk_bytes ? h->response_chunk_bytes
                                               : (size_t)cfg->chunk_bytes;
   if (info->chunk_bytes > CGS_MAX_CHUNK_BYTES)

@@ -49,6 +49,12 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
                      "upload_chunk_bytes: %zu does not fit max_message_bytes "
                      "%lld",
                      o->upload_chunk_bytes, (long long)o->max_message_bytes);
+  /* The server refuses smaller ones (one message per few bytes). */
+  if (o->download_chunk_bytes != 0 && o->download_chunk_bytes < 1024)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "download_chunk_bytes: must be 0 (the server's default) "
+                     "or at least 1024, got %u",
+                     o->download_chunk_bytes);
   if (o->retries < 0 || o->backoff_initial_ms < 0 || o->backoff_max_ms < 0 ||
       o->backoff_multiplier < 1.0)
     return cg_errorf(err, errlen, CG_EINVAL,

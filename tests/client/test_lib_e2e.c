@@ -380,6 +380,12 @@ static void test_targets_and_options(void **state) {
   o.upload_chunk_bytes = (size_t)o.max_message_bytes;
   assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
                    CG_EINVAL);
+  cgc_options_init(&o);
+  o.download_chunk_bytes = 1023;
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
+                   CG_EINVAL);
+  assert_string_equal(err, "download_chunk_bytes: must be 0 (the server's "
+                           "default) or at least 1024, got 1023");
 }
 
 /* These were passed to gRPC, which accepted them and failed every call

@@ -334,6 +334,22 @@ static void test_limits(void **state) {
                    0);
   ts_problem_free(&big);
 
+  /* 1.96 MB in, but 7.84 MB out: 9.8 MB could never fit the whole 8M
+   * budget, which the message says instead of "retry later". */
+  ts_desc wide = d;
+  wide.is[0] = wide.is[1] = 700;
+  wide.stride = 2;
+  ts_problem never;
+  assert_int_equal(ts_problem_init(&never, &wide), 0);
+  raw n1[1] = {header_msg(&never.header)};
+  assert_int_equal(send_raw(n1, 1, 1,
+                            "more than the whole in-flight budget 8388608 "
+                            "(--max-inflight-bytes); it cannot run on this "
+                            "server"),
+                   GRPC_STATUS_RESOURCE_EXHAUSTED);
+  free_raws(n1, 1);
+  ts_problem_free(&never);
+
   d.is[0] = d.is[1] = 400; /* 2.56 MB in + 2.56 MB out: 5.1 MB */
   ts_problem mid;
   assert_int_equal(ts_problem_init(&mid, &d), 0);
@@ -350,7 +366,9 @@ static void test_limits(void **state) {
   }
   assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
   raw one[1] = {h};
-  send_raw(one, 1, 1, "--max-inflight-bytes");
+  /* Only the held call counts as others', not this call's own inputs. */
+  send_raw(one, 1, 1, "needs 2560000 bytes but other requests hold 5120064 "
+                      "of 8388608 (--max-inflight-bytes); retry later");
   /* Release the first reservation by cancelling; then it fits again. */
   ts_call_cancel(&hold);
   ts_call_free(&hold);

@@ -287,6 +287,13 @@ static void test_response_chunk_bytes(void **state) {
   x.h.response_chunk_bytes = UINT32_MAX; /* clamped under gRPC's 4 MiB */
   expect_accepted(&x, &info);
   assert_int_equal(info.chunk_bytes, CGS_MAX_CHUNK_BYTES);
+  x.h.response_chunk_bytes = 1024;
+  expect_accepted(&x, &info);
+  assert_int_equal(info.chunk_bytes, 1024);
+  x.h.response_chunk_bytes = 1023;
+  expect_refused(&x, GRPC_STATUS_INVALID_ARGUMENT,
+                 "header.response_chunk_bytes: must be 0 (the server's "
+                 "default) or at least 1024, got 1023");
 }
 
 int main(void) {

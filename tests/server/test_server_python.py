@@ -151,7 +151,7 @@ def main():
             inputs=[pb.Tensor(dtype=pb.F32, shape=list(dy.shape),
                               data=dy.tobytes()[:100]),
                     pb.Tensor(dtype=pb.F32, shape=list(w.shape))],
-            response_chunk_bytes=1000)
+            response_chunk_bytes=1024)
 
         def requests():
             yield pb.ComputeRequest(header=header)
@@ -162,10 +162,10 @@ def main():
             yield pb.ComputeRequest(chunk=pb.DataChunk(input=1,
                                                        data=w.tobytes()))
 
-        # Chunked (1000-byte chunks), then whole in header.data: the
+        # Chunked (1024-byte chunks), then whole in header.data: the
         # result is 4752 bytes, under both 64 KiB and 8192.
         want = conv_bwd_data_ref(dy, w, groups, s, p, d, (ih, iw))
-        for chunk_bytes, nmsgs in ((1000, 6), (8192, 1)):
+        for chunk_bytes, nmsgs in ((1024, 6), (8192, 1)):
             header.response_chunk_bytes = chunk_bytes
             msgs = list(stub.Compute(requests(), timeout=30))
             assert len(msgs) == nmsgs, (chunk_bytes, len(msgs))

@@ -75,7 +75,8 @@ typedef struct cgc_options {
    * Keep it below the server's receive cap (gRPC's default: 4 MiB) minus
    * a few KiB of framing. */
   size_t upload_chunk_bytes; /* default 1 MiB; 0 = default */
-  /* Largest response chunk asked of the server; 0 = server default. */
+  /* Largest response chunk asked of the server; 0 = server default,
+   * else at least 1024. */
   uint32_t download_chunk_bytes;
   /* Largest result this client accepts (checked before allocating). */
   uint64_t max_output_bytes; /* default 4 GiB */
