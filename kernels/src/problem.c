@@ -1,5 +1,5 @@
 /* problem.c - validation and shape inference of a cg_problem into a
- * cg_geom, following shared/spec/SEMANTICS.md, and the layout stride
+ * cg_geom, following proto/SEMANTICS.md, and the layout stride
  * helpers. Owns every rule about which shapes and attributes are legal.
  *
  * Every dim and attribute value is capped at CG_MAX_DIM (< 2^31) before any

@@ -4,7 +4,7 @@
  * A cg_problem is what a caller asked for: the op, its attributes as given
  * (lists may be empty, meaning "default"), and the dims of the input
  * tensors. cg_problem_resolve() checks all of it against the rules in
- * shared/spec/SEMANTICS.md and produces a cg_geom: the fully resolved
+ * proto/SEMANTICS.md and produces a cg_geom: the fully resolved
  * geometry (every pad, stride and output dim known) that the reference and
  * the oneDNN engine consume. Nothing here allocates; every pointer in a
  * cg_problem is borrowed from the caller for the duration of the call. */
