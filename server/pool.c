@@ -129,9 +129,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&p->mu);
 
     run_job(w, engine, job);
-    pthread_mutex_lock(&p->mu);
-    p->admitted--;
-    pthread_mutex_unlock(&p->mu);
+    cgs_pool_unreserve(p); /* the job's place */
     deliver(p, job);
   }
   cg_engine_free(engine);
