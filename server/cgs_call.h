@@ -1,13 +1,18 @@
 /* cgs_call.h - the Compute call: one bidirectional stream from header to
  * status, driven by completion-queue tags, worker results and a deadline
- * timer, all on the loop thread.
+ * timer.
  *
- * States: RECV_HEADER -> RECV_DATA -> QUEUED -> RUNNING -> SENDING -> DONE.
- * Any state may end early with an error status (sent once) or because the
- * client cancelled / the deadline passed; the object is freed in one place
- * once grpc has no operation pending, the worker has returned the job and
- * the timer handle is closed. Its in-flight bytes are reserved from the
- * header on and released when it is freed. */
+ * States: RECV_HEADER -> RECV_DATA -> QUEUED (waiting for a worker or
+ * running) -> SENDING -> DONE. Any state may end early with an error status
+ * (sent once) or because the client cancelled / the deadline passed; the
+ * object is freed in one place once grpc has no operation pending, the
+ * worker has returned the job and the timer handle is closed. Its in-flight
+ * bytes are reserved from the header on and released when it is freed.
+ *
+ * Threads: the functions below run on the loop thread. Inside call.c the
+ * data chunks in the middle of an upload or a result are handled on the
+ * completion-queue thread (the tags' fast callbacks); every handler, on
+ * either thread, holds the call's mutex. */
 #ifndef CGS_CALL_H
 #define CGS_CALL_H
 

@@ -15,6 +15,7 @@
 #define CGS_SERVER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,7 +86,10 @@ struct cgs_server {
   int draining;
   int stopped_accepting; /* grpc_server_shutdown_and_notify was called */
   int grace_expired;
-  int cq_closed; /* grpc_completion_queue_shutdown was called */
+  /* grpc_completion_queue_shutdown was called. Written by the loop thread,
+   * read by cgs_rpc_batch on both threads (the fast paths run it on the
+   * completion-queue thread). */
+  atomic_int cq_closed;
   int torn_down;
   uv_timer_t grace_timer;
   cgs_tag shutdown_tag;

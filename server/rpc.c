@@ -46,7 +46,7 @@ grpc_call_error cgs_rpc_batch(cgs_server *s, grpc_call *call,
                               const grpc_op *ops, size_t n, cgs_tag *tag) {
   /* grpc's shutdown notification does not wait for calls to be released,
    * only for them to be over; after it no batch may touch the queue. */
-  if (s->cq_closed)
+  if (atomic_load(&s->cq_closed))
     return GRPC_CALL_ERROR_COMPLETION_QUEUE_SHUTDOWN;
   grpc_call_error e = grpc_call_start_batch(call, ops, n, tag, NULL);
   if (e != GRPC_CALL_OK)
@@ -290,7 +290,7 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
   (void)ok;
   cgs_info("all calls finished; stopping");
   uv_timer_stop(&s->grace_timer);
-  s->cq_closed = 1;
+  atomic_store(&s->cq_closed, 1);
   grpc_completion_queue_shutdown(s->cq);
 }
 

@@ -1,7 +1,7 @@
 /* bdesc.c - oneDNN benchdnn convolution/deconvolution descriptors: the
- * parser (benchdnn's str2desc + sanitize_desc + init_pad_r rules, see
- * shared/reference/benchdnn-problems.md) and the mapping of a descriptor to
- * a cg_problem for each gradient op. */
+ * parser (benchdnn's str2desc + sanitize_desc + init_pad_r rules, as
+ * described in oneDNN's tests/benchdnn/doc/knobs_desc.md) and the mapping of
+ * a descriptor to a cg_problem for each gradient op. */
 #include <inttypes.h>
 #include <string.h>
 

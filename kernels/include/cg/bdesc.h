@@ -3,7 +3,8 @@
  * 3D "id/kd/pd") and their mapping to the four gradient ops.
  *
  * Used by the benchmarks and `convgrad bench`. The descriptor rules are
- * those of benchdnn's str2desc (shared/reference/benchdnn-problems.md):
+ * those of benchdnn's str2desc (oneDNN's tests/benchdnn/doc/knobs_desc.md;
+ * tests/data/benchdnn-problems.json holds oneDNN's lists, parsed):
  * defaults mb2 g1 s1 d0 p0, missing output sizes derived, end padding
  * derived and clamped at 0. No allocation; thread-safe. */
 #ifndef CG_BDESC_H
