@@ -24,6 +24,7 @@
 
 #include "cg/error.h"
 #include "cg/problem.h"
+#include "cg/text.h"
 #include "cgs_buf.h"
 #include "cgs_header.h"
 #include "cgs_log.h"
@@ -136,13 +137,6 @@ static void outbuf_unref(void *p) {
   }
 }
 
-static void format_dims(char *buf, size_t len, const int64_t *d, size_t n) {
-  size_t k = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; i < n && k < len; i++)
-    k += (size_t)snprintf(buf + k, len - k, "%s%" PRId64, i ? "x" : "", d[i]);
-}
-
 /* ---- end of a call ---------------------------------------------------- */
 
 static double ms_between(uint64_t from, uint64_t to) {
@@ -151,9 +145,14 @@ static double ms_between(uint64_t from, uint64_t to) {
 
 static void log_call(cgs_call *c) {
   double total_ms = ms_between(c->t_start, uv_hrtime());
-  char out[64] = "-";
-  if (c->resolved)
-    format_dims(out, sizeof out, c->geom.out_dims, (size_t)c->geom.in_rank);
+  char out[64] = "-", peer[128], msg[2 * sizeof c->msg];
+  if (c->resolved) {
+    cg_text t;
+    cg_text_init(&t, out, sizeof out);
+    cg_text_dims(&t, c->geom.out_dims, (size_t)c->geom.in_rank);
+  }
+  cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
+  cgs_log_value(msg, sizeof msg, c->msg);
   /* A job can have run for a call that then failed (a cancel while
    * sending, say): its figures are still true. */
   int computed = c->job_picked && c->job.rc == 0;
@@ -161,8 +160,8 @@ static void log_call(cgs_call *c) {
           "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
           "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
           "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
-          "status=%s%s%s%s",
-          c->id, c->peer ? c->peer : "?",
+          "status=%s%s%s",
+          c->id, peer,
           c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
           c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
@@ -174,8 +173,8 @@ static void log_call(cgs_call *c) {
               ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
               : "-",
           c->job_picked ? c->worker : "-",
-          cgs_status_name(c->status), c->msg[0] ? " msg=\"" : "", c->msg,
-          c->msg[0] ? "\"" : "");
+          cgs_status_name(c->status), c->msg[0] ? " msg=" : "",
+          c->msg[0] ? msg : "");
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -625,14 +624,13 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
   cgs_header_info info;
   grpc_status_code code;
   char msg[sizeof c->msg];
-  /* The log names what was asked for, refused or not. */
-  size_t k = 0;
-  for (size_t i = 0; i < 2 && i < h->n_inputs && k < sizeof c->shapes; i++) {
-    if (i)
-      c->shapes[k++] = ',';
-    format_dims(c->shapes + k, sizeof c->shapes - k, h->inputs[i]->shape,
-                h->inputs[i]->n_shape);
-    k = strlen(c->shapes);
+  /* The log names what was asked for, refused or not: the shapes are
+   * not checked yet and may be of any length. */
+  cg_text shapes;
+  cg_text_init(&shapes, c->shapes, sizeof c->shapes);
+  for (size_t i = 0; i < 2 && i < h->n_inputs; i++) {
+    cg_text_appendf(&shapes, "%s", i ? "," : "");
+    cg_text_dims(&shapes, h->inputs[i]->shape, h->inputs[i]->n_shape);
   }
   if (cgs_header_check(h, c->s->cfg, &info, &code, msg, sizeof msg) != 0) {
     c->prob.op = info.prob.op;
@@ -1007,7 +1005,11 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   c->tag_send_failed.cb = on_send_failed;
   c->tag_close.cb = on_close;
   c->st = ST_RECV_HEADER;
-  cgs_debug("compute id=%" PRIu64 " started, peer %s", c->id, c->peer);
+  if (cgs_log_enabled(CGS_LOG_DEBUG)) {
+    char peer[128];
+    cgs_log_value(peer, sizeof peer, c->peer);
+    cgs_debug("compute id=%" PRIu64 " started, peer %s", c->id, peer);
+  }
   uv_timer_init(s->loop, &c->timer);
   c->timer.data = c;
   c->next = s->calls;

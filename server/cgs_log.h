@@ -7,6 +7,8 @@
 #ifndef CGS_LOG_H
 #define CGS_LOG_H
 
+#include <stddef.h>
+
 typedef enum {
   CGS_LOG_ERROR = 0,
   CGS_LOG_WARN = 1,
@@ -22,6 +24,14 @@ int cgs_log_enabled(cgs_log_level level);
 int cgs_log_level_parse(const char *name, cgs_log_level *out);
 const char *cgs_log_level_name(cgs_log_level level);
 
+/* Writes s into dst[cap] as a log value: as it is when that is safe, else
+ * between double quotes with quotes, backslashes and non-printable bytes
+ * escaped (cut with "..." to fit). Every client-controlled string (paths,
+ * peers, names, messages) goes through here before reaching a log line,
+ * so a client can neither end a record nor forge a key=value in it. */
+void cgs_log_value(char *dst, size_t cap, const char *s);
+
+/* Control bytes that still reach a line are written as \xNN. */
 void cgs_log(cgs_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cg/text.h"
+
 typedef enum {
   OPT_STRING, /* char[] field */
   OPT_UINT,   /* unsigned field */
@@ -338,10 +340,11 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
 }
 
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len) {
-  size_t n = 0;
-  snprintf(buf, len, "%s", l->n ? "" : "any");
-  for (unsigned i = 0; i < l->n && n < len; i++)
-    n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? "," : "", l->cpu[i]);
+  cg_text t;
+  cg_text_init(&t, buf, len);
+  cg_text_appendf(&t, "%s", l->n ? "" : "any");
+  for (unsigned i = 0; i < l->n; i++)
+    cg_text_appendf(&t, "%s%d", i ? "," : "", l->cpu[i]);
 }
 
 void cgs_config_usage(FILE *out, const char *argv0) {

@@ -195,7 +195,9 @@ static void on_watch_recv(cgs_tag *t, int ok) {
   if (service) {
     w->known = known_service(service);
     w->started = 1;
-    cgs_debug("health watch started (service '%.100s')", service);
+    char logged[128];
+    cgs_log_value(logged, sizeof logged, service);
+    cgs_debug("health watch started (service %s)", logged);
     free(service);
   } else if (!w->end_wanted) {
     w->end_wanted = 1;

@@ -1,10 +1,13 @@
-/* log.c - owns the server's log level and the formatting of log lines. */
+/* log.c - owns the server's log level and the formatting of log lines:
+ * one record per line, whatever a client sends. */
 #include "cgs_log.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+
+#include "cg/text.h"
 
 static cgs_log_level log_level = CGS_LOG_INFO;
 
@@ -30,6 +33,36 @@ const char *cgs_log_level_name(cgs_log_level level) {
   return level_names[level];
 }
 
+/* 1 when s can stand as a log value without quotes: printable ASCII that
+ * cannot be read as a separator, a quote or a second key=value. */
+static int bare(const char *s) {
+  if (!*s)
+    return 0;
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+    if (*p <= 0x20 || *p >= 0x7f || *p == '"' || *p == '\\' || *p == '=')
+      return 0;
+  return 1;
+}
+
+void cgs_log_value(char *dst, size_t cap, const char *s) {
+  cg_text t;
+  if (bare(s)) {
+    cg_text_init(&t, dst, cap);
+    cg_text_append(&t, s, strlen(s));
+    return;
+  }
+  if (cap < 3) {
+    cg_text_init(&t, dst, cap);
+    return;
+  }
+  /* The closing quote has its byte kept back, so a cut keeps it. */
+  dst[0] = '"';
+  cg_text_init(&t, dst + 1, cap - 2);
+  cg_text_escaped(&t, s, strlen(s));
+  dst[1 + t.len] = '"';
+  dst[2 + t.len] = '\0';
+}
+
 void cgs_log(cgs_log_level level, const char *fmt, ...) {
   if (!cgs_log_enabled(level))
     return;
@@ -44,15 +77,26 @@ void cgs_log(cgs_log_level level, const char *fmt, ...) {
                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
                    tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L,
                    level_names[level]);
+  char msg[sizeof line];
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  size_t len = (size_t)n;
-  if (m > 0)
-    len += (size_t)m < sizeof line - (size_t)n - 1
-               ? (size_t)m
-               : sizeof line - (size_t)n - 2; /* truncated */
+  /* Values from clients are quoted by the callers (cgs_log_value); this
+   * is the backstop that keeps every record on one line whatever reached
+   * the format. */
+  cg_text t;
+  cg_text_init(&t, line + n, sizeof line - (size_t)n - 1);
+  for (const char *p = msg; *p;) {
+    size_t run = 0;
+    while (p[run] && (unsigned char)p[run] >= 0x20 && p[run] != 0x7f)
+      run++;
+    cg_text_append(&t, p, run);
+    p += run;
+    if (*p)
+      cg_text_escaped(&t, p++, 1);
+  }
+  size_t len = (size_t)n + t.len;
   line[len++] = '\n';
   fwrite(line, 1, len, stderr);
 }

@@ -174,10 +174,11 @@ static void on_slot(cgs_tag *t, int ok) {
       cgs_health_watch(s->health, sl->call);
       break;
     default: {
-      char msg[300];
+      char msg[300], logged[300];
       char *method = grpc_slice_to_c_string(sl->details.method);
       snprintf(msg, sizeof msg, "unknown method %s", method);
-      cgs_info("unary method=%s status=UNIMPLEMENTED", method);
+      cgs_log_value(logged, sizeof logged, method);
+      cgs_info("unary method=%s status=UNIMPLEMENTED", logged);
       gpr_free(method);
       cgs_rpc_reply(s, sl->call, NULL, GRPC_STATUS_UNIMPLEMENTED, msg);
       break;

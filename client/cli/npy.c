@@ -9,6 +9,8 @@
 
 #include "npy.h"
 
+#include "cg/text.h"
+
 static const char cgc__npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
 /* Step by which the data buffer of a pipe grows. */
@@ -198,13 +200,12 @@ int cgc_npy_write(const char *path, cg_dtype dtype, int rank,
                       : dtype == CG_DTYPE_BF16 ? "<u2"
                                                : NULL;
   char dict[256], shape[160];
-  size_t sl = 0;
   if (!descr || rank < 0 || rank > CGC_NPY_MAX_RANK)
     return cg_errorf(err, errlen, CG_EINVAL, "%s: unsupported array", path);
-  shape[0] = '\0';
-  for (int i = 0; i < rank && sl < sizeof shape; i++)
-    sl += (size_t)snprintf(shape + sl, sizeof shape - sl, "%s%lld",
-                           i ? ", " : "", (long long)dims[i]);
+  cg_text t;
+  cg_text_init(&t, shape, sizeof shape);
+  for (int i = 0; i < rank; i++)
+    cg_text_appendf(&t, "%s%lld", i ? ", " : "", (long long)dims[i]);
   /* Python writes a 1-tuple with a trailing comma. */
   const char *comma = rank == 1 ? "," : "";
   int dl =

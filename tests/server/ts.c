@@ -692,16 +692,24 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
     grpc_status_code code = r.code;
     ts_result_free(&r);
     if (code != GRPC_STATUS_OK) {
-      fprintf(stderr, "ts_problem_slow: status %d\n", code);
+      fprintf(stderr, "ts_problem_slow: mb %lld: status %d: %s\n",
+              (long long)d.mb, code, r.msg);
       return -1;
     }
-    if (*took >= min_ms || d.mb >= 512)
+    /* Past mb 256 the inputs (103 MB) would crowd the tests' in-flight
+     * budgets: a fast machine gets a bigger kernel instead. */
+    if (*took >= min_ms || d.ks[0] >= 11)
       break;
     ts_problem_free(tp);
-    d.mb *= 2;
+    if (d.mb < 256) {
+      d.mb *= 2;
+    } else {
+      d.ks[0] = d.ks[1] = d.ks[0] + 2;
+      d.pad++;
+    }
   }
-  fprintf(stderr, "  slow problem: mb %lld, %.0f ms\n", (long long)d.mb,
-          *took);
+  fprintf(stderr, "  slow problem: mb %lld, kernel %lld, %.0f ms\n",
+          (long long)d.mb, (long long)d.ks[0], *took);
   return 0;
 }
 

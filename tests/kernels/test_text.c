@@ -1,0 +1,125 @@
+/* test_text.c - cg_text never writes past its buffer, for every buffer
+ * size, marks where it cut, and escapes what could break a log line. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cg/text.h"
+
+#define GUARD 0x5a
+
+/* Builds the shape list of the server's request log ("1x1x...,4x4") into
+ * exactly cap bytes of a guarded buffer and checks the guard. */
+static void dims_into(size_t cap, const int64_t *d, size_t n, char *expect) {
+  unsigned char *mem = malloc(cap + 16);
+  assert_non_null(mem);
+  memset(mem, GUARD, cap + 16);
+  cg_text t;
+  cg_text_init(&t, cap ? (char *)mem : NULL, cap);
+  cg_text_dims(&t, d, n);
+  cg_text_appendf(&t, ",");
+  cg_text_dims(&t, d, 2);
+  for (size_t i = cap; i < cap + 16; i++)
+    assert_int_equal(mem[i], GUARD);
+  if (cap) {
+    assert_int_equal(strlen((char *)mem), t.len);
+    assert_true(t.len < cap);
+    size_t full = strlen(expect);
+    if (full < cap) {
+      assert_false(t.cut);
+      assert_string_equal((char *)mem, expect);
+    } else {
+      assert_true(t.cut);
+      /* The kept part is the start of the text, then the marker. */
+      size_t m = strlen(CG_TEXT_CUT) < cap - 1 ? strlen(CG_TEXT_CUT) : cap - 1;
+      assert_memory_equal(mem, expect, t.len - m);
+      assert_memory_equal(mem + t.len - m, CG_TEXT_CUT, m);
+    }
+  }
+  free(mem);
+}
+
+/* The reported overflow: 80 dims of 1 print to 159 characters, so the
+ * separator landed on the last byte of a 160-byte buffer. Every size
+ * around it, and the tiny ones, must hold. */
+static void dims_every_size(void **state) {
+  (void)state;
+  int64_t d[80];
+  for (int i = 0; i < 80; i++)
+    d[i] = 1;
+  char expect[400];
+  size_t k = 0;
+  for (int i = 0; i < 80; i++)
+    k += (size_t)snprintf(expect + k, sizeof expect - k, "%s1", i ? "x" : "");
+  snprintf(expect + k, sizeof expect - k, ",1x1");
+  for (size_t cap = 0; cap <= 200; cap++)
+    dims_into(cap, d, 80, expect);
+}
+
+static void appendf_longer_than_scratch(void **state) {
+  (void)state;
+  char big[600], buf[512];
+  memset(big, 'a', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  cg_text t;
+  cg_text_init(&t, buf, sizeof buf);
+  cg_text_appendf(&t, "%s", big);
+  assert_true(t.cut);
+  assert_int_equal(strlen(buf), sizeof buf - 1);
+  assert_string_equal(buf + sizeof buf - 1 - strlen(CG_TEXT_CUT), CG_TEXT_CUT);
+  /* A 300-byte piece that fits is kept whole. */
+  cg_text_init(&t, buf, sizeof buf);
+  big[300] = '\0';
+  cg_text_appendf(&t, "<%s>", big);
+  assert_false(t.cut);
+  assert_int_equal(t.len, 302);
+  /* Nothing more goes in after a cut. */
+  cg_text_init(&t, buf, 8);
+  cg_text_appendf(&t, "0123456789");
+  cg_text_appendf(&t, "x");
+  assert_string_equal(buf, "0123...");
+}
+
+static void escapes_a_forged_line(void **state) {
+  (void)state;
+  const char path[] = "/x\n2026-11-24T00:00:00.000Z info  compute id=1 "
+                      "status=OK \"q\" \\ \x1b[2J\xc3\xa9\x7f";
+  char buf[256];
+  cg_text t;
+  cg_text_init(&t, buf, sizeof buf);
+  cg_text_escaped(&t, path, sizeof path - 1);
+  assert_false(t.cut);
+  assert_null(strchr(buf, '\n'));
+  assert_string_equal(buf, "/x\\x0a2026-11-24T00:00:00.000Z info  compute "
+                           "id=1 status=OK \\\"q\\\" \\\\ "
+                           "\\x1b[2J\\xc3\\xa9\\x7f");
+  for (size_t i = 0; i < t.len; i++)
+    assert_true(buf[i] >= 0x20 && buf[i] < 0x7f);
+  /* Cut anywhere, the text stays inside the buffer and printable. */
+  for (size_t cap = 0; cap < 24; cap++) {
+    char small[24];
+    cg_text_init(&t, cap ? small : NULL, cap);
+    cg_text_escaped(&t, "\n\n\n\n\n\n", 6);
+    if (cap) {
+      assert_true(t.len < cap);
+      assert_int_equal(strlen(small), t.len);
+      for (size_t i = 0; i < t.len; i++)
+        assert_true(small[i] >= 0x20 && small[i] < 0x7f);
+    }
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(dims_every_size),
+      cmocka_unit_test(appendf_longer_than_scratch),
+      cmocka_unit_test(escapes_a_forged_line),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
