@@ -381,6 +381,40 @@ double cgc__now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Waits until wake for the channel to come back: returns early once it
+ * turns READY after being anything else. Sleeping instead would leave the
+ * channel's reconnect attempts unpolled (gRPC drives their I/O only from
+ * threads polling a completion queue, else from its 5 s backup poller), so
+ * a restarted server was reached only after the retries ran out. A channel
+ * that was READY throughout (the server itself said UNAVAILABLE) waits the
+ * whole backoff. The completion queue is this wait's own: threads sharing
+ * the channel need no lock. */
+static void cgc__wait_for_channel(cgc_channel *ch, gpr_timespec wake) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+  grpc_connectivity_state s =
+      grpc_channel_check_connectivity_state(ch->chan, 1);
+  int was_down = s != GRPC_CHANNEL_READY;
+  while (s != GRPC_CHANNEL_SHUTDOWN) {
+    grpc_channel_watch_connectivity_state(ch->chan, s, wake, cq, NULL);
+    /* One event per watch: a change (success) or wake passing. */
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (!ev.success)
+      break;
+    /* try_to_connect: an IDLE channel (its connection lost) reconnects. */
+    s = grpc_channel_check_connectivity_state(ch->chan, 1);
+    if (s == GRPC_CHANNEL_READY && was_down)
+      break;
+    was_down |= s != GRPC_CHANNEL_READY;
+  }
+  grpc_completion_queue_shutdown(cq);
+  while (
+      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+          .type != GRPC_QUEUE_SHUTDOWN)
+    ;
+  grpc_completion_queue_destroy(cq);
+}
+
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st) {
@@ -409,7 +443,7 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                      gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
     if (gpr_time_cmp(wake, deadline) >= 0)
       break;
-    gpr_sleep_until(wake);
+    cgc__wait_for_channel(ch, wake);
     backoff *= o->backoff_multiplier;
     if (backoff > (double)o->backoff_max_ms)
       backoff = (double)o->backoff_max_ms;

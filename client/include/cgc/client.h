@@ -82,7 +82,9 @@ typedef struct cgc_options {
   uint64_t max_output_bytes; /* default 4 GiB */
   /* Retries after an UNAVAILABLE answer; each waits backoff_initial_ms,
    * then multiplied by backoff_multiplier up to backoff_max_ms, with
-   * +-20% jitter, never past the call's deadline. 0 = no retry. */
+   * +-20% jitter, never past the call's deadline; a wait ends early when
+   * the channel, down after the failure, is READY again (a restarted
+   * server is retried at once). 0 = no retry. */
   int retries;                /* default 5 */
   int64_t backoff_initial_ms; /* default 50 */
   int64_t backoff_max_ms;     /* default 2000; also caps gRPC reconnects */
