@@ -28,6 +28,7 @@
 #include "cgs_buf.h"
 #include "cgs_header.h"
 #include "cgs_log.h"
+#include "cgs_peers.h"
 #include "cgs_wire.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 
@@ -59,6 +60,7 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
+  cgs_peer *from; /* counts this call until it is freed */
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
   cgs_tag tag_recv_failed; /* the fast path could not post a receive */
@@ -90,6 +92,8 @@ struct cgs_call {
   uint64_t t_send;               /* the result header went out */
   uint64_t t_sent;               /* the last result batch completed */
   uint64_t t_progress; /* the last request message or result batch */
+  /* The --min-upload-rate window: bytes_in at its start, and its start. */
+  uint64_t rate_bytes, rate_from;
 
   /* request */
   Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
@@ -144,6 +148,13 @@ static double ms_between(uint64_t from, uint64_t to) {
 }
 
 static void log_call(cgs_call *c) {
+  /* A flood of failing calls (resets, refusals) must not flood the log:
+   * a peer's failure lines are rate-limited, and the sweep reports how
+   * many were left out. */
+  if (c->status != GRPC_STATUS_OK &&
+      c->status != GRPC_STATUS_INTERNAL &&
+      !cgs_peer_log_allowed(c->from, uv_hrtime(), c->s->cfg->peer_log_rate))
+    return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
   char out[64] = "-", peer[128], msg[2 * sizeof c->msg];
   if (c->resolved) {
@@ -191,6 +202,7 @@ static void on_timer_closed(uv_handle_t *h) {
   if (c->status_slice_set)
     grpc_slice_unref(c->status_slice);
   gpr_free(c->peer);
+  c->from->calls--;
   pthread_mutex_destroy(&c->mu);
   free(c);
   s->compute_active--;
@@ -283,10 +295,11 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
 
 static void on_timer(uv_timer_t *h);
 
-/* 1 while bytes should be moving: the request arriving, or a result batch
- * out. */
+/* 1 while bytes should be moving: the request arriving (its header
+ * included: a stream that never sends one would hold its place for as
+ * long as its deadline), or a result batch out. */
 static int moving(const cgs_call *c) {
-  return c->st == ST_RECV_DATA || c->send_pending;
+  return c->st == ST_RECV_HEADER || c->st == ST_RECV_DATA || c->send_pending;
 }
 
 /* Arms the call's one timer for what comes first: the deadline, or, while
@@ -300,6 +313,9 @@ static void arm_timer(cgs_call *c) {
   uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
   if (idle && moving(c) && c->t_progress + idle < due)
     due = c->t_progress + idle;
+  if (idle && c->s->cfg->min_upload_rate && c->st == ST_RECV_DATA &&
+      c->rate_from + idle < due)
+    due = c->rate_from + idle;
   if (due == UINT64_MAX) {
     uv_timer_stop(&c->timer);
     return;
@@ -689,6 +705,8 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   if ((c->ninputs < 3 || c->in_fill[2] == c->in_len[2]) && resolve(c) != 0)
     return;
   c->st = ST_RECV_DATA;
+  c->rate_from = uv_hrtime();
+  c->rate_bytes = c->bytes_in;
   c->cur = 0;
   while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
     c->cur++;
@@ -929,7 +947,10 @@ static void on_close(cgs_tag *t, int ok) {
 static void stalled(cgs_call *c) {
   double secs = (double)c->s->cfg->idle_timeout_ms / 1e3;
   char why[256];
-  if (c->st == ST_RECV_DATA)
+  if (c->st == ST_RECV_HEADER)
+    snprintf(why, sizeof why,
+             "no request header for %g s (--idle-timeout)", secs);
+  else if (c->st == ST_RECV_DATA)
     snprintf(why, sizeof why,
              "no request data for %g s while receiving inputs[%d] (%zu of "
              "%zu bytes) (--idle-timeout)",
@@ -950,6 +971,28 @@ static void stalled(cgs_call *c) {
   }
 }
 
+/* At the end of each --idle-timeout window of the upload: 1 when the
+ * window brought less than --min-upload-rate asks (or than the bytes
+ * still missing at its start), else 0 and the next window opens. Every
+ * message resets the idle timeout, so without this a client trickling a
+ * byte a second would hold its place and memory for ever. */
+static int slow_upload(cgs_call *c) {
+  uint64_t rate = c->s->cfg->min_upload_rate;
+  uint64_t window = c->s->cfg->idle_timeout_ms * 1000000u, now = uv_hrtime();
+  if (!rate || !window || c->st != ST_RECV_DATA ||
+      now < c->rate_from + window)
+    return 0;
+  uint64_t got = c->bytes_in - c->rate_bytes;
+  double need = (double)rate * (double)(now - c->rate_from) / 1e9;
+  if ((double)(got + bytes_missing(c)) < need)
+    need = (double)(got + bytes_missing(c));
+  if ((double)got < need)
+    return 1;
+  c->rate_from = now;
+  c->rate_bytes = c->bytes_in;
+  return 0;
+}
+
 static void on_timer(uv_timer_t *h) {
   cgs_call *c = h->data;
   pthread_mutex_lock(&c->mu);
@@ -962,6 +1005,14 @@ static void on_timer(uv_timer_t *h) {
     }
   } else if (idle && moving(c) && uv_hrtime() >= c->t_progress + idle) {
     stalled(c);
+  } else if (!c->finished && slow_upload(c)) {
+    finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
+           "inputs[%d].data: %" PRIu64 " bytes in the last %g s, below "
+           "--min-upload-rate %" PRIu64 " bytes/s (%zu of %zu bytes "
+           "received)",
+           c->cur, c->bytes_in - c->rate_bytes,
+           (double)c->s->cfg->idle_timeout_ms / 1e3,
+           c->s->cfg->min_upload_rate, c->in_fill[c->cur], c->in_len[c->cur]);
   } else {
     arm_timer(c); /* progress since it was armed */
   }
@@ -981,12 +1032,9 @@ void cgs_call_cancel_all(cgs_server *s) {
   }
 }
 
-void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                    grpc_byte_buffer *first) {
+void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
-    if (first)
-      grpc_byte_buffer_destroy(first);
     cgs_rpc_reply(s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "server out of memory");
     return;
@@ -996,6 +1044,8 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   c->id = s->next_call_id++;
   c->peer = grpc_call_get_peer(call);
   c->t_start = c->t_progress = uv_hrtime();
+  c->from = cgs_peers_get(s->peers, c->peer, c->t_start);
+  c->from->calls++;
   pthread_mutex_init(&c->mu, NULL);
   c->tag_recv.cb = on_recv;
   c->tag_recv.fast = on_recv_fast;
@@ -1035,6 +1085,15 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
            "server is shutting down; retry elsewhere");
     goto refused;
   }
+  /* Refused calls count too while they last: a peer that floods keeps
+   * itself refused, never anyone else. */
+  if (c->from->calls > s->cfg->max_calls_per_peer) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "this client address holds %u calls, at most %u are allowed "
+           "(--max-calls-per-peer); retry later",
+           c->from->calls - 1, s->cfg->max_calls_per_peer);
+    goto refused;
+  }
   gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
   if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
     int64_t ms =
@@ -1046,14 +1105,13 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     }
     c->deadline_at = c->t_start + (uint64_t)ms * 1000000u;
   }
-  take_message(c, first);
+  post_recv(c);
+  arm_timer(c);
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
   return;
 
 refused:
-  if (first)
-    grpc_byte_buffer_destroy(first);
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
 }

@@ -20,11 +20,11 @@
 
 #include "cgs_server.h"
 
-/* Takes ownership of call's reference and of first, the stream's first
- * message that grpc read with the call (NULL: the client's stream ended
- * without one); deadline as grpc reported it. */
-void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                    grpc_byte_buffer *first);
+/* Takes ownership of call's reference; deadline as grpc reported it. The
+ * call is handed over at its HTTP/2 headers, before any message, so that
+ * the per-peer limit and the idle timeout cover streams that never send
+ * one. */
+void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline);
 /* Pool completion callback (data = the cgs_server). */
 void cgs_call_job_done(cgs_job *job, void *data);
 /* Ends every live Compute call with UNAVAILABLE (grace period over, or

@@ -35,6 +35,10 @@ typedef struct cgs_config {
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
   uint64_t grace_ms;           /* drain time after SIGTERM/SIGINT */
   uint64_t idle_timeout_ms;    /* a call without progress ends; 0 = never */
+  unsigned max_calls_per_peer; /* 0 until cgs_config_finish: auto */
+  uint64_t min_upload_rate;    /* bytes/s per --idle-timeout window; 0 = off */
+  unsigned max_streams_per_connection; /* HTTP/2 concurrent streams */
+  unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
 } cgs_config;
 

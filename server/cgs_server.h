@@ -10,7 +10,7 @@
  * SIGTERM/SIGINT): stop accepting, health NOT_SERVING, in-flight calls
  * finish within cfg->grace_ms, then everything is torn down on the loop and
  * on_stopped runs; after that uv_run() returns once main closes its own
- * handles. */
+ * handles, and cgs_server_close() frees the rest. */
 #ifndef CGS_SERVER_H
 #define CGS_SERVER_H
 
@@ -23,6 +23,7 @@
 #include <uv.h>
 
 #include "cgs_config.h"
+#include "cgs_peers.h"
 #include "cgs_pool.h"
 
 #define cgs_container_of(ptr, type, member)                                    \
@@ -74,6 +75,9 @@ struct cgs_server {
 
   cgs_pool *pool;
   cgs_health *health;
+  cgs_peers *peers; /* live calls and log budgets per client address */
+  uv_timer_t housekeeping_timer;
+  uint64_t calls_ended, calls_ended_at_trim; /* Compute calls freed */
 
   /* admission accounting (loop thread) */
   uint64_t inflight_bytes; /* reserved by live Compute calls */
@@ -105,6 +109,9 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
                      size_t errlen);
 /* Begins graceful shutdown; idempotent. Loop thread only. */
 void cgs_server_drain(cgs_server *s);
+/* Frees what outlives the loop run (every call object is freed by then).
+ * Call after uv_run returns, whether the start succeeded or not. */
+void cgs_server_close(cgs_server *s);
 
 /* Starts a batch; logs and returns the grpc_call_error on failure (then
  * the tag will not fire). Refuses once the completion queue is closing. */

@@ -80,6 +80,24 @@ static const opt_def opt_table[] = {
      "seconds a call may go without progress while its request arrives or "
      "its result streams; then DEADLINE_EXCEEDED frees what it holds. "
      "0 = no limit"},
+    {"max-calls-per-peer", OPT_UINT, offsetof(cgs_config, max_calls_per_peer),
+     "0", 0, 1000000,
+     "Compute calls one client address may hold at once, in any state; "
+     "more are refused with RESOURCE_EXHAUSTED. 0 = half of --workers + "
+     "--queue-depth, so one client cannot take every place"},
+    {"min-upload-rate", OPT_SIZE, offsetof(cgs_config, min_upload_rate),
+     "64K", 0, 1 * TIB,
+     "bytes per second a request's upload must average over each "
+     "--idle-timeout window, else DEADLINE_EXCEEDED: a trickle is not "
+     "progress. 0 = no minimum"},
+    {"max-streams-per-connection", OPT_UINT,
+     offsetof(cgs_config, max_streams_per_connection), "256", 1, 1000000,
+     "concurrent HTTP/2 streams (calls) one connection may open"},
+    {"peer-log-rate", OPT_UINT, offsetof(cgs_config, peer_log_rate), "10", 0,
+     1000000,
+     "log lines a second one client address's failed calls may write, in "
+     "bursts of 4 seconds' worth; the rest are counted in one line per "
+     "address every 2 s. 0 = no limit"},
     {"log-level", OPT_LEVEL, offsetof(cgs_config, log_level), "info", 0, 3,
      "error, warn, info or debug"},
 };
@@ -322,6 +340,11 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
     c->workers = c->cpus.n / c->threads_per_worker;
     if (c->workers == 0)
       c->workers = 1;
+  }
+  if (c->max_calls_per_peer == 0) {
+    c->max_calls_per_peer = (c->workers + c->queue_depth) / 2;
+    if (c->max_calls_per_peer == 0)
+      c->max_calls_per_peer = 1;
   }
   if (c->max_inflight_bytes == 0) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);

@@ -163,6 +163,7 @@ int main(int argc, char **argv) {
   /* Runs until every handle is closed: after a drain, or at once after a
    * failed start (only close callbacks are left then). */
   uv_run(&a.loop, UV_RUN_DEFAULT);
+  cgs_server_close(&a.server);
   if (uv_loop_close(&a.loop) != 0) {
     cgs_error("internal: libuv handles left open at exit");
     exit_code = 1;

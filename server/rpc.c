@@ -3,11 +3,14 @@
  * unary replies and the shutdown sequence. */
 #include "cgs_server.h"
 
+#include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/compression.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
@@ -17,15 +20,22 @@
 #include "cgs_health.h"
 #include "cgs_info.h"
 #include "cgs_log.h"
+#include "cgs_peers.h"
 
 /* Requests kept posted per method, so that bursts of new calls find one
  * waiting (grpc queues the rest until the loop posts more). */
+/* Period of the peer sweep and the heap trim. */
+#define HOUSEKEEPING_MS 2000
+
 static const int slots_per_method[CGS_M_COUNT] = {32, 2, 4, 4, 2};
 
 /* Methods whose first request message grpc reads before handing over the
- * call. For Compute that is the header: the call starts one completion
- * earlier, and a small request is whole by then. Watch reads its own. */
-static const int first_with_call[CGS_M_COUNT] = {1, 1, 1, 0, 0};
+ * call: the unary ones. Compute reads its own, so that it holds the call
+ * (and counts it against its peer, with the idle timeout running) from
+ * the stream's headers on: grpc would keep a stream that never sends a
+ * message out of our sight, for as long as its client likes. Watch reads
+ * its own. */
+static const int first_with_call[CGS_M_COUNT] = {0, 1, 1, 0, 0};
 
 static const char *const method_paths[CGS_M_COUNT] = {
     "/convgrad.v1.ConvGrad/Compute", "/convgrad.v1.ConvGrad/GetServerInfo",
@@ -162,7 +172,7 @@ static void on_slot(cgs_tag *t, int ok) {
       request_slot(s, sl->m);
     switch (sl->m) {
     case CGS_M_COMPUTE:
-      cgs_call_start(s, sl->call, sl->deadline, sl->payload);
+      cgs_call_start(s, sl->call, sl->deadline);
       break;
     case CGS_M_INFO:
       cgs_info_handle(s, sl->call, sl->payload);
@@ -174,11 +184,18 @@ static void on_slot(cgs_tag *t, int ok) {
       cgs_health_watch(s->health, sl->call);
       break;
     default: {
-      char msg[300], logged[300];
+      char msg[300];
       char *method = grpc_slice_to_c_string(sl->details.method);
+      char *peer = grpc_call_get_peer(sl->call);
       snprintf(msg, sizeof msg, "unknown method %s", method);
-      cgs_log_value(logged, sizeof logged, method);
-      cgs_info("unary method=%s status=UNIMPLEMENTED", logged);
+      if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, uv_hrtime()),
+                               uv_hrtime(), s->cfg->peer_log_rate)) {
+        char logged[300], from[128];
+        cgs_log_value(logged, sizeof logged, method);
+        cgs_log_value(from, sizeof from, peer);
+        cgs_info("unary method=%s peer=%s status=UNIMPLEMENTED", logged, from);
+      }
+      gpr_free(peer);
       gpr_free(method);
       cgs_rpc_reply(s, sl->call, NULL, GRPC_STATUS_UNIMPLEMENTED, msg);
       break;
@@ -271,7 +288,31 @@ static void maybe_finish_drain(cgs_server *s) {
   }
 }
 
-void cgs_server_compute_ended(cgs_server *s) { maybe_finish_drain(s); }
+void cgs_server_compute_ended(cgs_server *s) {
+  s->calls_ended++;
+  maybe_finish_drain(s);
+}
+
+static void report_suppressed(const cgs_peer *e) {
+  char addr[128];
+  cgs_log_value(addr, sizeof addr, e->addr);
+  cgs_warn("peer=%s: %" PRIu64 " failed calls not logged "
+           "(--peer-log-rate)",
+           addr, e->suppressed);
+}
+
+/* Every HOUSEKEEPING_MS: reports and forgets idle peers, and hands the
+ * heap's free memory back to the system once calls have ended. The
+ * allocator keeps up to M_TRIM_THRESHOLD (main.c) otherwise, so a burst
+ * of calls (honest or not) would leave the process at its peak. */
+static void on_housekeeping(uv_timer_t *h) {
+  cgs_server *s = h->data;
+  cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
+  if (s->calls_ended != s->calls_ended_at_trim) {
+    s->calls_ended_at_trim = s->calls_ended;
+    malloc_trim(0);
+  }
+}
 
 static void on_grace_timer(uv_timer_t *h) {
   cgs_server *s = h->data;
@@ -293,6 +334,11 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
   uv_timer_stop(&s->grace_timer);
   atomic_store(&s->cq_closed, 1);
   grpc_completion_queue_shutdown(s->cq);
+}
+
+void cgs_server_close(cgs_server *s) {
+  cgs_peers_free(s->peers);
+  s->peers = NULL;
 }
 
 void cgs_server_drain(cgs_server *s) {
@@ -342,6 +388,7 @@ static void teardown(cgs_server *s) {
   s->health = NULL;
   pthread_mutex_destroy(&s->ev_mu);
   uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
+  uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
   uv_close((uv_handle_t *)&s->cq_async, on_last_closed);
 }
 
@@ -370,8 +417,26 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
       {.type = GRPC_ARG_INTEGER,
        .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
        .value.integer = (int)cfg->stream_window_bytes},
+      /* Streams one connection may hold; each costs grpc memory before
+       * any of ours is spent. */
+      {.type = GRPC_ARG_INTEGER,
+       .key = GRPC_ARG_MAX_CONCURRENT_STREAMS,
+       .value.integer = (int)cfg->max_streams_per_connection},
+      /* Identity only: grpc inflates a compressed message whole before any
+       * size limit of ours applies, so 1 MB of gzip became 1 GiB of heap.
+       * Tensors hardly compress; a gzip request is refused UNIMPLEMENTED
+       * at its headers. */
+      {.type = GRPC_ARG_INTEGER,
+       .key = GRPC_COMPRESSION_CHANNEL_ENABLED_ALGORITHMS_BITSET,
+       .value.integer = 1 << GRPC_COMPRESS_NONE},
+      /* A connection with no call for this long is closed (clients
+       * reconnect transparently), so idle sockets cannot pile up. */
+      {.type = GRPC_ARG_INTEGER,
+       .key = GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+       .value.integer = 10 * 60 * 1000},
   };
-  grpc_channel_args cargs = {.num_args = 2, .args = args};
+  grpc_channel_args cargs = {.num_args = sizeof args / sizeof args[0],
+                             .args = args};
   s->grpc = grpc_server_create(&cargs, NULL);
   s->cq = grpc_completion_queue_create_for_next(NULL);
   grpc_server_register_completion_queue(s->grpc, s->cq, NULL);
@@ -396,6 +461,10 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
                    cfg->listen);
     goto fail_grpc;
   }
+  if ((rc = cgs_peers_new(&s->peers)) != 0) {
+    cg_errorf(err, errlen, rc, "peers: out of memory");
+    goto fail_grpc;
+  }
   if ((rc = cgs_health_new(&s->health, s)) != 0) {
     cg_errorf(err, errlen, rc, "health: out of memory");
     goto fail_grpc;
@@ -407,14 +476,19 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   s->cq_async.data = s;
   uv_timer_init(loop, &s->grace_timer);
   s->grace_timer.data = s;
+  uv_timer_init(loop, &s->housekeeping_timer);
+  s->housekeeping_timer.data = s;
   if (pthread_create(&s->cq_thread, NULL, cq_main, s) != 0) {
     rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the cq thread");
     cgs_pool_close(s->pool);
     uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
     uv_close((uv_handle_t *)&s->cq_async, on_handle_closed);
     goto fail_health;
   }
   s->cq_thread_started = 1;
+  uv_timer_start(&s->housekeeping_timer, on_housekeeping, HOUSEKEEPING_MS,
+                 HOUSEKEEPING_MS);
   grpc_server_start(s->grpc);
   for (int m = 0; m < CGS_M_COUNT; m++)
     for (int i = 0; i < slots_per_method[m]; i++)
@@ -425,6 +499,8 @@ fail_health:
   cgs_health_free(s->health);
 fail_grpc:
   /* Never started: nothing to drain. */
+  cgs_peers_free(s->peers);
+  s->peers = NULL;
   grpc_server_destroy(s->grpc);
   grpc_completion_queue_shutdown(s->cq);
   grpc_completion_queue_destroy(s->cq);

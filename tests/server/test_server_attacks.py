@@ -102,6 +102,9 @@ class Legit:
         self.failed += 1
         return False
 
+    def close(self):
+        self.ch.close()
+
     def during(self, seconds, pause=0.05):
         """Calls for seconds; returns (ok, failed) of this stretch."""
         ok0, failed0 = self.ok, self.failed
@@ -226,6 +229,7 @@ def attack_shapes(ctx):
         except ctx.grpc.RpcError as e:
             assert e.code() == ctx.grpc.StatusCode.INVALID_ARGUMENT, e
         assert legit.call(), legit.failures
+        legit.close()
         line = [ln for ln in srv.log_lines() if "INVALID_ARGUMENT" in ln]
         assert line and " in=1x1x1x" in line[-1] and "... out=" in line[-1], \
             line
@@ -261,9 +265,330 @@ def attack_log_injection(ctx):
     return "forged record stayed inside one escaped, quoted value"
 
 
+# ---- denial of service (item 5) -----------------------------------------
+
+DOS_ARGS = ["--workers", "2", "--queue-depth", "8", "--max-inflight-bytes",
+            "256M", "--idle-timeout", "2"]
+BUDGET_MIB = 256
+
+
+class Watch:
+    """Samples a server's RSS while an attack runs."""
+
+    def __init__(self, srv):
+        self.srv, self.peak, self.stop = srv, 0.0, False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop:
+            try:
+                self.peak = max(self.peak, self.srv.rss_mib())
+            except OSError:
+                return
+            time.sleep(0.02)
+
+    def done(self):
+        self.stop = True
+        self.thread.join()
+        return self.peak
+
+
+def compute_header_message(pb, declared_mib=1):
+    """A valid ComputeRequest header whose inputs (declared_mib MiB of
+    diff_dst, then weights) are still to come."""
+    c = 16
+    hw = int((declared_mib * MiB / 4 / c) ** 0.5)
+    attrs = pb.Attributes(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+                          dilations=[1, 1], groups=1, data_format=pb.NCX,
+                          weights_format=pb.OIX, dst_shape=[1, c, hw, hw])
+    h = pb.ComputeHeader(op=pb.CONVOLUTION_BACKWARD_DATA, attrs=attrs)
+    h.inputs.add(dtype=pb.F32, shape=[1, c, hw, hw])
+    h.inputs.add(dtype=pb.F32, shape=[c, c, 3, 3])
+    return pb.ComputeRequest(header=h).SerializeToString()
+
+
+def one_byte_chunk(pb):
+    return pb.ComputeRequest(
+        chunk=pb.DataChunk(input=0, data=b"\0")).SerializeToString()
+
+
+def dos_run(ctx, name, attack, seconds, extra=(), bound_peak=True,
+            check=None):
+    """Starts a server, warms it with legitimate calls, runs attack(srv)
+    in a thread for about seconds while the legitimate client calls, then
+    lets it settle. Returns the figures; asserts the service and memory
+    bounds of issue 12 (memory only without sanitizers: ASan's shadow
+    memory and quarantine would be most of what is measured). check, if
+    given, runs last with the server and the attack's result dict."""
+    srv = ctx.server(name, DOS_ARGS + list(extra))
+    legit = Legit(ctx.grpc, ctx.pb, srv.port)
+    try:
+        for _ in range(20):
+            assert legit.call(), legit.failures
+        before = srv.rss_mib()
+        watch = Watch(srv)
+        stop = threading.Event()
+        result = {}
+        t = threading.Thread(target=lambda: result.update(
+            attack(srv, stop) or {}), daemon=True)
+        t.start()
+        time.sleep(min(1.0, seconds / 4))  # let the attack take hold
+        ok, failed = legit.during(seconds)
+        stop.set()
+        t.join(timeout=60)
+        peak = watch.done()
+        settled = before
+        for _ in range(50):  # up to 5 s for memory to come back
+            settled = srv.rss_mib()
+            if settled <= 2 * before:
+                break
+            time.sleep(0.1)
+        assert legit.call(), legit.failures
+        lines = len(srv.log_lines())
+        if check:
+            check(srv, result)
+    finally:
+        legit.close()
+        rc = srv.stop()
+    fig = ("legit %d ok / %d failed; RSS %.0f -> peak %.0f -> settled %.0f "
+           "MiB; %d log lines%s" % (ok, failed, before, peak, settled, lines,
+                                    "".join("; %s %s" % kv
+                                            for kv in result.items())))
+    assert rc == 0, rc
+    assert failed == 0 and ok > 0, fig + " " + repr(legit.failures[-3:])
+    # Failed calls of one peer are logged at --peer-log-rate (10 a second
+    # in bursts of 40), plus a count every 2 s.
+    assert lines < 200 + 20 * seconds, fig
+    if not os.environ.get("CG_SANITIZED"):
+        assert not bound_peak or peak < BUDGET_MIB + 256, fig
+        assert settled <= 2 * before, fig
+    return fig
+
+
+def open_calls(port, count, first_messages, per_conn=90):
+    """count Compute streams from the attacker, per_conn on each
+    connection, each sent first_messages (serialized requests) and left
+    open. Returns the connections."""
+    conns, opened = [], 0
+    while opened < count:
+        try:
+            c = H2(port)
+        except OSError:
+            break
+        conns.append(c)
+        for _ in range(min(per_conn, count - opened)):
+            try:
+                sid = c.open("/convgrad.v1.ConvGrad/Compute")
+                for m in first_messages:
+                    c.conn.send_data(sid, grpc_frame(m))
+                c.flush()
+            except Exception:  # refused streams, a closed connection
+                break
+            opened += 1
+        c.pump()
+    return conns
+
+
+def attack_slowloris(ctx):
+    """500 Compute calls that send a header and stall held every queue
+    place: each legitimate call was refused for the idle timeout."""
+    hdr = compute_header_message(ctx.pb)
+
+    def attack(srv, stop):
+        conns = open_calls(srv.port, 500, [hdr])
+        while not stop.is_set():
+            for c in conns:
+                c.pump()
+            # Stalled calls end at the idle timeout: the attacker opens
+            # them again, as fast as the server ends them.
+            for c in conns[:]:
+                if c.closed:
+                    conns.remove(c)
+            fresh = open_calls(srv.port, 90, [hdr]) if len(conns) < 6 else []
+            conns += fresh
+            time.sleep(0.05)
+        for c in conns:
+            c.close()
+        return {}
+
+    return dos_run(ctx, "slowloris", attack, 6)
+
+
+def attack_trickle(ctx):
+    """66 calls each sending a 1-byte chunk every second (faster than the
+    idle timeout): every byte was progress, so they held their places
+    for ever."""
+    hdr, byte = compute_header_message(ctx.pb), one_byte_chunk(ctx.pb)
+
+    def attack(srv, stop):
+        conns = []
+        streams = []
+        for _ in range(66):
+            c = H2(srv.port)
+            sid = c.open("/convgrad.v1.ConvGrad/Compute")
+            c.conn.send_data(sid, grpc_frame(hdr))
+            c.flush()
+            conns.append(c)
+            streams.append((c, sid))
+        ended = 0
+        while not stop.is_set():
+            for c, sid in streams:
+                if sid in c.ended or sid in c.reset or c.closed:
+                    continue
+                try:
+                    c.conn.send_data(sid, grpc_frame(byte))
+                    c.flush()
+                except Exception:
+                    pass
+                c.pump()
+            stop.wait(1.0)
+        ended = sum(1 for c, sid in streams if sid in c.ended)
+        for c in conns:
+            c.close()
+        return {"trickling calls ended by the server": ended}
+
+    def check(srv, result):
+        # The ones admitted within --max-calls-per-peer were ended by the
+        # rate, not left to trickle.
+        slow = [ln for ln in srv.log_lines() if "--min-upload-rate" in ln]
+        assert slow, "no call ended for its upload rate"
+        result["ended for their rate"] = len(slow)
+
+    return dos_run(ctx, "trickle", attack, 6, check=check)
+
+
+def attack_header_only(ctx):
+    """Streams that never send a gRPC message: 100,000 raised RSS from
+    17 MB to 1.2 GB, and it stayed there."""
+
+    def attack(srv, stop):
+        sent = refused = 0
+        conns = []
+        while not stop.is_set() and sent < 20000:
+            try:
+                c = H2(srv.port)
+            except OSError:
+                refused += 1
+                time.sleep(0.01)
+                continue
+            conns.append(c)
+            for _ in range(1000):
+                try:
+                    c.open("/convgrad.v1.ConvGrad/Compute")
+                except Exception:
+                    break
+                sent += 1
+            try:
+                c.flush()
+            except OSError:
+                pass
+            c.pump()
+        for c in conns:
+            c.pump()
+        time.sleep(1.0)
+        for c in conns:
+            c.close()
+        return {"streams": sent}
+
+    return dos_run(ctx, "header_only", attack, 5)
+
+
+def attack_rapid_reset(ctx):
+    """HEADERS + RST_STREAM floods: RSS grew round after round and was
+    not returned; 554,000 log lines."""
+    import h2.errors
+
+    def attack(srv, stop):
+        pairs = 0
+        while not stop.is_set():
+            try:
+                c = H2(srv.port)
+            except OSError:
+                time.sleep(0.01)
+                continue
+            try:
+                for _ in range(20):
+                    for _ in range(500):
+                        sid = c.open("/convgrad.v1.ConvGrad/Compute")
+                        c.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+                        pairs += 1
+                    c.flush()
+                    c.pump()
+                    if stop.is_set():
+                        break
+            except Exception:
+                pass
+            c.close()
+        return {"pairs": pairs}
+
+    # The peak is not bounded: gRPC 1.51 (Debian 12) queues every reset
+    # stream's call until the server has taken it (CVE-2023-44487, fixed
+    # in gRPC 1.57), so the peak grows with the flood's rate and length.
+    # What is asserted: the service, the log volume, and that the memory
+    # comes back. README, "Limits", gives the deployment advice.
+    return dos_run(ctx, "rapid_reset", attack, ctx.args.seconds or 5,
+                   bound_peak=False)
+
+
+def gzip_bomb(inflated):
+    import zlib
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    zero = bytes(MiB)
+    parts = [z.compress(zero) for _ in range(inflated // MiB)]
+    parts.append(z.flush())
+    return b"".join(parts)
+
+
+def attack_gzip_bomb(ctx):
+    """A ~1 MB gzip message that inflates to 1 GiB was inflated whole
+    before any limit applied."""
+    bomb = gzip_bomb(1 << 30)
+
+    def attack(srv, stop):
+        codes = []
+        for _ in range(2):
+            c = H2(srv.port)
+            sid = c.open("/convgrad.v1.ConvGrad/Compute",
+                         [("grpc-encoding", "gzip"),
+                          ("grpc-accept-encoding", "identity,gzip")])
+            data = grpc_frame(bomb, compressed=True)
+            off = 0
+            while off < len(data) and not c.closed and sid not in c.ended:
+                window = c.conn.local_flow_control_window(sid)
+                n = min(window, 16384, len(data) - off)
+                if n <= 0:
+                    c.pump(0.1)
+                    continue
+                try:
+                    c.conn.send_data(sid, data[off:off + n],
+                                     end_stream=off + n == len(data))
+                except Exception:  # the server ended the stream
+                    break
+                off += n
+                c.flush()
+                c.pump()
+            t = c.wait_end(sid, 20)
+            codes.append(t.get("grpc-status") if t else "reset")
+            c.close()
+        stop.wait()
+        return {"bomb bytes": len(bomb), "statuses": "/".join(codes)}
+
+    def check(srv, result):
+        # Refused at its headers: grpc never inflates it.
+        assert result["statuses"] == "12/12", result
+
+    return dos_run(ctx, "gzip_bomb", attack, 4, check=check)
+
+
 ATTACKS = {
     "shapes": attack_shapes,
     "log_injection": attack_log_injection,
+    "slowloris": attack_slowloris,
+    "trickle": attack_trickle,
+    "header_only": attack_header_only,
+    "rapid_reset": attack_rapid_reset,
+    "gzip_bomb": attack_gzip_bomb,
 }
 
 
@@ -278,6 +603,8 @@ class Context:
 def main():
     ap = common_args(__doc__)
     ap.add_argument("--only", default="")
+    ap.add_argument("--seconds", type=float, default=0,
+                    help="run the floods this long (default: briefly)")
     args = ap.parse_args()
     try:
         import h2  # noqa: F401

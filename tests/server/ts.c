@@ -44,6 +44,13 @@ int ts_server_start(ts_server *s, const char *const *args) {
   argv[n++] = CGS_SERVER_PATH;
   argv[n++] = "--listen";
   argv[n++] = "127.0.0.1:0";
+  /* Every test client is one peer, 127.0.0.1: the per-peer limits (which
+   * test_server_attacks.py covers) would refuse the tests' own parallel
+   * calls and drop the log lines they look for. args may set them. */
+  argv[n++] = "--max-calls-per-peer";
+  argv[n++] = "1000000";
+  argv[n++] = "--peer-log-rate";
+  argv[n++] = "0";
   for (int i = 0; args && args[i] && n < 62; i++)
     argv[n++] = args[i];
   argv[n] = NULL;

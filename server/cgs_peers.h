@@ -1,0 +1,62 @@
+/* cgs_peers.h - what the server knows about each peer: its live Compute
+ * calls (for --max-calls-per-peer) and how many of its failed calls may
+ * still be logged.
+ *
+ * A peer is a client's IP address without the port, so that every
+ * connection of one host counts together. Behind NAT or a proxy, every
+ * client behind it is one peer; in compose, each container is its own
+ * (see README, "Limits"). An IPv6 address is one peer whatever its
+ * prefix.
+ *
+ * Entries live from a peer's first call until it has had no call and no
+ * log line for CGS_PEER_IDLE_NS; cgs_peers_sweep frees them. The table
+ * holds at most CGS_PEERS_MAX entries; past that, new peers share one
+ * overflow entry, which only makes their limits stricter.
+ *
+ * Threads: the loop thread only. */
+#ifndef CGS_PEERS_H
+#define CGS_PEERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CGS_PEERS_MAX 65536
+#define CGS_PEER_IDLE_NS (60ull * 1000000000u)
+
+typedef struct cgs_peer {
+  char addr[64];        /* "127.0.0.1", "::1", or "unknown" */
+  unsigned calls;       /* live Compute calls */
+  double log_tokens;    /* failure lines it may still write now */
+  uint64_t suppressed;  /* failure lines not written since the last sweep */
+  uint64_t t_seen;      /* uv_hrtime of the last use */
+  uint64_t t_refill;    /* when log_tokens was last topped up */
+  struct cgs_peer *next;
+} cgs_peer;
+
+typedef struct cgs_peers cgs_peers;
+
+/* Returns 0 or CG_ENOMEM. */
+int cgs_peers_new(cgs_peers **out);
+/* Frees every entry; pointers from cgs_peers_get become invalid. */
+void cgs_peers_free(cgs_peers *p);
+/* The entry of the peer behind grpc_peer ("ipv4:10.0.0.1:5555",
+ * "ipv6:[::1]:5555", as grpc_call_get_peer gives it), created if new;
+ * never NULL. Valid until a sweep finds it idle. */
+cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now);
+/* 1 when a failure line of e may be written now, given per_sec lines a
+ * second in bursts of CGS_PEER_LOG_BURST_SECS seconds' worth (0 = no
+ * limit); 0 when it is suppressed and counted instead. */
+#define CGS_PEER_LOG_BURST_SECS 4
+int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec);
+/* Reports, through report (may be NULL), every entry that suppressed
+ * lines since the last sweep, then frees entries idle since
+ * now - CGS_PEER_IDLE_NS. Run it every few seconds. */
+void cgs_peers_sweep(cgs_peers *p, uint64_t now,
+                     void (*report)(const cgs_peer *e));
+/* Number of entries (tests, GetServerInfo). */
+size_t cgs_peers_count(const cgs_peers *p);
+
+/* Writes the address part of a grpc peer string into out[cap]. */
+void cgs_peer_address(const char *grpc_peer, char *out, size_t cap);
+
+#endif

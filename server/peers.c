@@ -1,0 +1,129 @@
+/* peers.c - owns the peer table: a chained hash of peer addresses with
+ * their live-call counts and log-line budgets. */
+#include "cgs_peers.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg/error.h"
+#include "cg/text.h"
+
+#define NBUCKETS 4096
+
+struct cgs_peers {
+  cgs_peer *bucket[NBUCKETS];
+  cgs_peer overflow; /* shared by new peers once the table is full */
+  size_t n;
+};
+
+int cgs_peers_new(cgs_peers **out) {
+  cgs_peers *p = calloc(1, sizeof *p);
+  if (!p)
+    return CG_ENOMEM;
+  strcpy(p->overflow.addr, "overflow");
+  *out = p;
+  return 0;
+}
+
+void cgs_peers_free(cgs_peers *p) {
+  if (!p)
+    return;
+  for (size_t b = 0; b < NBUCKETS; b++)
+    for (cgs_peer *e = p->bucket[b], *next; e; e = next) {
+      next = e->next;
+      free(e);
+    }
+  free(p);
+}
+
+void cgs_peer_address(const char *grpc_peer, char *out, size_t cap) {
+  cg_text t;
+  cg_text_init(&t, out, cap);
+  if (!grpc_peer) {
+    cg_text_appendf(&t, "unknown");
+    return;
+  }
+  const char *a = grpc_peer, *end;
+  if (strncmp(a, "ipv4:", 5) == 0 || strncmp(a, "ipv6:", 5) == 0)
+    a += 5;
+  if (*a == '[') { /* [v6]:port */
+    a++;
+    end = strchr(a, ']');
+  } else {
+    end = strrchr(a, ':');
+  }
+  cg_text_append(&t, a, end ? (size_t)(end - a) : strlen(a));
+}
+
+/* FNV-1a */
+static size_t hash(const char *s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return (size_t)(h % NBUCKETS);
+}
+
+cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
+  char addr[sizeof p->overflow.addr];
+  cgs_peer_address(grpc_peer, addr, sizeof addr);
+  size_t b = hash(addr);
+  cgs_peer *e = p->bucket[b];
+  while (e && strcmp(e->addr, addr) != 0)
+    e = e->next;
+  if (!e && p->n < CGS_PEERS_MAX && (e = calloc(1, sizeof *e))) {
+    memcpy(e->addr, addr, sizeof addr);
+    e->next = p->bucket[b];
+    p->bucket[b] = e;
+    p->n++;
+  }
+  if (!e)
+    e = &p->overflow;
+  e->t_seen = now;
+  return e;
+}
+
+int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec) {
+  if (!per_sec)
+    return 1;
+  double burst = (double)per_sec * CGS_PEER_LOG_BURST_SECS;
+  if (!e->t_refill)
+    e->log_tokens = burst; /* a new peer starts with a full budget */
+  e->log_tokens += (double)(now - e->t_refill) / 1e9 * per_sec;
+  if (e->log_tokens > burst)
+    e->log_tokens = burst;
+  e->t_refill = now;
+  if (e->log_tokens < 1) {
+    e->suppressed++;
+    return 0;
+  }
+  e->log_tokens -= 1;
+  return 1;
+}
+
+/* Reports what e suppressed since the last sweep. */
+static void flush_suppressed(cgs_peer *e, void (*report)(const cgs_peer *e)) {
+  if (e->suppressed && report)
+    report(e);
+  e->suppressed = 0;
+}
+
+void cgs_peers_sweep(cgs_peers *p, uint64_t now,
+                     void (*report)(const cgs_peer *e)) {
+  for (size_t b = 0; b < NBUCKETS; b++) {
+    cgs_peer **link = &p->bucket[b];
+    while (*link) {
+      cgs_peer *e = *link;
+      flush_suppressed(e, report);
+      if (e->calls || now - e->t_seen < CGS_PEER_IDLE_NS) {
+        link = &e->next;
+        continue;
+      }
+      *link = e->next;
+      free(e);
+      p->n--;
+    }
+  }
+  flush_suppressed(&p->overflow, report);
+}
+
+size_t cgs_peers_count(const cgs_peers *p) { return p->n; }
