@@ -63,9 +63,9 @@ def prepare_stubs(proto_dir, workdir, prefix):
     return out
 
 
-def start_server(path, log):
+def start_server(path, log, extra=()):
     proc = subprocess.Popen([path, "--listen", "127.0.0.1:0", "--workers", "2",
-                             "--chunk-bytes", "4096"],
+                             "--chunk-bytes", "4096", *extra],
                             stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
