@@ -4,8 +4,9 @@
  *
  * Every dim and attribute value is capped at CG_MAX_DIM (< 2^31) before any
  * arithmetic, so the spatial formulas below cannot overflow int64_t (each
- * product of two capped values is < 2^62). Element counts and byte sizes
- * are products of up to five dims and are checked with
+ * product of two capped values is < 2^62). The sums oneDNN computes in int
+ * are capped at CG_MAX_DIM too (check_int_range). Element counts and byte
+ * sizes are products of up to five dims and are checked with
  * __builtin_mul_overflow. */
 #include <inttypes.h>
 #include <string.h>
@@ -428,11 +429,45 @@ static void auto_pads(ctx *c, const int64_t *in) {
   }
 }
 
+/* oneDNN 2.6 checks a descriptor in int (src/common/convolution.cpp and
+ * deconvolution.cpp): the effective kernel 1 + (K-1)*D, the padded size of
+ * the larger side, big - EK + PB + PE, and PE + S must all fit, or it
+ * refuses the descriptor (or worse, checks a wrapped value). big is the
+ * Convolution input or the ConvTranspose output, named big_name. */
+static int check_int_range(ctx *c, const char *big_name, const int64_t *big) {
+  cg_geom *g = c->g;
+  for (int d = 0; d < c->nsp; d++) {
+    int64_t padded;
+    if (c->ek[d] > CG_MAX_DIM)
+      return cg_errorf(c->err, c->errlen, CG_ERANGE,
+                       "dilations[%d]: effective kernel (%" LLD "-1)*%" LLD
+                       "+1 = %" LLD " exceeds oneDNN's int limit %" LLD,
+                       d, g->kernel[d], g->dilation[d], c->ek[d], CG_MAX_DIM);
+    if (g->pad_end[d] + g->stride[d] > CG_MAX_DIM)
+      return cg_errorf(c->err, c->errlen, CG_ERANGE,
+                       "strides[%d]: %" LLD " + pads_end[%d] %" LLD
+                       " exceeds oneDNN's int limit %" LLD,
+                       d, g->stride[d], d, g->pad_end[d], CG_MAX_DIM);
+    padded = big[d] + g->pad_begin[d] + g->pad_end[d];
+    if (padded > CG_MAX_DIM)
+      return cg_errorf(c->err, c->errlen, CG_ERANGE,
+                       "pads_begin[%d], pads_end[%d]: %s size %" LLD
+                       " padded by %" LLD "+%" LLD " is %" LLD
+                       ", above oneDNN's int limit %" LLD,
+                       d, d, big_name, big[d], g->pad_begin[d], g->pad_end[d],
+                       padded, CG_MAX_DIM);
+  }
+  return 0;
+}
+
 /* Convolution: out = floor((in + PB + PE - EK) / S) + 1 on every axis. */
 static int check_conv_relation(ctx *c, const char *in_name,
                                const char *w_name) {
   cg_geom *g = c->g;
   cg_data_format f = g->data_format;
+  int rc;
+  if ((rc = check_int_range(c, in_name, g->in_sp)))
+    return rc;
   for (int d = 0; d < c->nsp; d++) {
     int64_t padded = g->in_sp[d] + g->pad_begin[d] + g->pad_end[d];
     if (padded < c->ek[d])
@@ -458,6 +493,9 @@ static int check_conv_relation(ctx *c, const char *in_name,
 static int check_deconv_relation(ctx *c, const char *in_name) {
   cg_geom *g = c->g;
   cg_data_format f = g->data_format;
+  int rc;
+  if ((rc = check_int_range(c, "diff_dst", g->out_sp)))
+    return rc;
   for (int d = 0; d < c->nsp; d++) {
     int64_t s = g->stride[d];
     int64_t lim = s > g->dilation[d] ? s : g->dilation[d];

@@ -351,6 +351,62 @@ static void overflowing_sizes(void **state) {
           p.input_dims[1] = L(1073741824, 4, 3, 3));
 }
 
+/* oneDNN 2.6 checks descriptors in int: the effective kernel, pads_end +
+ * stride and the padded size must stay within 2^31-1, or it refuses the
+ * problem (or checks wrapped values). */
+static void beyond_onednn_int(void **state) {
+  (void)state;
+  const int64_t h = INT64_C(1) << 30;
+  /* The case: stride and pads of 2^30 around a 1x1 kernel. */
+  INVALID(conv_data, CG_ERANGE,
+          "strides[0]: 1073741824 + pads_end[0] 1073741824 exceeds oneDNN's "
+          "int limit 2147483647",
+          p.attrs.groups = 1;
+          p.input_dims[0] = L(1, 4, 3, 3); p.input_dims[1] = L(4, 4, 1, 1);
+          p.attrs.dst_shape = L(1, 4, 1, 1); p.attrs.strides = L(h, h);
+          p.attrs.pads_begin = L(h, h); p.attrs.pads_end = L(h, h));
+  INVALID(conv_weights, CG_ERANGE,
+          "pads_begin[1], pads_end[1]: src size 5 padded by "
+          "1073741824+1073741824 is 2147483653, above oneDNN's int limit",
+          p.attrs.pads_begin = L(1, h);
+          p.attrs.pads_end = L(1, h));
+  INVALID(deconv_weights, CG_ERANGE,
+          "dilations[0]: effective kernel (3-1)*1073741824+1 = 2147483649 "
+          "exceeds oneDNN's int limit",
+          p.attrs.dilations = L(h));
+  /* Pads from auto_pad count too: T = EK - 1 = 2^31 - 2 around 5. */
+  INVALID(conv_weights, CG_ERANGE,
+          "pads_begin[0], pads_end[0]: src size 5 padded by "
+          "1073741823+1073741823 is 2147483651",
+          p.attrs.auto_pad = CG_AUTO_PAD_SAME_UPPER;
+          p.attrs.dilations = L(h - 1, 1));
+  INVALID(deconv_data, CG_ERANGE,
+          "strides[0]: 2147483647 + pads_end[0] 1 exceeds",
+          p.attrs.strides = L(2147483647));
+
+  /* Right at the limits oneDNN takes them. */
+  cg_problem p = conv_data();
+  p.attrs.groups = 1;
+  p.input_dims[0] = L(1, 4, 3, 3);
+  p.input_dims[1] = L(4, 4, 1, 1);
+  p.attrs.dst_shape = L(1, 4, 1, 1);
+  p.attrs.strides = L(h - 1, h - 1);
+  p.attrs.pads_begin = L(h - 1, h - 1);
+  p.attrs.pads_end = L(h - 1, h - 1);
+  kt_resolve_ok(&p);
+  p = deconv_data();
+  p.attrs.strides = L(2147483646);
+  kt_resolve_ok(&p);
+  /* EK = 2^31 - 1, padded to 1 + 2 * (2^30 - 1) = 2^31 - 1. */
+  p = deconv_weights();
+  p.attrs.dilations = L(h - 1);
+  p.attrs.pads_begin = L(h - 1);
+  p.attrs.pads_end = L(h - 1);
+  p.input_dims[0] = L(2, 4, 1);
+  p.input_dims[1] = L(2, 6, 1);
+  kt_resolve_ok(&p);
+}
+
 /* A buffer whose byte length does not match its shape and dtype. */
 static void wrong_byte_length(void **state) {
   (void)state;
@@ -397,6 +453,7 @@ int main(void) {
       cmocka_unit_test(channel_and_group_mismatches),
       cmocka_unit_test(shape_inconsistencies),
       cmocka_unit_test(overflowing_sizes),
+      cmocka_unit_test(beyond_onednn_int),
       cmocka_unit_test(wrong_byte_length),
       cmocka_unit_test(error_buffer_optional),
       cmocka_unit_test(count_cases),

@@ -27,8 +27,11 @@ extern "C" {
  * than this is rejected before it is looked at. */
 #define CG_MAX_ATTR_LEN 16
 /* Largest accepted dim or attribute value. Keeping every value below 2^31
- * makes all the shape arithmetic of cg_problem_resolve exact in int64_t;
- * larger values are rejected with CG_ERANGE. */
+ * makes all the shape arithmetic of cg_problem_resolve exact in int64_t.
+ * oneDNN 2.6 checks its descriptors in int, so on every spatial axis the
+ * effective kernel (K-1)*D+1, pads_end + stride and the padded size of the
+ * larger side (Convolution input, ConvTranspose output) are capped at it
+ * too. Larger values are rejected with CG_ERANGE. */
 #define CG_MAX_DIM ((int64_t)2147483647)
 
 typedef enum {
