@@ -55,9 +55,16 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
 int cgs_config_set(cgs_config *c, const char *name, const char *value,
                    char *err, size_t errlen);
 /* Resolves automatic values (cpus = all this process may use, workers =
- * cpus / threads_per_worker, max_inflight_bytes = half of physical memory)
- * and cross-checks options. Returns 0 or -1 with a message. */
+ * cpus / threads_per_worker, max_inflight_bytes = half of physical memory
+ * or of the cgroup's memory limit if lower, max_calls_per_peer = half of
+ * workers + queue_depth) and cross-checks options. Returns 0 or -1 with a
+ * message. */
 int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
+/* The memory limit of this process's cgroup (the smallest of its own and
+ * its ancestors', cgroup v2 memory.max or v1 memory.limit_in_bytes), or 0
+ * when there is none. root is normally /sys/fs/cgroup and self
+ * /proc/self/cgroup. */
+uint64_t cgs_config_cgroup_memory(const char *root, const char *self);
 /* Prints --help: every option, its variable, default and bounds. */
 void cgs_config_usage(FILE *out, const char *argv0);
 /* Writes the cpu list as "0,1,2" into buf ("any" when empty). */

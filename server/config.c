@@ -324,6 +324,74 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
   return 0;
 }
 
+/* The limit in the file dir/name, or UINT64_MAX when it says none. */
+static uint64_t read_limit(const char *dir, const char *name) {
+  char path[4200], buf[64];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return UINT64_MAX;
+  uint64_t v = UINT64_MAX;
+  if (fgets(buf, sizeof buf, f) && isdigit((unsigned char)buf[0])) {
+    errno = 0;
+    unsigned long long n = strtoull(buf, NULL, 10);
+    /* cgroup v1 writes "no limit" as about 2^63. */
+    if (errno == 0 && n < (1ull << 60))
+      v = n;
+  }
+  fclose(f);
+  return v;
+}
+
+/* The smallest limit of name in dir/path and every ancestor up to dir. */
+static uint64_t limit_up_the_tree(const char *dir, const char *path,
+                                  const char *name) {
+  char p[4096];
+  snprintf(p, sizeof p, "%s%s", dir, path);
+  size_t root_len = strlen(dir);
+  uint64_t best = UINT64_MAX;
+  for (;;) {
+    uint64_t v = read_limit(p, name);
+    if (v < best)
+      best = v;
+    char *slash = strrchr(p, '/');
+    if (!slash || (size_t)(slash - p) < root_len)
+      break;
+    *slash = '\0';
+  }
+  return best;
+}
+
+uint64_t cgs_config_cgroup_memory(const char *root, const char *self) {
+  FILE *f = fopen(self, "r");
+  if (!f)
+    return 0;
+  char line[4096];
+  uint64_t best = UINT64_MAX;
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char *ctrl = strchr(line, ':');
+    char *path = ctrl ? strchr(ctrl + 1, ':') : NULL;
+    if (!path)
+      continue;
+    *path++ = '\0';
+    *ctrl++ = '\0';
+    char dir[4096];
+    uint64_t v = UINT64_MAX;
+    if (strcmp(line, "0") == 0 && *ctrl == '\0') {
+      v = limit_up_the_tree(root, strcmp(path, "/") ? path : "", "memory.max");
+    } else if (strstr(ctrl, "memory")) {
+      snprintf(dir, sizeof dir, "%s/memory", root);
+      v = limit_up_the_tree(dir, strcmp(path, "/") ? path : "",
+                            "memory.limit_in_bytes");
+    }
+    if (v < best)
+      best = v;
+  }
+  fclose(f);
+  return best == UINT64_MAX ? 0 : best;
+}
+
 int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
   if (c->cpus.n == 0) {
     cpu_set_t set;
@@ -347,9 +415,15 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
       c->max_calls_per_peer = 1;
   }
   if (c->max_inflight_bytes == 0) {
+    /* In a container the limit that matters is the cgroup's, not the
+     * host's RAM. */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    c->max_inflight_bytes =
-        pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4 * GIB;
+    uint64_t mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
+                                         : 8 * GIB;
+    uint64_t cg = cgs_config_cgroup_memory("/sys/fs/cgroup", "/proc/self/cgroup");
+    if (cg && cg < mem)
+      mem = cg;
+    c->max_inflight_bytes = mem / 2 ? mem / 2 : 1;
   }
   /* A request larger than the whole in-flight budget could never be
    * admitted; cap it so small machines start with the defaults. */

@@ -34,6 +34,53 @@ static void test_defaults(void **state) {
   assert_true(c.workers >= 1);
   assert_true(c.max_inflight_bytes > 0);
   assert_true(c.max_request_bytes <= c.max_inflight_bytes);
+  /* One client address gets half of the places at most. */
+  assert_int_equal(c.max_calls_per_peer, (c.workers + c.queue_depth) / 2);
+  assert_int_equal(c.min_upload_rate, 64 * 1024);
+}
+
+/* Writes text to dir/name, making dir (and its parents) first. */
+static void put(const char *dir, const char *name, const char *text) {
+  char cmd[600], path[600];
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* The budget's default follows the container's memory limit: the smallest
+ * of the cgroup's own and its ancestors', in cgroup v2 and v1 layouts, and
+ * none when every level says unlimited. */
+static void test_cgroup_memory_limit(void **state) {
+  (void)state;
+  char root[] = "/tmp/cgs-cgroup-XXXXXX", d[300], self[300];
+  assert_non_null(mkdtemp(root));
+  snprintf(self, sizeof self, "%s/self", root);
+  /* v2: 2 GiB on the parent, max on the leaf. */
+  snprintf(d, sizeof d, "%s/kubepods/pod1", root);
+  put(d, "memory.max", "max\n");
+  snprintf(d, sizeof d, "%s/kubepods", root);
+  put(d, "memory.max", "2147483648\n");
+  put(root, "self", "0::/kubepods/pod1\n");
+  assert_int_equal(cgs_config_cgroup_memory(root, self), 2147483648ull);
+  /* v1, as docker writes "no limit" (about 2^63) at the root. */
+  snprintf(d, sizeof d, "%s/memory/docker/abc", root);
+  put(d, "memory.limit_in_bytes", "536870912\n");
+  snprintf(d, sizeof d, "%s/memory", root);
+  put(d, "memory.limit_in_bytes", "9223372036854771712\n");
+  put(root, "self", "4:memory:/docker/abc\n1:cpu:/\n");
+  assert_int_equal(cgs_config_cgroup_memory(root, self), 536870912ull);
+  /* Unlimited everywhere, and no cgroup file at all. */
+  put(root, "self", "4:memory:/\n");
+  assert_int_equal(cgs_config_cgroup_memory(root, self), 0);
+  snprintf(self, sizeof self, "%s/missing", root);
+  assert_int_equal(cgs_config_cgroup_memory(root, self), 0);
+  char cmd[400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
 }
 
 static void test_env_then_flags(void **state) {
@@ -160,6 +207,8 @@ static void test_help_documents_every_option(void **state) {
       "--threads-per-worker", "--cpus",      "--queue-depth",
       "--max-request-bytes",  "--max-tensor-elements",
       "--max-inflight-bytes", "--chunk-bytes", "--stream-window", "--grace", "--idle-timeout",
+      "--max-calls-per-peer", "--min-upload-rate", "--max-streams-per-connection",
+      "--peer-log-rate",
       "--log-level",    "CONVGRAD_LOG_LEVEL", "ready listen="};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     assert_non_null(strstr(buf, opts[i]));
@@ -168,6 +217,7 @@ static void test_help_documents_every_option(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_cgroup_memory_limit),
       cmocka_unit_test(test_env_then_flags),
       cmocka_unit_test(test_bounds),
       cmocka_unit_test(test_bad_env_and_args),
