@@ -755,6 +755,23 @@ static int fill_sizes(ctx *c) {
   return 0;
 }
 
+static uint64_t mul_sat(uint64_t a, int64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, (uint64_t)b, &r) ? UINT64_MAX : r;
+}
+
+uint64_t cg_geom_flops(const cg_geom *g) {
+  /* Every dst point of the direct convolution reads ICg * K inputs for
+   * each of its OC channels; a ConvTranspose's input is that dst. */
+  const int64_t *dst_sp = is_deconv(g->op) ? g->in_sp : g->out_sp;
+  uint64_t f = mul_sat(2, g->mb);
+  f = mul_sat(f, g->oc);
+  f = mul_sat(f, g->ic / g->groups);
+  for (int d = 0; d < g->nsp; d++)
+    f = mul_sat(mul_sat(f, g->kernel[d]), dst_sp[d]);
+  return f;
+}
+
 int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
                        size_t errlen) {
   cg_geom g;

@@ -201,6 +201,14 @@ CG_EXPORT int cg_geom_check_input_bytes(const cg_geom *g, int index,
                                         size_t nbytes, char *err,
                                         size_t errlen);
 
+/* Work of the direct convolution behind geom, in flops: 2 * multiply-adds,
+ * where multiply-adds = mb * groups * OCg * ICg * prod(kernel) *
+ * prod(spatial of the convolution's dst), the dst being diff_dst for
+ * Convolution ops and the ConvTranspose input for ConvTranspose ops. Exact
+ * in integers and saturated at UINT64_MAX, so a limit can be checked
+ * against it for any geometry cg_problem_resolve accepts. */
+CG_EXPORT uint64_t cg_geom_flops(const cg_geom *g);
+
 #ifdef __cplusplus
 }
 #endif
