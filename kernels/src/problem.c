@@ -772,6 +772,27 @@ uint64_t cg_geom_flops(const cg_geom *g) {
   return f;
 }
 
+int cg_geom_slice_mb(const cg_geom *g, int64_t n, cg_geom *slice) {
+  if (n <= 0 || n > g->mb)
+    return CG_EINVAL;
+  /* Backward-data ops take weights second and give a data tensor. */
+  int data_out = !cg_op_outputs_weights(g->op);
+  *slice = *g;
+  slice->mb = n;
+  for (int t = 0; t < (data_out ? 1 : 2); t++) {
+    slice->in_dims[t][0] = n;
+    slice->in_elems[t] = g->in_elems[t] / (size_t)g->mb * (size_t)n;
+    slice->in_bytes[t] = g->in_bytes[t] / (size_t)g->mb * (size_t)n;
+  }
+  if (data_out) {
+    slice->out_dims[0] = n;
+    slice->out_elems = g->out_elems / (size_t)g->mb * (size_t)n;
+    slice->out_bytes = g->out_bytes / (size_t)g->mb * (size_t)n;
+  }
+  slice->flops = g->flops / (double)g->mb * (double)n;
+  return 0;
+}
+
 int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
                        size_t errlen) {
   cg_geom g;

@@ -506,6 +506,44 @@ static void flops_by_hand(void **state) {
   assert_true(cg_geom_flops(&big) == UINT64_MAX);
 }
 
+/* A slice of n rows has the geometry of the same problem with mb = n. */
+static void expect_slice(cg_problem *p, cg_ints in0_n, cg_ints in1_n) {
+  cg_geom g = kt_resolve_ok(p), s;
+  assert_int_equal(cg_geom_slice_mb(&g, 0, &s), CG_EINVAL);
+  assert_int_equal(cg_geom_slice_mb(&g, g.mb + 1, &s), CG_EINVAL);
+  assert_int_equal(cg_geom_slice_mb(&g, in0_n.v[0], &s), 0);
+  p->input_dims[0] = in0_n;
+  p->input_dims[1] = in1_n;
+  cg_geom want = kt_resolve_ok(p);
+  assert_int_equal(s.mb, want.mb);
+  for (int t = 0; t < 2; t++) {
+    kt_dims_eq(s.in_dims[t], (cg_ints){want.in_dims[t], (size_t)want.in_rank});
+    assert_int_equal(s.in_elems[t], want.in_elems[t]);
+    assert_int_equal(s.in_bytes[t], want.in_bytes[t]);
+  }
+  kt_dims_eq(s.out_dims, (cg_ints){want.out_dims, (size_t)want.in_rank});
+  assert_int_equal(s.out_elems, want.out_elems);
+  assert_int_equal(s.out_bytes, want.out_bytes);
+  assert_int_equal(cg_geom_flops(&s), cg_geom_flops(&want));
+}
+
+static void slices(void **state) {
+  (void)state;
+  cg_problem d = kt_problem(CG_OP_CONV_BWD_DATA, L(5, 4, 4, 6), L(3, 3, 2, 6));
+  d.dtype = CG_DTYPE_BF16;
+  d.attrs.pads_begin = d.attrs.pads_end = L(1, 1);
+  expect_slice(&d, L(2, 4, 4, 6), L(3, 3, 2, 6));
+  cg_problem t = kt_problem(CG_OP_DECONV_BWD_DATA, L(3, 4, 11), L(6, 4, 3));
+  t.attrs.data_format = CG_DATA_NCX;
+  t.attrs.weights_format = CG_WEIGHTS_IOX;
+  t.attrs.strides = L(2);
+  expect_slice(&t, L(1, 4, 11), L(6, 4, 3));
+  cg_problem w = kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(4, 7, 7, 8),
+                            L(4, 5, 5, 2));
+  w.attrs.weights_shape = L(3, 3, 8, 2);
+  expect_slice(&w, L(3, 7, 7, 8), L(3, 5, 5, 2));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_odd_total_conv),
@@ -518,6 +556,7 @@ int main(void) {
       cmocka_unit_test(deconv_data_inference),
       cmocka_unit_test(sizes_and_flops),
       cmocka_unit_test(flops_by_hand),
+      cmocka_unit_test(slices),
       cmocka_unit_test(defaults_and_names),
       cmocka_unit_test(weights_strides),
       cmocka_unit_test(data_strides),
