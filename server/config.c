@@ -373,8 +373,8 @@ void cgs_config_usage(FILE *out, const char *argv0) {
             o->def, o->help);
     if (o->type == OPT_UINT || o->type == OPT_COUNT || o->type == OPT_SIZE ||
         o->type == OPT_FLOPS)
-      fprintf(out, "      bounds: %llu .. %llu%s\n",
-              (unsigned long long)o->min, (unsigned long long)o->max,
+      fprintf(out, "      bounds: %llu .. %llu%s\n", (unsigned long long)o->min,
+              (unsigned long long)o->max,
               o->type == OPT_SIZE    ? " bytes (suffixes K, M, G, T = 2^10..)"
               : o->type == OPT_FLOPS ? " (suffixes K, M, G, T = 10^3..)"
                                      : "");

@@ -480,8 +480,8 @@ static void flops_by_hand(void **state) {
   assert_true(g.flops == (double)cg_geom_flops(&g));
 
   /* Depthwise 2-D, stride 2: ICg = OCg = 1. */
-  cg_problem dw = kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(3, 9, 9, 8),
-                             L(3, 4, 4, 8));
+  cg_problem dw =
+      kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(3, 9, 9, 8), L(3, 4, 4, 8));
   dw.attrs.groups = 8;
   dw.attrs.strides = L(2, 2);
   dw.attrs.weights_shape = L(3, 3, 1, 8);
@@ -538,8 +538,8 @@ static void slices(void **state) {
   t.attrs.weights_format = CG_WEIGHTS_IOX;
   t.attrs.strides = L(2);
   expect_slice(&t, L(1, 4, 11), L(6, 4, 3));
-  cg_problem w = kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(4, 7, 7, 8),
-                            L(4, 5, 5, 2));
+  cg_problem w =
+      kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(4, 7, 7, 8), L(4, 5, 5, 2));
   w.attrs.weights_shape = L(3, 3, 8, 2);
   expect_slice(&w, L(3, 7, 7, 8), L(3, 5, 5, 2));
 }

@@ -108,13 +108,11 @@ static void test_bounds(void **state) {
                    0);
   assert_int_equal(c.max_inflight_bytes, 1ull << 30);
   /* flops take decimal suffixes, and no byte unit */
-  assert_int_equal(cgs_config_set(&c, "max-request-flops", "2T", err,
-                                  sizeof err),
-                   0);
+  assert_int_equal(
+      cgs_config_set(&c, "max-request-flops", "2T", err, sizeof err), 0);
   assert_true(c.max_request_flops == 2000000000000ull);
-  assert_int_equal(cgs_config_set(&c, "max-request-flops", "0", err,
-                                  sizeof err),
-                   0);
+  assert_int_equal(
+      cgs_config_set(&c, "max-request-flops", "0", err, sizeof err), 0);
   assert_true(c.max_request_flops == 0);
   expect_bad("max-request-flops", "1GB", "--max-request-flops");
   expect_bad("max-request-flops", "20000000T", "suffixes");
