@@ -66,20 +66,22 @@ static void deliver(cgs_pool *p, cgs_job *job) {
   uv_async_send(&p->done_async);
 }
 
-/* Least work of one minibatch slice: 8 GFLOP per thread (35-80 ms of one
- * avx512 core) and 8 rows. Below a few rows oneDNN's backward-data kernels
- * lose up to half their speed (mb 1 slices of a 4.3 GFLOP row ran at
- * 155-197 GFLOPS where 4 to 16 rows ran at 230-290); above, a slice's own
- * cost (a call, one cached primitive per slice size) is lost in it. The
- * benchmark problems (under 2 GFLOP) run whole. */
-#define SLICE_FLOPS_PER_THREAD 8e9
-#define SLICE_MIN_ROWS 8
+/* Least work of one minibatch slice: 16 GFLOP per thread (80 ms of one
+ * avx512 core at 200 GFLOPS) and 16 rows. Slices cost what their weights
+ * lose in reuse: with 44 MB of weights (256 -> 256 channels, 13x13),
+ * f32 slices of 8 rows ran 7-9% slower than the whole mb 64, of 16 rows
+ * 4%; with ResNet's 3x3 layers at mb 128-256, 0-1%. The benchmark
+ * problems (under 2 GFLOP) run whole. */
+#define SLICE_FLOPS_PER_THREAD 16e9
+#define SLICE_MIN_ROWS 16
 
 /* Rows per slice of job's minibatch: the whole of it but for a
- * backward-data job of at least two slices' work. Backward-weights jobs
- * run whole: oneDNN cannot accumulate into diff_weights, so each slice
- * would need its own partial result to add up, in f32 for bf16 and f16
- * outputs, and round differently from one run. */
+ * backward-data job of at least two slices' work, which gets slices of
+ * equal size (one cached primitive) but for a smaller last one.
+ * Backward-weights jobs run whole: oneDNN cannot accumulate into
+ * diff_weights, so each slice would need its own partial result to add
+ * up, in f32 for bf16 and f16 outputs, and round differently from one
+ * run. */
 static int64_t slice_rows(const cgs_job *job, unsigned threads) {
   const cg_geom *g = job->geom;
   double per_slice = SLICE_FLOPS_PER_THREAD * threads;
@@ -89,7 +91,8 @@ static int64_t slice_rows(const cgs_job *job, unsigned threads) {
   int64_t n = (int64_t)(per_slice / (g->flops / (double)g->mb)) + 1;
   if (n < SLICE_MIN_ROWS)
     n = SLICE_MIN_ROWS;
-  return n < g->mb ? n : g->mb;
+  int64_t slices = (g->mb + n - 1) / n;
+  return (g->mb + slices - 1) / slices;
 }
 
 /* Runs job in minibatch slices, checking between them whether the job is
