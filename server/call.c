@@ -595,6 +595,17 @@ static int resolve(cgs_call *c) {
     finish(c, GRPC_STATUS_INTERNAL, "input sizes disagree with the geometry");
     return -1;
   }
+  /* A running oneDNN primitive cannot be interrupted: this bounds how
+   * long one request can hold a worker. */
+  uint64_t flops = cg_geom_flops(&c->geom);
+  uint64_t max_flops = c->s->cfg->max_request_flops;
+  if (max_flops && flops > max_flops) {
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "request: needs %" PRIu64 " flops, more than --max-request-flops "
+           "%" PRIu64 "; it cannot run on this server",
+           flops, max_flops);
+    return -1;
+  }
   uint64_t max = c->s->cfg->max_tensor_elements;
   if (c->geom.out_elems > max) {
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,

@@ -30,6 +30,7 @@ typedef struct cgs_config {
   unsigned queue_depth;        /* requests admitted beyond the workers */
   uint64_t max_request_bytes;  /* sum of one request's tensor bytes */
   uint64_t max_tensor_elements; /* elements of any one tensor */
+  uint64_t max_request_flops;   /* work of one request; 0 = no limit */
   uint64_t max_inflight_bytes; /* reserved by admitted requests; 0 = auto */
   uint64_t chunk_bytes;        /* default response chunk size */
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */

@@ -28,7 +28,8 @@ typedef struct cgs_job {
   const cg_geom *geom;
   const void *in0, *in1;
   void *out;
-  atomic_int discard; /* set by the loop: skip the run if not started */
+  atomic_int discard; /* set by the loop: skip the run if not started,
+                         and the rest of a sliced run */
   /* Filled by the pool before done_cb. */
   int rc;              /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
   char err[256];       /* message for rc */

@@ -17,6 +17,7 @@ typedef enum {
   OPT_UINT,   /* unsigned field */
   OPT_SIZE,   /* uint64_t field, accepts K/M/G/T binary suffixes */
   OPT_COUNT,  /* uint64_t field, plain number */
+  OPT_FLOPS,  /* uint64_t field, accepts K/M/G/T decimal suffixes */
   OPT_MS,     /* uint64_t field of milliseconds, given in seconds */
   OPT_CPUS,   /* cgs_cpu_list */
   OPT_LEVEL   /* cgs_log_level */
@@ -62,6 +63,11 @@ static const opt_def opt_table[] = {
     {"max-tensor-elements", OPT_COUNT,
      offsetof(cgs_config, max_tensor_elements), "1073741824", 1,
      UINT64_C(1) << 48, "largest element count of any input or output tensor"},
+    {"max-request-flops", OPT_FLOPS, offsetof(cgs_config, max_request_flops),
+     "100G", 0, UINT64_MAX,
+     "most work one request may ask for, in flops (2 x multiply-adds of the "
+     "direct convolution), checked before its tensors are uploaded; more is "
+     "refused with RESOURCE_EXHAUSTED. 0 = no limit"},
     {"max-inflight-bytes", OPT_SIZE, offsetof(cgs_config, max_inflight_bytes),
      "0", 0, 1024 * TIB,
      "input + output bytes all admitted requests may hold at once; "
@@ -118,7 +124,8 @@ static void env_name(const opt_def *o, char *buf, size_t len) {
   buf[n] = '\0';
 }
 
-static int parse_u64(const char *s, int suffixes, uint64_t *out) {
+/* unit: 0 for a plain number, else the K multiplier (1024 or 1000). */
+static int parse_u64(const char *s, uint64_t unit, uint64_t *out) {
   if (!isdigit((unsigned char)*s))
     return -1;
   errno = 0;
@@ -127,16 +134,14 @@ static int parse_u64(const char *s, int suffixes, uint64_t *out) {
   if (errno)
     return -1;
   uint64_t mul = 1;
-  if (suffixes && *end) {
-    switch (*end) {
-    case 'k': case 'K': mul = KIB; break;
-    case 'm': case 'M': mul = MIB; break;
-    case 'g': case 'G': mul = GIB; break;
-    case 't': case 'T': mul = TIB; break;
-    default: return -1;
-    }
+  if (unit && *end) {
+    const char *p = strchr("KMGT", toupper((unsigned char)*end));
+    if (!p || !*p)
+      return -1;
+    for (const char *q = "KMGT"; q <= p; q++)
+      mul *= unit;
     end++;
-    if (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0)
+    if (unit == KIB && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
       end += strlen(end);
   }
   if (*end)
@@ -229,7 +234,10 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
     rc = parse_ms(value, &v);
     break;
   case OPT_SIZE:
-    rc = parse_u64(value, 1, &v);
+    rc = parse_u64(value, KIB, &v);
+    break;
+  case OPT_FLOPS:
+    rc = parse_u64(value, 1000, &v);
     break;
   case OPT_UINT:
   case OPT_COUNT:
@@ -245,7 +253,9 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
     else
       snprintf(err, errlen, "%s: expected a number in [%llu, %llu]%s, got '%s'",
                origin, (unsigned long long)o->min, (unsigned long long)o->max,
-               o->type == OPT_SIZE ? " (K/M/G/T suffixes allowed)" : "",
+               o->type == OPT_SIZE || o->type == OPT_FLOPS
+                   ? " (K/M/G/T suffixes allowed)"
+                   : "",
                value);
     return -1;
   }
@@ -458,11 +468,13 @@ void cgs_config_usage(FILE *out, const char *argv0) {
     env_name(o, var, sizeof var);
     fprintf(out, "  --%s VALUE   (%s, default '%s')\n      %s\n", o->name, var,
             o->def, o->help);
-    if (o->type == OPT_UINT || o->type == OPT_COUNT || o->type == OPT_SIZE)
-      fprintf(out, "      bounds: %llu .. %llu%s\n",
-              (unsigned long long)o->min, (unsigned long long)o->max,
-              o->type == OPT_SIZE ? " bytes (suffixes K, M, G, T = 2^10..)"
-                                  : "");
+    if (o->type == OPT_UINT || o->type == OPT_COUNT || o->type == OPT_SIZE ||
+        o->type == OPT_FLOPS)
+      fprintf(out, "      bounds: %llu .. %llu%s\n", (unsigned long long)o->min,
+              (unsigned long long)o->max,
+              o->type == OPT_SIZE    ? " bytes (suffixes K, M, G, T = 2^10..)"
+              : o->type == OPT_FLOPS ? " (suffixes K, M, G, T = 10^3..)"
+                                     : "");
     else if (o->type == OPT_MS)
       fprintf(out, "      bounds: %g .. %g seconds\n",
               (double)o->min / 1000.0, (double)o->max / 1000.0);

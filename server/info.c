@@ -85,6 +85,7 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   limits.default_chunk_bytes = (uint32_t)cfg->chunk_bytes;
   limits.idle_timeout_ms = cfg->idle_timeout_ms;
   limits.stream_window_bytes = cfg->stream_window_bytes;
+  limits.max_request_flops = cfg->max_request_flops;
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;

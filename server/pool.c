@@ -3,6 +3,7 @@
 #include "cgs_pool.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -65,6 +66,68 @@ static void deliver(cgs_pool *p, cgs_job *job) {
   uv_async_send(&p->done_async);
 }
 
+/* Least work of one minibatch slice: 16 GFLOP per thread (80 ms of one
+ * avx512 core at 200 GFLOPS) and 16 rows. Slices cost what their weights
+ * lose in reuse: with 44 MB of weights (256 -> 256 channels, 13x13),
+ * f32 slices of 8 rows ran 7-9% slower than the whole mb 64, of 16 rows
+ * 4%; with ResNet's 3x3 layers at mb 128-256, 0-1%. The benchmark
+ * problems (under 2 GFLOP) run whole. */
+#define SLICE_FLOPS_PER_THREAD 16e9
+#define SLICE_MIN_ROWS 16
+
+/* Rows per slice of job's minibatch: the whole of it but for a
+ * backward-data job of at least two slices' work, which gets slices of
+ * equal size (one cached primitive) but for a smaller last one.
+ * Backward-weights jobs run whole: oneDNN cannot accumulate into
+ * diff_weights, so each slice would need its own partial result to add
+ * up, in f32 for bf16 and f16 outputs, and round differently from one
+ * run. */
+static int64_t slice_rows(const cgs_job *job, unsigned threads) {
+  const cg_geom *g = job->geom;
+  double per_slice = SLICE_FLOPS_PER_THREAD * threads;
+  if (cg_op_outputs_weights(g->op) || g->flops < 2 * per_slice ||
+      g->mb < 2 * SLICE_MIN_ROWS)
+    return g->mb;
+  int64_t n = (int64_t)(per_slice / (g->flops / (double)g->mb)) + 1;
+  if (n < SLICE_MIN_ROWS)
+    n = SLICE_MIN_ROWS;
+  int64_t slices = (g->mb + n - 1) / n;
+  return (g->mb + slices - 1) / slices;
+}
+
+/* Runs job in minibatch slices, checking between them whether the job is
+ * still wanted: a running primitive cannot be interrupted, a slice ends
+ * soon. The rows of a data tensor are contiguous in both layouts. */
+static int run_slices(cg_engine *engine, cgs_job *job, unsigned threads) {
+  const cg_geom *g = job->geom;
+  int64_t step = slice_rows(job, threads);
+  if (step == g->mb)
+    return cg_engine_run(engine, g, job->in0, job->in1, job->out, &job->info,
+                         job->err, sizeof job->err);
+  size_t in_row = g->in_bytes[0] / (size_t)g->mb;
+  size_t out_row = g->out_bytes / (size_t)g->mb;
+  double ms = 0;
+  for (int64_t r = 0; r < g->mb; r += step) {
+    if (r && atomic_load(&job->discard)) {
+      snprintf(job->err, sizeof job->err,
+               "discarded after %" PRId64 " of %" PRId64 " minibatch rows", r,
+               g->mb);
+      return CG_EINTERNAL;
+    }
+    cg_geom s;
+    cg_geom_slice_mb(g, g->mb - r < step ? g->mb - r : step, &s);
+    int rc =
+        cg_engine_run(engine, &s, (const char *)job->in0 + (size_t)r * in_row,
+                      job->in1, (char *)job->out + (size_t)r * out_row,
+                      &job->info, job->err, sizeof job->err);
+    if (rc != 0)
+      return rc;
+    ms += job->info.compute_ms;
+  }
+  job->info.compute_ms = ms;
+  return 0;
+}
+
 static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
   uint64_t t0 = uv_hrtime();
   job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
@@ -79,8 +142,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
   }
   cgs_debug("%s runs a job after %.3f ms in the queue", w->name,
             job->queue_ms);
-  job->rc = cg_engine_run(engine, job->geom, job->in0, job->in1, job->out,
-                          &job->info, job->err, sizeof job->err);
+  job->rc = run_slices(engine, job, w->pool->cfg->threads_per_worker);
 }
 
 static void *worker_main(void *arg) {

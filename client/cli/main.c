@@ -87,12 +87,13 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
   }
   printf("limits      request %llu bytes, tensor %llu elements, in-flight "
          "%llu bytes, queue %u, chunk %u bytes, idle timeout %llu ms, "
-         "stream window %llu bytes\n",
+         "stream window %llu bytes, request flops %llu\n",
          (unsigned long long)in->max_request_bytes,
          (unsigned long long)in->max_tensor_elements,
          (unsigned long long)in->max_inflight_bytes, in->queue_depth,
          in->default_chunk_bytes, (unsigned long long)in->idle_timeout_ms,
-         (unsigned long long)in->stream_window_bytes);
+         (unsigned long long)in->stream_window_bytes,
+         (unsigned long long)in->max_request_flops);
 }
 
 static int cgc__info_json(const cgc_server_info *in) {
@@ -144,6 +145,8 @@ static int cgc__info_json(const cgc_server_info *in) {
                             (double)in->idle_timeout_ms);
     cJSON_AddNumberToObject(lim, "stream_window_bytes",
                             (double)in->stream_window_bytes);
+    cJSON_AddNumberToObject(lim, "max_request_flops",
+                            (double)in->max_request_flops);
   }
   char *text = cJSON_Print(root);
   cJSON_Delete(root);

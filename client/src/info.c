@@ -129,6 +129,7 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
     info->default_chunk_bytes = m->limits->default_chunk_bytes;
     info->idle_timeout_ms = m->limits->idle_timeout_ms;
     info->stream_window_bytes = m->limits->stream_window_bytes;
+    info->max_request_flops = m->limits->max_request_flops;
   }
   priv->msg = m;
   priv->ops = ops;

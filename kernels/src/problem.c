@@ -793,6 +793,44 @@ static int fill_sizes(ctx *c) {
   return 0;
 }
 
+static uint64_t mul_sat(uint64_t a, int64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, (uint64_t)b, &r) ? UINT64_MAX : r;
+}
+
+uint64_t cg_geom_flops(const cg_geom *g) {
+  /* Every dst point of the direct convolution reads ICg * K inputs for
+   * each of its OC channels; a ConvTranspose's input is that dst. */
+  const int64_t *dst_sp = is_deconv(g->op) ? g->in_sp : g->out_sp;
+  uint64_t f = mul_sat(2, g->mb);
+  f = mul_sat(f, g->oc);
+  f = mul_sat(f, g->ic / g->groups);
+  for (int d = 0; d < g->nsp; d++)
+    f = mul_sat(mul_sat(f, g->kernel[d]), dst_sp[d]);
+  return f;
+}
+
+int cg_geom_slice_mb(const cg_geom *g, int64_t n, cg_geom *slice) {
+  if (n <= 0 || n > g->mb)
+    return CG_EINVAL;
+  /* Backward-data ops take weights second and give a data tensor. */
+  int data_out = !cg_op_outputs_weights(g->op);
+  *slice = *g;
+  slice->mb = n;
+  for (int t = 0; t < (data_out ? 1 : 2); t++) {
+    slice->in_dims[t][0] = n;
+    slice->in_elems[t] = g->in_elems[t] / (size_t)g->mb * (size_t)n;
+    slice->in_bytes[t] = g->in_bytes[t] / (size_t)g->mb * (size_t)n;
+  }
+  if (data_out) {
+    slice->out_dims[0] = n;
+    slice->out_elems = g->out_elems / (size_t)g->mb * (size_t)n;
+    slice->out_bytes = g->out_bytes / (size_t)g->mb * (size_t)n;
+  }
+  slice->flops = g->flops / (double)g->mb * (double)n;
+  return 0;
+}
+
 int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
                        size_t errlen) {
   cg_geom g;

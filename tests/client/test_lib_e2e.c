@@ -329,6 +329,7 @@ static void test_health_and_info(void **state) {
   assert_int_equal(in->io_cpus[0], 0);
   assert_int_equal(in->idle_timeout_ms, 45000);
   assert_int_equal(in->stream_window_bytes, 4u << 20);
+  assert_true(in->max_request_flops == UINT64_C(100000000000));
   cgc_server_info_free(in);
   cgc_channel_free(ch);
 }

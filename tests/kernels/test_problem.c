@@ -261,6 +261,7 @@ static void sizes_and_flops(void **state) {
   assert_int_equal(g.data_format, CG_DATA_NCX);
   /* 2 * mb 2 * OC 4 * 25 points * ICg 3 * 9 taps */
   assert_true(g.flops == 2.0 * 2 * 4 * 25 * 3 * 9);
+  assert_int_equal(cg_geom_flops(&g), 2 * 2 * 4 * 25 * 3 * 9);
 
   char err[128];
   assert_int_equal(cg_geom_check_input_bytes(&g, 0, 400, err, sizeof(err)), 0);
@@ -454,6 +455,95 @@ static void data_strides(void **state) {
   kt_dims_eq(st, L(360, 1, 120, 30, 6));
 }
 
+/* cg_geom_flops against counts by hand: 2 * mb * groups * OCg * ICg *
+ * kernel points * dst points of the direct convolution. */
+static void flops_by_hand(void **state) {
+  (void)state;
+  /* The CPU hog of issue 12: 3-D, 31^3 kernel, pads 15 keep 24^3. */
+  cg_problem w = kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(1, 24, 24, 24, 16),
+                            L(1, 24, 24, 24, 16));
+  w.attrs.weights_shape = L(31, 31, 31, 16, 16);
+  w.attrs.pads_begin = L(15, 15, 15);
+  w.attrs.pads_end = L(15, 15, 15);
+  cg_geom g = kt_resolve_ok(&w);
+  assert_int_equal(cg_geom_flops(&g),
+                   UINT64_C(2) * 16 * 16 * 29791 * 13824); /* 210.9 G */
+
+  /* ConvTranspose, groups 2: its input (4 ch, 5 points) is the dst of the
+   * direct convolution; stride 2 and a 3-tap kernel make 11 outputs. */
+  cg_problem d = kt_problem(CG_OP_DECONV_BWD_DATA, L(2, 11, 6), L(3, 3, 4));
+  d.attrs.groups = 2;
+  d.attrs.strides = L(2);
+  g = kt_resolve_ok(&d);
+  assert_int_equal(g.in_sp[0], 5);
+  assert_int_equal(cg_geom_flops(&g), 2 * 2 * 2 * 3 * 2 * 3 * 5);
+  assert_true(g.flops == (double)cg_geom_flops(&g));
+
+  /* Depthwise 2-D, stride 2: ICg = OCg = 1. */
+  cg_problem dw =
+      kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(3, 9, 9, 8), L(3, 4, 4, 8));
+  dw.attrs.groups = 8;
+  dw.attrs.strides = L(2, 2);
+  dw.attrs.weights_shape = L(3, 3, 1, 8);
+  g = kt_resolve_ok(&dw);
+  assert_int_equal(cg_geom_flops(&g), 2 * 3 * 8 * 1 * 1 * 9 * 16);
+
+  /* The largest dims saturate instead of wrapping. */
+  cg_geom big;
+  memset(&big, 0, sizeof big);
+  big.op = CG_OP_CONV_BWD_WEIGHTS;
+  big.nsp = 3;
+  big.mb = big.ic = big.oc = CG_MAX_DIM;
+  big.groups = 1;
+  for (int i = 0; i < 3; i++)
+    big.kernel[i] = big.out_sp[i] = CG_MAX_DIM;
+  assert_true(cg_geom_flops(&big) == UINT64_MAX);
+  big.mb = big.ic = big.oc = 1;
+  big.kernel[0] = big.kernel[1] = big.kernel[2] = 1;
+  big.out_sp[0] = big.out_sp[1] = big.out_sp[2] = 1 << 20;
+  assert_true(cg_geom_flops(&big) == UINT64_C(1) << 61);
+  big.out_sp[0] = big.out_sp[1] = big.out_sp[2] = 1 << 21; /* 2 * 2^63 */
+  assert_true(cg_geom_flops(&big) == UINT64_MAX);
+}
+
+/* A slice of n rows has the geometry of the same problem with mb = n. */
+static void expect_slice(cg_problem *p, cg_ints in0_n, cg_ints in1_n) {
+  cg_geom g = kt_resolve_ok(p), s;
+  assert_int_equal(cg_geom_slice_mb(&g, 0, &s), CG_EINVAL);
+  assert_int_equal(cg_geom_slice_mb(&g, g.mb + 1, &s), CG_EINVAL);
+  assert_int_equal(cg_geom_slice_mb(&g, in0_n.v[0], &s), 0);
+  p->input_dims[0] = in0_n;
+  p->input_dims[1] = in1_n;
+  cg_geom want = kt_resolve_ok(p);
+  assert_int_equal(s.mb, want.mb);
+  for (int t = 0; t < 2; t++) {
+    kt_dims_eq(s.in_dims[t], (cg_ints){want.in_dims[t], (size_t)want.in_rank});
+    assert_int_equal(s.in_elems[t], want.in_elems[t]);
+    assert_int_equal(s.in_bytes[t], want.in_bytes[t]);
+  }
+  kt_dims_eq(s.out_dims, (cg_ints){want.out_dims, (size_t)want.in_rank});
+  assert_int_equal(s.out_elems, want.out_elems);
+  assert_int_equal(s.out_bytes, want.out_bytes);
+  assert_int_equal(cg_geom_flops(&s), cg_geom_flops(&want));
+}
+
+static void slices(void **state) {
+  (void)state;
+  cg_problem d = kt_problem(CG_OP_CONV_BWD_DATA, L(5, 4, 4, 6), L(3, 3, 2, 6));
+  d.dtype = CG_DTYPE_BF16;
+  d.attrs.pads_begin = d.attrs.pads_end = L(1, 1);
+  expect_slice(&d, L(2, 4, 4, 6), L(3, 3, 2, 6));
+  cg_problem t = kt_problem(CG_OP_DECONV_BWD_DATA, L(3, 4, 11), L(6, 4, 3));
+  t.attrs.data_format = CG_DATA_NCX;
+  t.attrs.weights_format = CG_WEIGHTS_IOX;
+  t.attrs.strides = L(2);
+  expect_slice(&t, L(1, 4, 11), L(6, 4, 3));
+  cg_problem w =
+      kt_problem(CG_OP_CONV_BWD_WEIGHTS, L(4, 7, 7, 8), L(4, 5, 5, 2));
+  w.attrs.weights_shape = L(3, 3, 8, 2);
+  expect_slice(&w, L(3, 7, 7, 8), L(3, 5, 5, 2));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(same_odd_total_conv),
@@ -465,6 +555,8 @@ int main(void) {
       cmocka_unit_test(iox_with_groups),
       cmocka_unit_test(deconv_data_inference),
       cmocka_unit_test(sizes_and_flops),
+      cmocka_unit_test(flops_by_hand),
+      cmocka_unit_test(slices),
       cmocka_unit_test(defaults_and_names),
       cmocka_unit_test(weights_strides),
       cmocka_unit_test(data_strides),

@@ -25,6 +25,7 @@ static void test_defaults(void **state) {
   assert_int_equal(c.grace_ms, 30000);
   assert_int_equal(c.idle_timeout_ms, 30000);
   assert_int_equal(c.max_request_bytes, 3ull << 30);
+  assert_true(c.max_request_flops == 100000000000ull);
   assert_int_equal(c.log_level, CGS_LOG_INFO);
   assert_int_equal(c.io_cpus.n, 0); /* not pinned */
   /* automatic values */
@@ -153,6 +154,15 @@ static void test_bounds(void **state) {
                                   sizeof err),
                    0);
   assert_int_equal(c.max_inflight_bytes, 1ull << 30);
+  /* flops take decimal suffixes, and no byte unit */
+  assert_int_equal(
+      cgs_config_set(&c, "max-request-flops", "2T", err, sizeof err), 0);
+  assert_true(c.max_request_flops == 2000000000000ull);
+  assert_int_equal(
+      cgs_config_set(&c, "max-request-flops", "0", err, sizeof err), 0);
+  assert_true(c.max_request_flops == 0);
+  expect_bad("max-request-flops", "1GB", "--max-request-flops");
+  expect_bad("max-request-flops", "20000000T", "suffixes");
 }
 
 static void test_bad_env_and_args(void **state) {

@@ -385,6 +385,44 @@ static void test_limits(void **state) {
   assert_still_serving();
 }
 
+/* Issue 12's CPU hog: 1.77 MB of ConvolutionBackwardWeights that kept a
+ * worker busy for 22 s (210.9 GFLOP) is over the default
+ * --max-request-flops 100G. It is refused on its header alone: the call
+ * never half-closes nor uploads, so any other answer would wait for the
+ * idle timeout or the call's deadline. */
+static void test_flops_budget(void **state) {
+  (void)state;
+  hdr x;
+  hdr_init(&x);
+  static const int64_t data_shape[] = {1, 24, 24, 24, 16};
+  static const int64_t wshape[] = {31, 31, 31, 16, 16};
+  static const int64_t pads[] = {15, 15, 15};
+  x.h.op = CONVGRAD__V1__OP__CONVOLUTION_BACKWARD_WEIGHTS;
+  for (int i = 0; i < 2; i++) {
+    x.t[i].shape = (int64_t *)data_shape;
+    x.t[i].n_shape = 5;
+    x.t[i].layout = CONVGRAD__V1__LAYOUT__NXC;
+    x.t[i].data.data = NULL;
+    x.t[i].data.len = 0;
+  }
+  x.a.data_format = CONVGRAD__V1__LAYOUT__NXC;
+  x.a.weights_format = CONVGRAD__V1__LAYOUT__XIO;
+  x.a.weights_shape = (int64_t *)wshape;
+  x.a.n_weights_shape = 5;
+  x.a.pads_begin = x.a.pads_end = (int64_t *)pads;
+  x.a.n_pads_begin = x.a.n_pads_end = 3;
+  x.a.n_strides = x.a.n_dilations = 0;
+  x.a.n_dst_shape = x.a.n_output_padding = 0;
+  raw m[1] = {header_msg(&x.h)};
+  assert_int_equal(send_raw(m, 1, 0,
+                            "request: needs 210857361408 flops, more than "
+                            "--max-request-flops 100000000000; it cannot run "
+                            "on this server"),
+                   GRPC_STATUS_RESOURCE_EXHAUSTED);
+  free_raws(m, 1);
+  assert_still_serving();
+}
+
 static void test_unknown_method(void **state) {
   (void)state;
   ts_call c;
@@ -408,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_kernel_validation),
       cmocka_unit_test(test_overflowing_shapes),
       cmocka_unit_test(test_limits),
+      cmocka_unit_test(test_flops_budget),
       cmocka_unit_test(test_unknown_method),
   };
   if (getenv("TS_FILTER")) /* run one test: TS_FILTER=test_name */

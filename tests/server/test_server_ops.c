@@ -256,6 +256,7 @@ static void test_server_info(void **state) {
   assert_int_equal(info->limits->default_chunk_bytes, 1u << 20);
   assert_int_equal(info->limits->idle_timeout_ms, 30000);
   assert_int_equal(info->limits->stream_window_bytes, 4u << 20);
+  assert_true(info->limits->max_request_flops == UINT64_C(100000000000));
   assert_int_equal(info->n_io_cpus, 0); /* not pinned by default */
   convgrad__v1__server_info__free_unpacked(info, NULL);
 }

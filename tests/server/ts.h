@@ -156,7 +156,8 @@ int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o);
 void ts_problem_free(ts_problem *tp);
 /* A compute-heavy problem with small tensors (no reference), grown until
  * one run on the server behind ch takes at least min_ms; *took gets that
- * time. Returns 0 or -1. */
+ * time. On a fast core it passes the default --max-request-flops: start
+ * that server with --max-request-flops 0. Returns 0 or -1. */
 int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                     double *took);
 

@@ -204,6 +204,22 @@ CG_EXPORT int cg_geom_check_input_bytes(const cg_geom *g, int index,
                                         size_t nbytes, char *err,
                                         size_t errlen);
 
+/* Work of the direct convolution behind geom, in flops: 2 * multiply-adds,
+ * where multiply-adds = mb * groups * OCg * ICg * prod(kernel) *
+ * prod(spatial of the convolution's dst), the dst being diff_dst for
+ * Convolution ops and the ConvTranspose input for ConvTranspose ops. Exact
+ * in integers and saturated at UINT64_MAX, so a limit can be checked
+ * against it for any geometry cg_problem_resolve accepts. */
+CG_EXPORT uint64_t cg_geom_flops(const cg_geom *g);
+
+/* The geometry of n minibatch rows of g (0 < n <= g->mb): every data
+ * tensor (inputs and output) has n rows and the weights are whole. The
+ * minibatch is the outermost dim of both data layouts, so row r of a data
+ * tensor starts at r * (its bytes / g->mb). The slices of a backward-data
+ * problem are independent; those of a backward-weights problem each
+ * compute a partial diff_weights. Returns 0 or CG_EINVAL for a bad n. */
+CG_EXPORT int cg_geom_slice_mb(const cg_geom *g, int64_t n, cg_geom *slice);
+
 #ifdef __cplusplus
 }
 #endif
