@@ -318,35 +318,6 @@ static void test_uploads_hold_queue_places(void **state) {
   assert_healthy();
 }
 
-/* A backward-data problem of small tensors and big minibatch, grown until
- * one run on the server takes at least min_ms (*took). */
-static void slow_bwd_data(ts_problem *tp, double min_ms, double *took) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 256,
-               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {13, 13},
-               .stride = 1, .pad = 6, .dil = 1, .seed = 34};
-  for (;;) {
-    assert_int_equal(ts_problem_init(tp, &d), 0);
-    const void *data[2] = {tp->in[0], tp->in[1]};
-    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
-    ts_result r;
-    double t0 = ts_now_ms();
-    assert_int_equal(ts_compute(ch, &tp->header, data, len, NULL, &r), 0);
-    *took = ts_now_ms() - t0;
-    if (r.code != GRPC_STATUS_OK)
-      fail_msg("mb %lld: status %d: %s", (long long)d.mb, r.code, r.msg);
-    ts_result_free(&r);
-    /* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of the fixture's
-     * 160M budget. */
-    if (*took >= min_ms || d.mb >= 256)
-      break;
-    ts_problem_free(tp);
-    d.mb *= 2;
-  }
-  fprintf(stderr, "  slow bwd-data problem: mb %lld, %.1f GFLOP, %.0f ms\n",
-          (long long)d.mb, tp->g.flops / 1e9, *took);
-}
-
 /* A running job cannot be interrupted, but a long backward-data job runs
  * in minibatch slices and stops at the next one once cancelled: the only
  * worker is free again long before the whole job would have ended. */
@@ -354,7 +325,7 @@ static void test_cancel_while_computing(void **state) {
   (void)state;
   ts_problem slow;
   double took;
-  slow_bwd_data(&slow, 2000, &took);
+  assert_int_equal(ts_problem_slow_bwd_data(ch, &slow, 2000, &took), 0);
   int runs = ts_server_log_count(&srv, "runs a job");
   int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
   ts_call c;

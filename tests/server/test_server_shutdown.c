@@ -146,10 +146,45 @@ static void test_grace_period_runs_out(void **state) {
   ts_problem_free(&slow);
 }
 
+/* --grace bounds the exit even while a long job runs: a backward-data job
+ * stops at its next minibatch slice once the grace period cancels it.
+ * (A job that is not sliced runs to its end; --max-request-flops bounds
+ * how long that is.) */
+static void test_grace_stops_a_running_job(void **state) {
+  (void)state;
+  ts_server srv;
+  static const char *const args[] = {"--workers",           "1",
+                                     "--grace",             "0.2",
+                                     "--log-level",         "debug",
+                                     "--max-request-flops", "0",
+                                     NULL};
+  assert_int_equal(ts_server_start(&srv, args), 0);
+  grpc_channel *ch = ts_channel(&srv);
+  ts_problem slow;
+  double took;
+  assert_int_equal(ts_problem_slow_bwd_data(ch, &slow, 2000, &took), 0);
+  int runs = ts_server_log_count(&srv, "runs a job");
+  ts_bg a;
+  assert_int_equal(ts_bg_start(&a, ch, &slow, 60000), 0);
+  assert_int_equal(ts_server_wait_log(&srv, "runs a job", runs + 1, 10000), 0);
+  double t0 = ts_now_ms();
+  assert_int_equal(kill(srv.pid, SIGTERM), 0);
+  ts_bg_join(&a);
+  assert_int_equal(a.code, GRPC_STATUS_UNAVAILABLE);
+  grpc_channel_destroy(ch);
+  assert_int_equal(ts_server_stop(&srv, 0, 30000), 0);
+  double exited = ts_now_ms() - t0;
+  fprintf(stderr, "  exit %.0f ms after SIGTERM (--grace 0.2, job %.0f ms)\n",
+          exited, took);
+  assert_true(exited < 200 + took / 2);
+  ts_problem_free(&slow);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sigterm_during_load),
       cmocka_unit_test(test_grace_period_runs_out),
+      cmocka_unit_test(test_grace_stops_a_running_job),
   };
   if (getenv("TS_FILTER"))
     cmocka_set_test_filter(getenv("TS_FILTER"));

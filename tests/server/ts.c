@@ -720,6 +720,40 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
   return 0;
 }
 
+int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
+                             double *took) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 256,
+               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {13, 13},
+               .stride = 1, .pad = 6, .dil = 1, .seed = 34};
+  for (;;) {
+    if (ts_problem_init(tp, &d) != 0)
+      return -1;
+    const void *data[2] = {tp->in[0], tp->in[1]};
+    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
+    ts_result r;
+    double t0 = ts_now_ms();
+    if (ts_compute(ch, &tp->header, data, len, NULL, &r) != 0)
+      return -1;
+    *took = ts_now_ms() - t0;
+    grpc_status_code code = r.code;
+    ts_result_free(&r);
+    if (code != GRPC_STATUS_OK) {
+      fprintf(stderr, "ts_problem_slow_bwd_data: mb %lld: status %d: %s\n",
+              (long long)d.mb, code, r.msg);
+      return -1;
+    }
+    /* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of a 160M budget. */
+    if (*took >= min_ms || d.mb >= 256)
+      break;
+    ts_problem_free(tp);
+    d.mb *= 2;
+  }
+  fprintf(stderr, "  slow bwd-data problem: mb %lld, %.1f GFLOP, %.0f ms\n",
+          (long long)d.mb, tp->g.flops / 1e9, *took);
+  return 0;
+}
+
 /* ---- background calls ---- */
 
 struct ts_bg_state {
