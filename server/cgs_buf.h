@@ -26,7 +26,7 @@ size_t cgs_buf_capacity(const void *p);
 void cgs_buf_free(void *p);
 /* Bytes the cache holds now. */
 size_t cgs_buf_cached_bytes(void);
-/* Frees every cached buffer (at exit). */
+/* Frees every cached buffer (at exit, and when the server is idle). */
 void cgs_buf_drain(void);
 
 #endif

@@ -77,7 +77,7 @@ struct cgs_server {
   cgs_health *health;
   cgs_peers *peers; /* live calls and log budgets per client address */
   uv_timer_t housekeeping_timer;
-  uint64_t calls_ended, calls_ended_at_trim; /* Compute calls freed */
+  uint64_t calls_ended, calls_ended_at_tick; /* Compute calls freed */
 
   /* admission accounting (loop thread) */
   uint64_t inflight_bytes; /* reserved by live Compute calls */

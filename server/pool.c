@@ -4,12 +4,14 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cgs_log.h"
 
@@ -73,6 +75,9 @@ static void deliver(cgs_pool *p, cgs_job *job) {
  * 4%; with ResNet's 3x3 layers at mb 128-256, 0-1%. The benchmark
  * problems (under 2 GFLOP) run whole. */
 #define SLICE_FLOPS_PER_THREAD 16e9
+
+/* Seconds a worker waits idle before it frees its engine's buffers. */
+#define RELEASE_AFTER_S 1
 #define SLICE_MIN_ROWS 16
 
 /* Rows per slice of job's minibatch: the whole of it but for a
@@ -171,11 +176,33 @@ static void *worker_main(void *arg) {
   if (rc != 0)
     return NULL;
 
+  int holding = 0; /* the engine keeps buffers from the last job */
   for (;;) {
     pthread_mutex_lock(&p->mu);
     while (!p->stop && !p->head) {
       w->waiting = 1;
-      pthread_cond_wait(&w->cv, &p->mu);
+      if (!holding) {
+        pthread_cond_wait(&w->cv, &p->mu);
+        continue;
+      }
+      /* Idle for RELEASE_AFTER_S: the engine's buffers (up to several
+       * times a job's tensors, outside --max-inflight-bytes) go back, so
+       * an idle server holds only what its budget says. Back-to-back
+       * jobs keep them warm. */
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_sec += RELEASE_AFTER_S;
+      if (pthread_cond_timedwait(&w->cv, &p->mu, &until) == ETIMEDOUT &&
+          !p->head) {
+        w->waiting = 0; /* busy for a moment: submit should wake another */
+        pthread_mutex_unlock(&p->mu);
+        size_t n = cg_engine_release(engine);
+        malloc_trim(0); /* the heap keeps blocks under 32 MiB (main.c) */
+        cgs_debug("%s idle: released %zu bytes of engine buffers", w->name,
+                  n);
+        holding = 0;
+        pthread_mutex_lock(&p->mu);
+      }
     }
     w->waiting = 0;
     cgs_job *job = p->head;
@@ -191,6 +218,7 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&p->mu);
 
     run_job(w, engine, job);
+    holding = 1;
     cgs_pool_unreserve(p); /* the job's place */
     deliver(p, job);
   }

@@ -749,6 +749,18 @@ fail:
   return rc;
 }
 
+size_t cg_engine_release(cg_engine *e) {
+  size_t n = e->scratch.size;
+  free(e->scratch.p);
+  e->scratch = (eng_buf){0};
+  for (int i = 0; i < NSLOTS; i++) {
+    n += e->buf[i].size;
+    free(e->buf[i].p);
+    e->buf[i] = (eng_buf){0};
+  }
+  return n;
+}
+
 void cg_engine_free(cg_engine *e) {
   if (!e)
     return;

@@ -581,6 +581,71 @@ def attack_gzip_bomb(ctx):
     return dos_run(ctx, "gzip_bomb", attack, 4, check=check)
 
 
+def attack_idle_memory(ctx):
+    """Item 6: with --max-inflight-bytes 300M, f16 calls left the server at
+    its peak when idle: the workers' engine buffers (f16 runs through f32
+    copies) were never freed. Idle, the server must give back what the
+    calls took."""
+    srv = ctx.server("idle_memory", ["--max-inflight-bytes", "300M"])
+    pb = ctx.pb
+    import numpy as np
+    try:
+        ch = ctx.grpc.insecure_channel("127.0.0.1:%d" % srv.port)
+        compute = ch.stream_stream(
+            "/convgrad.v1.ConvGrad/Compute",
+            request_serializer=pb.ComputeRequest.SerializeToString,
+            response_deserializer=pb.ComputeResponse.FromString)
+        n, c, hw = 16, 128, 56
+        dy = np.ones((n, c, hw, hw), np.float16).tobytes()
+
+        def call(weights):
+            a = pb.Attributes(strides=[1, 1], pads_begin=[1, 1],
+                              pads_end=[1, 1], dilations=[1, 1], groups=1,
+                              data_format=pb.NCX, weights_format=pb.OIX)
+            if weights:
+                a.weights_shape.extend([c, c, 3, 3])
+                h = pb.ComputeHeader(op=pb.CONVOLUTION_BACKWARD_WEIGHTS,
+                                     attrs=a)
+                shapes, data = [[n, c, hw, hw]] * 2, [dy, dy]
+            else:
+                a.dst_shape.extend([n, c, hw, hw])
+                h = pb.ComputeHeader(op=pb.CONVOLUTION_BACKWARD_DATA, attrs=a)
+                shapes = [[n, c, hw, hw], [c, c, 3, 3]]
+                data = [dy, bytes(c * c * 9 * 2)]
+            for s in shapes:
+                h.inputs.add(dtype=pb.F16, shape=s)
+            msgs = [pb.ComputeRequest(header=h)] + [
+                pb.ComputeRequest(chunk=pb.DataChunk(
+                    input=i, data=d[o:o + MiB]))
+                for i, d in enumerate(data) for o in range(0, len(d), MiB)]
+            for _ in compute(iter(msgs), timeout=120):
+                pass
+
+        before = srv.rss_mib()
+        watch = Watch(srv)
+        threads = [threading.Thread(target=lambda k=k: [
+            call(k % 2) for _ in range(3)]) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        peak = watch.done()
+        ch.close()
+        idle = peak
+        for _ in range(80):  # up to 8 s: workers release after 1 s idle
+            time.sleep(0.1)
+            idle = srv.rss_mib()
+            if idle < before + 64:
+                break
+    finally:
+        assert srv.stop() == 0
+    fig = "RSS %.0f -> peak %.0f -> idle %.0f MiB" % (before, peak, idle)
+    if not os.environ.get("CG_SANITIZED"):
+        assert peak < 300 + 256, fig
+        assert idle < before + 64, fig
+    return fig
+
+
 ATTACKS = {
     "shapes": attack_shapes,
     "log_injection": attack_log_injection,
@@ -589,6 +654,7 @@ ATTACKS = {
     "header_only": attack_header_only,
     "rapid_reset": attack_rapid_reset,
     "gzip_bomb": attack_gzip_bomb,
+    "idle_memory": attack_idle_memory,
 }
 
 

@@ -55,6 +55,12 @@ CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
 
+/* Frees the buffers runs share (tensors in oneDNN's layouts, the
+ * scratchpad), which otherwise stay at the largest size any run needed;
+ * the next run allocates what it needs again. Returns the bytes freed.
+ * Cached problems stay. Not thread-safe for one e. */
+CG_EXPORT size_t cg_engine_release(cg_engine *e);
+
 /* Number of problems cached in e. */
 CG_EXPORT size_t cg_engine_cache_size(const cg_engine *e);
 
