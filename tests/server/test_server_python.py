@@ -77,6 +77,23 @@ def start_server(path, log, extra=()):
     return proc, int(m.group(1))
 
 
+def serving(ch):
+    """1 when the server behind ch answers health Check with SERVING."""
+    import health_pb2
+    import health_pb2_grpc
+    status = health_pb2_grpc.HealthStub(ch).Check(
+        health_pb2.HealthCheckRequest(service=""), timeout=10).status
+    return status == health_pb2.HealthCheckResponse.SERVING
+
+
+def stop_server(proc, log):
+    """SIGTERM, then the exit status once the server is gone."""
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=60)
+    log.close()
+    return rc
+
+
 def conv_bwd_data_ref(dy, w, groups, stride, pad, dil, in_hw):
     """diff_src of a 2D NCHW convolution with OIHW weights (O = OC,
     I = IC/groups): the adjoint of the forward convolution."""
@@ -193,9 +210,7 @@ def main():
             assert "inputs[0]" in e.details(), e.details()
         ch.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-        log.close()
+        rc = stop_server(proc, log)
     assert rc == 0, rc
     print("python grpcio client: health, info, compute (max error %.2g) ok"
           % err)

@@ -105,16 +105,21 @@ static void test_sigterm_during_load(void **state) {
   assert_int_equal(ts_server_log_count(&srv, "info  stopped"), 1);
 }
 
-static void test_grace_period_runs_out(void **state) {
-  (void)state;
-  ts_server srv;
-  /* ts_problem_slow grows past any fixed compute budget on a fast core. */
+/* One worker, --grace 0.2. The slow problems grow past any fixed compute
+ * budget on a fast core: no --max-request-flops. */
+static void start_short_grace(ts_server *srv) {
   static const char *const args[] = {"--workers",           "1",
                                      "--grace",             "0.2",
                                      "--log-level",         "debug",
                                      "--max-request-flops", "0",
                                      NULL};
-  assert_int_equal(ts_server_start(&srv, args), 0);
+  assert_int_equal(ts_server_start(srv, args), 0);
+}
+
+static void test_grace_period_runs_out(void **state) {
+  (void)state;
+  ts_server srv;
+  start_short_grace(&srv);
   grpc_channel *ch = ts_channel(&srv);
   ts_problem slow;
   double took;
@@ -153,12 +158,7 @@ static void test_grace_period_runs_out(void **state) {
 static void test_grace_stops_a_running_job(void **state) {
   (void)state;
   ts_server srv;
-  static const char *const args[] = {"--workers",           "1",
-                                     "--grace",             "0.2",
-                                     "--log-level",         "debug",
-                                     "--max-request-flops", "0",
-                                     NULL};
-  assert_int_equal(ts_server_start(&srv, args), 0);
+  start_short_grace(&srv);
   grpc_channel *ch = ts_channel(&srv);
   ts_problem slow;
   double took;

@@ -680,14 +680,13 @@ void ts_problem_free(ts_problem *tp) {
   memset(tp, 0, sizeof *tp);
 }
 
-int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
-                    double *took) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
-               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
-               .pad = 2, .dil = 1, .seed = 32};
+/* Grows d (by grow) until one run of it on the server takes min_ms, or
+ * grow says it is as big as it may get; tp and *took are the last run. */
+static int grow_until_slow(grpc_channel *ch, ts_desc *d,
+                           int (*grow)(ts_desc *d), ts_problem *tp,
+                           double min_ms, double *took) {
   for (;;) {
-    if (ts_problem_init(tp, &d) != 0)
+    if (ts_problem_init(tp, d) != 0)
       return -1;
     const void *data[2] = {tp->in[0], tp->in[1]};
     size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
@@ -699,24 +698,51 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
     grpc_status_code code = r.code;
     ts_result_free(&r);
     if (code != GRPC_STATUS_OK) {
-      fprintf(stderr, "ts_problem_slow: mb %lld: status %d: %s\n",
-              (long long)d.mb, code, r.msg);
+      fprintf(stderr, "slow problem: mb %lld: status %d: %s\n",
+              (long long)d->mb, code, r.msg);
       return -1;
     }
-    /* Past mb 256 the inputs (103 MB) would crowd the tests' in-flight
-     * budgets: a fast machine gets a bigger kernel instead. */
-    if (*took >= min_ms || d.ks[0] >= 11)
+    if (*took >= min_ms)
+      break;
+    ts_desc bigger = *d;
+    if (grow(&bigger) != 0)
       break;
     ts_problem_free(tp);
-    if (d.mb < 256) {
-      d.mb *= 2;
-    } else {
-      d.ks[0] = d.ks[1] = d.ks[0] + 2;
-      d.pad++;
-    }
+    *d = bigger;
   }
-  fprintf(stderr, "  slow problem: mb %lld, kernel %lld, %.0f ms\n",
-          (long long)d.mb, (long long)d.ks[0], *took);
+  fprintf(stderr, "  slow problem: mb %lld, kernel %lld, %.1f GFLOP, %.0f ms\n",
+          (long long)d->mb, (long long)d->ks[0], tp->g.flops / 1e9, *took);
+  return 0;
+}
+
+/* Past mb 256 the inputs (103 MB) would crowd the tests' in-flight
+ * budgets: a fast machine gets a bigger kernel instead, up to 11. */
+static int grow_weights_problem(ts_desc *d) {
+  if (d->mb < 256) {
+    d->mb *= 2;
+    return 0;
+  }
+  if (d->ks[0] >= 11)
+    return -1;
+  d->ks[0] = d->ks[1] = d->ks[0] + 2;
+  d->pad++;
+  return 0;
+}
+
+int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
+                    double *took) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
+               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
+               .pad = 2, .dil = 1, .seed = 32};
+  return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, took);
+}
+
+/* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of a 160M budget. */
+static int grow_data_problem(ts_desc *d) {
+  if (d->mb >= 256)
+    return -1;
+  d->mb *= 2;
   return 0;
 }
 
@@ -726,32 +752,7 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
                .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 256,
                .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {13, 13},
                .stride = 1, .pad = 6, .dil = 1, .seed = 34};
-  for (;;) {
-    if (ts_problem_init(tp, &d) != 0)
-      return -1;
-    const void *data[2] = {tp->in[0], tp->in[1]};
-    size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
-    ts_result r;
-    double t0 = ts_now_ms();
-    if (ts_compute(ch, &tp->header, data, len, NULL, &r) != 0)
-      return -1;
-    *took = ts_now_ms() - t0;
-    grpc_status_code code = r.code;
-    ts_result_free(&r);
-    if (code != GRPC_STATUS_OK) {
-      fprintf(stderr, "ts_problem_slow_bwd_data: mb %lld: status %d: %s\n",
-              (long long)d.mb, code, r.msg);
-      return -1;
-    }
-    /* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of a 160M budget. */
-    if (*took >= min_ms || d.mb >= 256)
-      break;
-    ts_problem_free(tp);
-    d.mb *= 2;
-  }
-  fprintf(stderr, "  slow bwd-data problem: mb %lld, %.1f GFLOP, %.0f ms\n",
-          (long long)d.mb, tp->g.flops / 1e9, *took);
-  return 0;
+  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, took);
 }
 
 /* ---- background calls ---- */
