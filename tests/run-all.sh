@@ -17,7 +17,8 @@ run_config() {
   (cd "$dir" && ctest --output-on-failure -j "$jobs")
 }
 
-run_config release -DCMAKE_BUILD_TYPE=RelWithDebInfo
+run_config release -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-  run_config sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON
+  run_config sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON \
+    -DCG_WERROR=ON
