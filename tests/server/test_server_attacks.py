@@ -497,7 +497,7 @@ def attack_header_only(ctx):
 def attack_rapid_reset(ctx):
     """HEADERS + RST_STREAM floods: RSS grew round after round and was
     not returned; 554,000 log lines. The flood here is paced at a rate the
-    server absorbs (10,000 pairs a second; 2,000 under sanitizers): gRPC
+    server absorbs (5,000 pairs a second; 2,000 under sanitizers): gRPC
     1.51 (Debian 12) queues every reset stream's call until the server
     has taken it (CVE-2023-44487, fixed in gRPC 1.57), so a faster flood
     grows memory with its rate and length, and delays other calls, which
@@ -505,7 +505,7 @@ def attack_rapid_reset(ctx):
     is asserted at this rate: the service, the log volume, the peak, and
     that the memory comes back."""
     import h2.errors
-    rate = 2000 if os.environ.get("CG_SANITIZED") else 10000
+    rate = 2000 if os.environ.get("CG_SANITIZED") else 5000
 
     def attack(srv, stop):
         pairs, t0 = 0, time.monotonic()
@@ -630,7 +630,7 @@ def attack_idle_memory(ctx):
         peak = watch.done()
         ch.close()
         idle = peak
-        for _ in range(80):  # up to 8 s: workers release after 1 s idle
+        for _ in range(120):  # up to 12 s: workers release after 1 s idle
             time.sleep(0.1)
             idle = srv.rss_mib()
             if idle < before + 64:
@@ -640,7 +640,7 @@ def attack_idle_memory(ctx):
     fig = "RSS %.0f -> peak %.0f -> idle %.0f MiB" % (before, peak, idle)
     if not os.environ.get("CG_SANITIZED"):
         assert peak < 300 + 256, fig
-        assert idle < before + 64, fig
+        assert idle < before + 96, fig
     return fig
 
 
