@@ -1,11 +1,7 @@
-/* cgs_wire.h - protobuf encoding and decoding on grpc_byte_buffers.
- *
- * Headers and small messages go through protobuf-c. The bulk path does
- * not: DataChunk messages are scanned in place by a small reader of the
- * protobuf wire format, and their bytes are copied once, straight from the
- * received slices into the destination tensor; response chunks wrap the
- * output tensor's memory in a grpc slice behind a few bytes of framing.
- * Everything here is thread-safe (no shared state). */
+/* cgs_wire.h - the server's names for the shared wire codec (proto/cgw.h),
+ * in the shapes the call code reads: a request's kind, and where a
+ * DataChunk's bytes sit. Everything here is thread-safe (no shared
+ * state). */
 #ifndef CGS_WIRE_H
 #define CGS_WIRE_H
 
@@ -15,9 +11,11 @@
 #include <grpc/byte_buffer.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "cgw.h"
+
 typedef enum {
-  CGS_MSG_HEADER = 1, /* ComputeRequest.header is set */
-  CGS_MSG_CHUNK = 2   /* ComputeRequest.chunk is set */
+  CGS_MSG_HEADER = CGW_HEADER, /* ComputeRequest.header is set */
+  CGS_MSG_CHUNK = CGW_CHUNK    /* ComputeRequest.chunk is set */
 } cgs_msg_kind;
 
 /* Where a DataChunk's bytes sit inside the message. */

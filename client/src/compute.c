@@ -1,18 +1,19 @@
 /* compute.c - convgrad.v1.ConvGrad/Compute from the client side: encodes
  * the request stream (a ComputeHeader, carrying the tensors when the
  * request fits one message, else followed by DataChunk messages whose
- * data slices point straight at the caller's tensors), and decodes the response stream into one output allocation,
- * parsing the two-field ComputeResponse wire format slice by slice so each
- * received chunk byte is copied exactly once. (A small result that rides in
- * ResultHeader.data is copied twice: protobuf-c unpacks the header.) */
+ * data slices point straight at the caller's tensors), and decodes the
+ * response stream into one output allocation: the shared codec (cgw.h)
+ * finds each chunk's data in the received slices, so each received chunk
+ * byte is copied exactly once. (A small result that rides in
+ * ResultHeader.data is copied three times: out of the slices, by
+ * protobuf-c, and into place.) */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <grpc/byte_buffer_reader.h>
-
+#include "cgw.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
 
@@ -41,17 +42,6 @@ static void cgc__pin_unref(void *p) {
 
 enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 
-/* Response parser states: reading a field tag, a length, a body, or
- * skipping an unknown field. */
-enum {
-  CGC__P_TAG,
-  CGC__P_LEN,
-  CGC__P_HEADER,
-  CGC__P_CHUNK,
-  CGC__P_SKIP_BYTES,
-  CGC__P_SKIP_VARINT
-};
-
 typedef struct cgc__attempt {
   const cgc_request *req;
   const cgc_options *opts;
@@ -61,13 +51,6 @@ typedef struct cgc__attempt {
   size_t off;           /* offset into inputs[cur] */
   cgc__pin *pin;
   /* download */
-  int phase;
-  uint64_t varint;
-  int vshift;
-  uint32_t field, wiretype;
-  uint64_t remaining;
-  uint8_t *hbuf;
-  size_t hlen;
   int have_header;
   double t_header; /* cgc__now_ms() when the ResultHeader arrived */
   void *into;      /* caller memory for the result (cgc_compute_into) */
@@ -77,25 +60,6 @@ typedef struct cgc__attempt {
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
 } cgc__attempt;
-
-static size_t cgc__varint_put(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-static size_t cgc__varint_len(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
 
 /* Same numbering on the wire except weights formats, which share the wire
  * Layout enum with the data formats. */
@@ -152,7 +116,7 @@ static int cgc__check_view(const cgc_tensor_view *v, int index,
  * data is still on its way, and every data byte takes the server's chunk
  * path, which copies it once, instead of the header's unpacking, which
  * copies it three times (3-6% faster calls of 11-32 MB here). */
-static int cgc__encode_header(cgc__attempt *a, grpc_byte_buffer **bb) {
+static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   const cgc_request *r = a->req;
   const cg_attrs *at = &r->attrs;
   Convgrad__V1__ComputeRequest msg = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
@@ -214,18 +178,9 @@ static int cgc__encode_header(cgc__attempt *a, grpc_byte_buffer **bb) {
   msg.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   msg.header = &hdr;
 
-  size_t len = convgrad__v1__compute_request__get_packed_size(&msg);
-  uint8_t *buf = malloc(len ? len : 1);
-  if (!buf)
-    return CG_ENOMEM;
-  convgrad__v1__compute_request__pack(&msg, buf);
-  grpc_slice s = grpc_slice_new(buf, len, free);
-  *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
-
   a->cur = 0;
   a->off = a->inline_len[0];
-  return 0;
+  return cgw_pack(&msg.base);
 }
 
 /* Moves the upload cursor past finished inputs; returns 1 if bytes remain. */
@@ -238,36 +193,17 @@ static int cgc__upload_left(cgc__attempt *a) {
   return a->cur < 2;
 }
 
-/* Builds the next ComputeRequest{chunk: DataChunk{input, data}} as two
- * slices: a few bytes of framing, and the data itself in place. */
+/* The next ComputeRequest{chunk: DataChunk{input, data}}, its data in
+ * place in the caller's tensor. */
 static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
   const cgc_tensor_view *v = &a->req->inputs[a->cur];
   size_t left = v->nbytes - a->off;
   size_t n =
       left < a->opts->upload_chunk_bytes ? left : a->opts->upload_chunk_bytes;
-  uint32_t idx = (uint32_t)a->cur;
-  /* proto3 omits a zero input index. */
-  uint64_t dc_len =
-      (idx ? 1 + cgc__varint_len(idx) : 0) + 1 + cgc__varint_len(n) + n;
-  uint8_t pre[32];
-  size_t p = 0;
-  pre[p++] = 0x12; /* ComputeRequest.chunk, length-delimited */
-  p += cgc__varint_put(pre + p, dc_len);
-  if (idx) {
-    pre[p++] = 0x08; /* DataChunk.input, varint */
-    p += cgc__varint_put(pre + p, idx);
-  }
-  pre[p++] = 0x12; /* DataChunk.data, length-delimited */
-  p += cgc__varint_put(pre + p, n);
-
-  grpc_slice s[2];
-  s[0] = grpc_slice_from_copied_buffer((const char *)pre, p);
   atomic_fetch_add(&a->pin->refs, 1);
-  s[1] = grpc_slice_new_with_user_data((char *)v->data + a->off, n,
-                                       cgc__pin_unref, a->pin);
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, 2);
-  grpc_slice_unref(s[0]);
-  grpc_slice_unref(s[1]);
+  grpc_byte_buffer *bb =
+      cgw_request_chunk((uint32_t)a->cur, (const char *)v->data + a->off, n,
+                        cgc__pin_unref, a->pin);
   a->off += n;
   a->res.bytes_sent += n;
   return bb;
@@ -280,9 +216,9 @@ static int cgc__perr(cgc__attempt *a, const char *msg) {
 }
 
 /* The ResultHeader arrived: check it and allocate the output. */
-static int cgc__on_header(cgc__attempt *a) {
+static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
   Convgrad__V1__ResultHeader *h =
-      convgrad__v1__result_header__unpack(NULL, a->hlen, a->hbuf);
+      convgrad__v1__result_header__unpack(NULL, len, buf);
   int rc = 0;
   if (!h)
     return cgc__perr(a, "undecodable ResultHeader");
@@ -323,8 +259,8 @@ static int cgc__on_header(cgc__attempt *a) {
   }
   if (a->into && n > a->into_cap) {
     snprintf(a->perr, sizeof a->perr,
-             "result of %zu bytes does not fit the caller's %zu-byte buffer",
-             n, a->into_cap);
+             "result of %zu bytes does not fit the caller's %zu-byte buffer", n,
+             a->into_cap);
     rc = CG_ELIMIT;
     goto out;
   }
@@ -369,120 +305,49 @@ out:
   return rc;
 }
 
-/* Feeds bytes of one ComputeResponse message to the parser. Only tags and
- * lengths go through byte-by-byte; bodies are copied in bulk. */
-static int cgc__feed(cgc__attempt *a, const uint8_t *p, size_t n) {
-  int rc;
-  while (n > 0) {
-    switch (a->phase) {
-    case CGC__P_TAG:
-    case CGC__P_LEN:
-    case CGC__P_SKIP_VARINT: {
-      uint8_t b = *p++;
-      n--;
-      if (a->vshift >= 64)
-        return cgc__perr(a, "varint too long");
-      a->varint |= (uint64_t)(b & 0x7f) << a->vshift;
-      a->vshift += 7;
-      if (b & 0x80)
-        break;
-      uint64_t v = a->varint;
-      a->varint = 0;
-      a->vshift = 0;
-      if (a->phase == CGC__P_SKIP_VARINT) {
-        a->phase = CGC__P_TAG;
-      } else if (a->phase == CGC__P_TAG) {
-        a->field = (uint32_t)(v >> 3);
-        a->wiretype = (uint32_t)(v & 7);
-        if ((a->field == 1 || a->field == 2) && a->wiretype != 2)
-          return cgc__perr(a, "ComputeResponse field has the wrong wire type");
-        if (a->wiretype == 0) {
-          a->phase = CGC__P_SKIP_VARINT;
-        } else if (a->wiretype == 1 || a->wiretype == 5) {
-          a->remaining = a->wiretype == 1 ? 8 : 4;
-          a->phase = CGC__P_SKIP_BYTES;
-        } else if (a->wiretype == 2) {
-          a->phase = CGC__P_LEN;
-        } else {
-          return cgc__perr(a, "unsupported wire type");
-        }
-      } else { /* length of a length-delimited field */
-        a->remaining = v;
-        if (a->field == 1) {
-          if (a->have_header)
-            return cgc__perr(a, "a second ResultHeader");
-          if (v > CGC__MAX_HEADER_BYTES)
-            return cgc__perr(a, "ResultHeader too large");
-          free(a->hbuf);
-          a->hbuf = malloc(v ? v : 1);
-          if (!a->hbuf)
-            return cgc__perr(a, "out of memory");
-          a->hlen = 0;
-          a->phase = CGC__P_HEADER;
-        } else if (a->field == 2) {
-          if (!a->have_header)
-            return cgc__perr(a, "data chunk before the ResultHeader");
-          if (v > a->out->nbytes - a->received)
-            return cgc__perr(a, "more data than ResultHeader.total_bytes");
-          a->phase = CGC__P_CHUNK;
-        } else {
-          a->phase = CGC__P_SKIP_BYTES;
-        }
-        /* A zero-length body ends at once. */
-        if (v == 0 && a->phase == CGC__P_HEADER) {
-          if ((rc = cgc__on_header(a)) != 0)
-            return rc;
-          a->phase = CGC__P_TAG;
-        } else if (v == 0) {
-          a->phase = CGC__P_TAG;
-        }
-      }
-      break;
-    }
-    default: {
-      size_t take = a->remaining < n ? (size_t)a->remaining : n;
-      if (a->phase == CGC__P_HEADER) {
-        memcpy(a->hbuf + a->hlen, p, take);
-        a->hlen += take;
-      } else if (a->phase == CGC__P_CHUNK) {
-        memcpy((uint8_t *)a->out->data + a->received, p, take);
-        a->received += take;
-      }
-      p += take;
-      n -= take;
-      a->remaining -= take;
-      if (a->remaining == 0) {
-        if (a->phase == CGC__P_HEADER && (rc = cgc__on_header(a)) != 0)
-          return rc;
-        a->phase = CGC__P_TAG;
-      }
-      break;
-    }
-    }
-  }
+/* Copies the ResultHeader's encoding out of the message and decodes it. */
+static int cgc__read_header(cgc__attempt *a, grpc_byte_buffer *bb,
+                            const cgw_view *v) {
+  if (a->have_header)
+    return cgc__perr(a, "a second ResultHeader");
+  if (v->len > CGC__MAX_HEADER_BYTES)
+    return cgc__perr(a, "ResultHeader too large");
+  uint8_t *buf = malloc(v->len ? v->len : 1);
+  if (!buf)
+    return cgc__perr(a, "out of memory");
+  int rc = cgw_copy(bb, v->off, v->len, buf) != 0
+               ? cgc__perr(a, "unreadable message")
+               : cgc__on_header(a, buf, v->len);
+  free(buf);
+  return rc;
+}
+
+/* Copies a chunk's data from the message into place in the result. */
+static int cgc__read_chunk(cgc__attempt *a, grpc_byte_buffer *bb,
+                           const cgw_view *v) {
+  if (!a->have_header)
+    return cgc__perr(a, "data chunk before the ResultHeader");
+  if (v->len > a->out->nbytes - a->received)
+    return cgc__perr(a, "more data than ResultHeader.total_bytes");
+  if (cgw_copy(bb, v->off, v->len, (uint8_t *)a->out->data + a->received))
+    return cgc__perr(a, "unreadable message");
+  a->received += v->len;
   return 0;
 }
 
 static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
-  grpc_byte_buffer_reader reader;
-  grpc_slice s;
-  int rc = 0;
-  if (!grpc_byte_buffer_reader_init(&reader, bb))
-    return cgc__perr(a, "unreadable message");
-  a->phase = CGC__P_TAG;
-  a->varint = 0;
-  a->vshift = 0;
-  while (grpc_byte_buffer_reader_next(&reader, &s)) {
-    if (!rc)
-      rc = cgc__feed(a, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
-    grpc_slice_unref(s);
+  cgw_view v;
+  char why[128];
+  if (cgw_scan_response(bb, &v, why, sizeof why) != 0)
+    return cgc__perr(a, why);
+  switch (v.kind) {
+  case CGW_HEADER:
+    return cgc__read_header(a, bb, &v);
+  case CGW_CHUNK:
+    return cgc__read_chunk(a, bb, &v);
+  default:
+    return 0; /* a message that sets nothing adds nothing */
   }
-  grpc_byte_buffer_reader_destroy(&reader);
-  if (!rc && a->phase != CGC__P_TAG)
-    rc = cgc__perr(a, "truncated ComputeResponse");
-  if (!rc && a->vshift != 0)
-    rc = cgc__perr(a, "truncated field tag");
-  return rc;
 }
 
 /* Drops the attempt's result tensor, keeping the caller's memory. */
@@ -529,10 +394,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
     goto out;
   }
   atomic_init(&a->pin->refs, 1);
-  if ((rc = cgc__encode_header(a, &io.send_bb)) != 0) {
-    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    goto out;
-  }
+  io.send_bb = cgc__encode_header(a);
   a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
 
   call = grpc_channel_create_call(
@@ -687,8 +549,6 @@ start_failed:
   }
 out:
   cgc__call_end(call, cq, &io);
-  free(a->hbuf);
-  a->hbuf = NULL;
   if (a->pin) {
     /* Only return once gRPC holds no slice of the caller's tensors. */
     double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
