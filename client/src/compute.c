@@ -215,65 +215,54 @@ static int cgc__perr(cgc__attempt *a, const char *msg) {
   return CGC_EPROTO;
 }
 
-/* The ResultHeader arrived: check it and allocate the output. */
-static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
-  Convgrad__V1__ResultHeader *h =
-      convgrad__v1__result_header__unpack(NULL, len, buf);
-  int rc = 0;
-  if (!h)
-    return cgc__perr(a, "undecodable ResultHeader");
-  cg_dtype dt = (cg_dtype)h->dtype;
-  size_t es = cg_dtype_size(dt), n = 1;
-  if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16) {
-    rc = cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
-    goto out;
-  }
-  if (h->n_shape < 1 || h->n_shape > CG_MAX_RANK) {
-    rc = cgc__perr(a, "ResultHeader.shape has a bad rank");
-    goto out;
-  }
+/* Checks a ResultHeader against itself and the caller's limits; *n gets
+ * the result's size. */
+static int cgc__check_result(cgc__attempt *a,
+                             const Convgrad__V1__ResultHeader *h, size_t *n) {
+  size_t es = cg_dtype_size((cg_dtype)h->dtype);
+  *n = 1;
+  if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16)
+    return cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
+  if (h->n_shape < 1 || h->n_shape > CG_MAX_RANK)
+    return cgc__perr(a, "ResultHeader.shape has a bad rank");
   for (size_t i = 0; i < h->n_shape; i++)
-    if (h->shape[i] < 0 || __builtin_mul_overflow(n, (size_t)h->shape[i], &n)) {
-      rc = cgc__perr(a, "ResultHeader.shape overflows");
-      goto out;
-    }
-  if (__builtin_mul_overflow(n, es, &n) || n != h->total_bytes) {
-    rc = cgc__perr(a, "ResultHeader.total_bytes disagrees with the shape");
-    goto out;
-  }
+    if (h->shape[i] < 0 || __builtin_mul_overflow(*n, (size_t)h->shape[i], n))
+      return cgc__perr(a, "ResultHeader.shape overflows");
+  if (__builtin_mul_overflow(*n, es, n) || *n != h->total_bytes)
+    return cgc__perr(a, "ResultHeader.total_bytes disagrees with the shape");
   if (h->total_bytes > a->opts->max_output_bytes) {
     snprintf(a->perr, sizeof a->perr,
              "result of %llu bytes exceeds max_output_bytes %llu",
              (unsigned long long)h->total_bytes,
              (unsigned long long)a->opts->max_output_bytes);
-    rc = CG_ELIMIT;
-    goto out;
+    return CG_ELIMIT;
   }
-  if (h->n_pads_begin > CG_MAX_SPATIAL || h->n_pads_end != h->n_pads_begin) {
-    rc = cgc__perr(a, "ResultHeader pads have a bad length");
-    goto out;
-  }
-  if (h->data.len != 0 && h->data.len != n) {
-    rc = cgc__perr(a, "ResultHeader.data is not the whole result");
-    goto out;
-  }
-  if (a->into && n > a->into_cap) {
+  if (h->n_pads_begin > CG_MAX_SPATIAL || h->n_pads_end != h->n_pads_begin)
+    return cgc__perr(a, "ResultHeader pads have a bad length");
+  if (h->data.len != 0 && h->data.len != *n)
+    return cgc__perr(a, "ResultHeader.data is not the whole result");
+  if (a->into && *n > a->into_cap) {
     snprintf(a->perr, sizeof a->perr,
-             "result of %zu bytes does not fit the caller's %zu-byte buffer", n,
-             a->into_cap);
-    rc = CG_ELIMIT;
-    goto out;
+             "result of %zu bytes does not fit the caller's %zu-byte buffer",
+             *n, a->into_cap);
+    return CG_ELIMIT;
   }
+  return 0;
+}
+
+/* Allocates the result tensor of a checked ResultHeader of n bytes (in the
+ * caller's buffer, when there is one) and keeps the header's figures. */
+static int cgc__take_result(cgc__attempt *a,
+                            const Convgrad__V1__ResultHeader *h, size_t n) {
   cgc_tensor *t = calloc(1, sizeof *t);
   void *data = a->into;
   size_t alloc = (n + 63) & ~(size_t)63;
   if (!t || (!a->into && posix_memalign(&data, 64, alloc ? alloc : 64) != 0)) {
     free(t);
     snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result", n);
-    rc = CG_ENOMEM;
-    goto out;
+    return CG_ENOMEM;
   }
-  t->dtype = dt;
+  t->dtype = (cg_dtype)h->dtype;
   t->rank = (int)h->n_shape;
   for (size_t i = 0; i < h->n_shape; i++)
     t->dims[i] = h->shape[i];
@@ -300,7 +289,19 @@ static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
     a->res.pads_begin[i] = h->pads_begin[i];
     a->res.pads_end[i] = h->pads_end[i];
   }
-out:
+  return 0;
+}
+
+/* The ResultHeader arrived: check it and allocate the output. */
+static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
+  Convgrad__V1__ResultHeader *h =
+      convgrad__v1__result_header__unpack(NULL, len, buf);
+  if (!h)
+    return cgc__perr(a, "undecodable ResultHeader");
+  size_t n;
+  int rc = cgc__check_result(a, h, &n);
+  if (!rc)
+    rc = cgc__take_result(a, h, n);
   convgrad__v1__result_header__free_unpacked(h, NULL);
   return rc;
 }
@@ -365,23 +366,23 @@ static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
              : CGC_ERPC;
 }
 
-/* One Compute call on a completion queue of its own: send batches (one at
- * a time), receive batches (one at a time) and the status batch, driven
- * until none is pending. */
-static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
-                                gpr_timespec deadline, cgc_status *st) {
-  cgc__attempt *a = vctx;
-  int rc = 0;
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_call *call = NULL;
+/* The live state of one attempt's call: its batches in flight and what
+ * ended it. */
+typedef struct cgc__flight {
+  grpc_completion_queue *cq;
+  grpc_call *call;
   cgc__call_io io;
-  int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 0;
-  int status_started = 0, batch_failed = 0, local_rc = 0;
-  grpc_op ops[5];
-  double t0 = cgc__now_ms(), t_last = t0;
+  grpc_op status_op;
+  int send_busy, recv_busy, status_busy;
+  int sending;        /* upload chunks remain */
+  int status_started; /* the status batch was started */
+  int batch_failed;   /* a batch could not be started */
+  int local_rc;       /* why this end rejected the response */
+  double t0, t_last;  /* the call's start; all data in */
+} cgc__flight;
 
-  cgc__call_io_init(&io);
-  /* Reset what a previous attempt left. */
+/* Clears what a previous attempt left and pins the caller's tensors. */
+static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
   cgc__drop_out(a);
   a->have_header = 0;
   a->received = 0;
@@ -390,175 +391,231 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   a->pin = calloc(1, sizeof *a->pin);
   if (!a->pin) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    rc = CG_ENOMEM;
-    goto out;
+    return CG_ENOMEM;
   }
   atomic_init(&a->pin->refs, 1);
-  io.send_bb = cgc__encode_header(a);
-  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+  return 0;
+}
 
-  call = grpc_channel_create_call(
-      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
-      deadline, NULL);
-  if (!call) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
-    rc = CGC_ERPC;
-    goto out;
-  }
-
-  grpc_op status_op;
-  cgc__op_recv_status(&status_op, &io);
-
-  cgc__ops_one_message(ops, &io);
-  sending = cgc__upload_left(a);
-  if (!sending) {
+/* Starts the first batches: the header, and for a long upload the status
+ * too. Returns 0, or CGC_ERPC when a batch cannot start. */
+static int cgc__open(cgc__attempt *a, cgc__flight *f) {
+  grpc_op ops[5];
+  cgc__op_recv_status(&f->status_op, &f->io);
+  cgc__ops_one_message(ops, &f->io);
+  f->sending = cgc__upload_left(a);
+  if (!f->sending) {
     /* The whole request fits one message: a single batch sends it and
      * waits for the first answer, which keeps small calls to three
      * completions (this, the data, the status). */
-    if (cgc__start(call, ops, 5, CGC__TAG_RECV))
-      goto start_failed;
-    recv_busy = 1;
-  } else {
-    /* A long upload: ask for the status now so that a rejection stops
-     * the upload early. */
-    if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS))
-      goto start_failed;
-    status_busy = status_started = 1;
-    if (cgc__start(call, ops, 2, CGC__TAG_SEND))
-      goto start_failed;
-    send_busy = 1;
-    if (cgc__start(call, ops + 3, 2, CGC__TAG_RECV))
-      goto start_failed;
-    recv_busy = 1;
+    if (cgc__start(f->call, ops, 5, CGC__TAG_RECV))
+      return CGC_ERPC;
+    f->recv_busy = 1;
+    return 0;
   }
+  /* A long upload: ask for the status now so that a rejection stops the
+   * upload early. */
+  if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS))
+    return CGC_ERPC;
+  f->status_busy = f->status_started = 1;
+  if (cgc__start(f->call, ops, 2, CGC__TAG_SEND))
+    return CGC_ERPC;
+  f->send_busy = 1;
+  if (cgc__start(f->call, ops + 3, 2, CGC__TAG_RECV))
+    return CGC_ERPC;
+  f->recv_busy = 1;
+  return 0;
+}
 
-  while (send_busy || recv_busy || status_busy) {
-    /* The call's deadline bounds every pending batch. */
-    grpc_event ev = grpc_completion_queue_next(
-        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+/* A send batch completed: sends the next chunk, the last one with the
+ * half-close. */
+static void cgc__on_sent(cgc__attempt *a, cgc__flight *f, int success) {
+  f->send_busy = 0;
+  grpc_byte_buffer_destroy(f->io.send_bb);
+  f->io.send_bb = NULL;
+  if (!success)
+    f->sending = 0; /* the call is over; the status says why */
+  else if (!f->sending)
+    a->res.upload_ms = cgc__now_ms() - f->t0;
+  if (!f->sending)
+    return;
+  f->io.send_bb = cgc__encode_chunk(a);
+  f->sending = cgc__upload_left(a);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_MESSAGE;
+  ops[0].data.send_message.send_message = f->io.send_bb;
+  ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  if (cgc__start(f->call, ops, f->sending ? 1 : 2, CGC__TAG_SEND) == 0)
+    f->send_busy = 1;
+  else
+    f->batch_failed = 1;
+}
+
+/* A receive batch completed: decodes its message, then asks for the next
+ * one, and for the status once the stream ended, the response was rejected
+ * or all the announced bytes are in. */
+static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
+  f->recv_busy = 0;
+  int ended = !f->io.recv_bb;
+  if (!ended) {
+    if (!f->local_rc)
+      f->local_rc = cgc__on_message(a, f->io.recv_bb);
+    grpc_byte_buffer_destroy(f->io.recv_bb);
+    f->io.recv_bb = NULL;
+  }
+  if (f->local_rc)
+    grpc_call_cancel_with_status(f->call, GRPC_STATUS_CANCELLED,
+                                 "client rejected the response", NULL);
+  /* Once all the announced bytes are in, the status is asked for at once;
+   * reading on still catches a server that sends more. */
+  int all_in = a->have_header && a->received == a->out->nbytes;
+  if (all_in && !f->status_started)
+    f->t_last = cgc__now_ms();
+  if (!ended && !f->local_rc) {
+    grpc_op rop;
+    memset(&rop, 0, sizeof rop);
+    rop.op = GRPC_OP_RECV_MESSAGE;
+    rop.data.recv_message.recv_message = &f->io.recv_bb;
+    if (cgc__start(f->call, &rop, 1, CGC__TAG_RECV) == 0)
+      f->recv_busy = 1;
+    else
+      f->batch_failed = 1;
+  }
+  if ((ended || f->local_rc || all_in) && !f->status_started &&
+      !f->batch_failed) {
+    if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS) == 0)
+      f->status_busy = f->status_started = 1;
+    else
+      f->batch_failed = 1;
+  }
+}
+
+static grpc_event cgc__next(cgc__flight *f) {
+  /* The call's deadline bounds every pending batch. */
+  return grpc_completion_queue_next(f->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                    NULL);
+}
+
+/* Drives the call until no batch is pending. */
+static void cgc__drive(cgc__attempt *a, cgc__flight *f) {
+  while (f->send_busy || f->recv_busy || f->status_busy) {
+    grpc_event ev = cgc__next(f);
     if (ev.type != GRPC_OP_COMPLETE)
       break;
     switch ((intptr_t)ev.tag) {
     case CGC__TAG_SEND:
-      send_busy = 0;
-      grpc_byte_buffer_destroy(io.send_bb);
-      io.send_bb = NULL;
-      if (!ev.success)
-        sending = 0; /* the call is over; the status says why */
-      else if (!sending)
-        a->res.upload_ms = cgc__now_ms() - t0;
-      if (sending) {
-        io.send_bb = cgc__encode_chunk(a);
-        sending = cgc__upload_left(a);
-        memset(ops, 0, sizeof ops);
-        ops[0].op = GRPC_OP_SEND_MESSAGE;
-        ops[0].data.send_message.send_message = io.send_bb;
-        ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-        if (cgc__start(call, ops, sending ? 1 : 2, CGC__TAG_SEND) == 0)
-          send_busy = 1;
-        else
-          batch_failed = 1;
-      }
+      cgc__on_sent(a, f, ev.success);
       break;
-    case CGC__TAG_RECV: {
-      recv_busy = 0;
-      if (io.recv_bb && !local_rc)
-        local_rc = cgc__on_message(a, io.recv_bb);
-      int ended = !io.recv_bb;
-      if (io.recv_bb)
-        grpc_byte_buffer_destroy(io.recv_bb);
-      io.recv_bb = NULL;
-      if (local_rc)
-        grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
-                                     "client rejected the response", NULL);
-      /* Once all the announced bytes are in, the status is asked for at
-       * once; reading on still catches a server that sends more. */
-      int all_in = a->have_header && a->received == a->out->nbytes;
-      if (all_in && !status_started)
-        t_last = cgc__now_ms();
-      if (!ended && !local_rc) {
-        grpc_op rop;
-        memset(&rop, 0, sizeof rop);
-        rop.op = GRPC_OP_RECV_MESSAGE;
-        rop.data.recv_message.recv_message = &io.recv_bb;
-        if (cgc__start(call, &rop, 1, CGC__TAG_RECV) == 0)
-          recv_busy = 1;
-        else
-          batch_failed = 1;
-      }
-      if ((ended || local_rc || all_in) && !status_started && !batch_failed) {
-        if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS) == 0)
-          status_busy = status_started = 1;
-        else
-          batch_failed = 1;
-      }
+    case CGC__TAG_RECV:
+      cgc__on_received(a, f);
       break;
-    }
     case CGC__TAG_STATUS:
-      status_busy = 0;
+      f->status_busy = 0;
       break;
     }
-    if (batch_failed) {
+    if (f->batch_failed) {
       /* Everything pending completes (as failed) after a cancel. */
-      grpc_call_cancel(call, NULL);
-      sending = 0;
+      grpc_call_cancel(f->call, NULL);
+      f->sending = 0;
     }
   }
+}
 
-  if (batch_failed) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
-    rc = CGC_ERPC;
-  } else if (local_rc) {
-    cgc__status_set(st,
-                    local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
-                                           : GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "%s", a->perr);
-    rc = local_rc;
-  } else if (io.code != GRPC_STATUS_OK) {
-    cgc__status_from_grpc(st, io.code, io.details);
-    rc = CGC_ERPC;
-  } else if (!a->have_header || a->received != a->out->nbytes) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
-                    a->have_header ? "the stream ended before all data"
-                                   : "no ResultHeader");
-    rc = CGC_EPROTO;
-  } else {
-    a->res.total_ms = cgc__now_ms() - t0;
-    a->res.download_ms = t_last - a->t_header;
-    a->res.bytes_received = a->received;
-    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
-  }
-  goto out;
-
-start_failed:
-  cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
-  rc = CGC_ERPC;
-  grpc_call_cancel(call, NULL);
-  while (send_busy || recv_busy || status_busy) {
-    grpc_event ev = grpc_completion_queue_next(
-        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+/* After an opening batch failed to start: cancels the call and waits out
+ * the batches already started. */
+static void cgc__drain(cgc__flight *f) {
+  grpc_call_cancel(f->call, NULL);
+  while (f->send_busy || f->recv_busy || f->status_busy) {
+    grpc_event ev = cgc__next(f);
     if (ev.type != GRPC_OP_COMPLETE)
       break;
     if ((intptr_t)ev.tag == CGC__TAG_SEND)
-      send_busy = 0;
+      f->send_busy = 0;
     else if ((intptr_t)ev.tag == CGC__TAG_RECV)
-      recv_busy = 0;
+      f->recv_busy = 0;
     else
-      status_busy = 0;
+      f->status_busy = 0;
+  }
+}
+
+/* The attempt's result from how its call ended. */
+static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
+  if (f->batch_failed) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+    return CGC_ERPC;
+  }
+  if (f->local_rc) {
+    cgc__status_set(st,
+                    f->local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
+                                              : GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "%s", a->perr);
+    return f->local_rc;
+  }
+  if (f->io.code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, f->io.code, f->io.details);
+    return CGC_ERPC;
+  }
+  if (!a->have_header || a->received != a->out->nbytes) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
+                    a->have_header ? "the stream ended before all data"
+                                   : "no ResultHeader");
+    return CGC_EPROTO;
+  }
+  a->res.total_ms = cgc__now_ms() - f->t0;
+  a->res.download_ms = f->t_last - a->t_header;
+  a->res.bytes_received = a->received;
+  cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+  return 0;
+}
+
+/* Returns once gRPC holds no slice of the caller's tensors. */
+static void cgc__unpin(cgc__attempt *a) {
+  double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
+  while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  cgc__pin_unref(a->pin);
+  a->pin = NULL;
+}
+
+/* One Compute call on a completion queue of its own: send batches (one at
+ * a time), receive batches (one at a time) and the status batch, driven
+ * until none is pending. */
+static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
+                                gpr_timespec deadline, cgc_status *st) {
+  cgc__attempt *a = vctx;
+  cgc__flight f;
+  memset(&f, 0, sizeof f);
+  f.cq = grpc_completion_queue_create_for_next(NULL);
+  f.t0 = f.t_last = cgc__now_ms();
+  cgc__call_io_init(&f.io);
+  int rc = cgc__attempt_reset(a, st);
+  if (rc)
+    goto out;
+  f.io.send_bb = cgc__encode_header(a);
+  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+
+  f.call = grpc_channel_create_call(
+      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
+      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
+      deadline, NULL);
+  if (!f.call) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
+    rc = CGC_ERPC;
+  } else if (cgc__open(a, &f) != 0) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+    rc = CGC_ERPC;
+    cgc__drain(&f);
+  } else {
+    cgc__drive(a, &f);
+    rc = cgc__outcome(a, &f, st);
   }
 out:
-  cgc__call_end(call, cq, &io);
-  if (a->pin) {
-    /* Only return once gRPC holds no slice of the caller's tensors. */
-    double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
-    while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
-      struct timespec ts = {0, 200000};
-      nanosleep(&ts, NULL);
-    }
-    cgc__pin_unref(a->pin);
-    a->pin = NULL;
-  }
+  cgc__call_end(f.call, f.cq, &f.io);
+  if (a->pin)
+    cgc__unpin(a);
   if (rc)
     cgc__drop_out(a);
   return rc;
