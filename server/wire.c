@@ -27,21 +27,3 @@ int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
   }
   return 0;
 }
-
-int cgs_wire_copy(grpc_byte_buffer *bb, size_t off, size_t len, void *dst) {
-  return cgw_copy(bb, off, len, dst);
-}
-
-ProtobufCMessage *cgs_wire_unpack(const ProtobufCMessageDescriptor *desc,
-                                  grpc_byte_buffer *bb) {
-  return cgw_unpack(desc, bb);
-}
-
-grpc_byte_buffer *cgs_wire_pack(const ProtobufCMessage *m) {
-  return cgw_pack(m);
-}
-
-grpc_byte_buffer *cgs_wire_chunk_zero_copy(void *data, size_t len,
-                                           void (*unref)(void *), void *user) {
-  return cgw_response_chunk(data, len, unref, user);
-}
