@@ -1,11 +1,7 @@
-/* cgs_wire.h - protobuf encoding and decoding on grpc_byte_buffers.
- *
- * Headers and small messages go through protobuf-c. The bulk path does
- * not: DataChunk messages are scanned in place by a small reader of the
- * protobuf wire format, and their bytes are copied once, straight from the
- * received slices into the destination tensor; response chunks wrap the
- * output tensor's memory in a grpc slice behind a few bytes of framing.
- * Everything here is thread-safe (no shared state). */
+/* cgs_wire.h - the server's names for the shared wire codec (proto/cgw.h),
+ * in the shapes the call code reads: a request's kind, and where a
+ * DataChunk's bytes sit. Everything here is thread-safe (no shared
+ * state). */
 #ifndef CGS_WIRE_H
 #define CGS_WIRE_H
 
@@ -15,9 +11,11 @@
 #include <grpc/byte_buffer.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include "cgw.h"
+
 typedef enum {
-  CGS_MSG_HEADER = 1, /* ComputeRequest.header is set */
-  CGS_MSG_CHUNK = 2   /* ComputeRequest.chunk is set */
+  CGS_MSG_HEADER = CGW_HEADER, /* ComputeRequest.header is set */
+  CGS_MSG_CHUNK = CGW_CHUNK    /* ComputeRequest.chunk is set */
 } cgs_msg_kind;
 
 /* Where a DataChunk's bytes sit inside the message. */
@@ -34,26 +32,10 @@ typedef struct cgs_chunk_view {
 int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
                           cgs_chunk_view *chunk, char *err, size_t errlen);
 
-/* Copies len bytes at offset off of bb's (decompressed) contents to dst.
- * Returns 0, or -1 when bb is shorter than off + len. */
-int cgs_wire_copy(grpc_byte_buffer *bb, size_t off, size_t len, void *dst);
-
-/* Unpacks bb as a message of desc with protobuf-c. Returns the message
- * (free it with protobuf_c_message_free_unpacked(m, NULL)) or NULL when the
- * bytes are malformed or memory ran out. */
-ProtobufCMessage *cgs_wire_unpack(const ProtobufCMessageDescriptor *desc,
-                                  grpc_byte_buffer *bb);
-
-/* Packs m into a new byte buffer owned by the caller. (grpc's allocator
- * does not return on failure.) */
-grpc_byte_buffer *cgs_wire_pack(const ProtobufCMessage *m);
-
-/* A ComputeResponse{chunk = data[0..len)} that references data instead of
- * copying it: the buffer holds a slice over data whose release calls
- * unref(user) once grpc is done with it (on any thread). The caller must
- * take the reference unref will drop before calling. Returns the buffer,
- * owned by the caller. */
-grpc_byte_buffer *cgs_wire_chunk_zero_copy(void *data, size_t len,
-                                           void (*unref)(void *), void *user);
+/* The rest of the codec under the server's names, which call.c uses. */
+#define cgs_wire_copy cgw_copy
+#define cgs_wire_unpack cgw_unpack
+#define cgs_wire_pack cgw_pack
+#define cgs_wire_chunk_zero_copy cgw_response_chunk
 
 #endif

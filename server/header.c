@@ -115,138 +115,163 @@ static cg_ints ints(const int64_t *v, size_t n) {
   return (cg_ints){v, n};
 }
 
-int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
-                     const cgs_config *cfg, cgs_header_info *info,
-                     grpc_status_code *code, char *msg, size_t msglen) {
-  refusal r = {code, msg, msglen};
-  memset(info, 0, sizeof *info);
-  cg_problem *p = &info->prob;
-  cg_problem_init(p);
+/* header.op and the number of inputs it takes. */
+static int check_op(refusal *r, const Convgrad__V1__ComputeHeader *h,
+                    cgs_header_info *info) {
   if (h->op < 1 || h->op > CG_OP_COUNT) {
     if (h->op == 0)
-      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
              "header.op: not set (OP_UNSPECIFIED); name one of the four ops");
     else
-      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value %d",
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value %d",
              (int)h->op);
     return -1;
   }
-  p->op = (cg_op)h->op;
-  const char *opt = cg_op_input_name(p->op, 2); /* the shape tensor */
+  cg_op op = (cg_op)h->op;
+  info->prob.op = op;
+  const char *opt = cg_op_input_name(op, 2); /* the shape tensor */
   if (h->n_inputs < 2 || h->n_inputs > (opt ? 3u : 2u)) {
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "header.inputs: %s takes %s and %s%s%s, got %zu tensors",
-           cg_op_name(p->op), cg_op_input_name(p->op, 0),
-           cg_op_input_name(p->op, 1), opt ? ", optionally then " : "",
-           opt ? opt : "", h->n_inputs);
+           cg_op_name(op), cg_op_input_name(op, 0), cg_op_input_name(op, 1),
+           opt ? ", optionally then " : "", opt ? opt : "", h->n_inputs);
     return -1;
   }
   info->ninputs = (int)h->n_inputs;
+  return 0;
+}
 
-  const Convgrad__V1__Attributes *a = h->attrs;
-  Convgrad__V1__Attributes empty = CONVGRAD__V1__ATTRIBUTES__INIT;
-  if (!a)
-    a = &empty;
+/* The enums and groups of attrs; the lists are the kernels' to check. */
+static int check_attrs(refusal *r, const Convgrad__V1__Attributes *a) {
+  int data_fmt = a->data_format, w_fmt = a->weights_format;
   if ((int)a->auto_pad < 0 || a->auto_pad > CONVGRAD__V1__AUTO_PAD__VALID) {
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad: unknown value %d",
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "attrs.auto_pad: unknown value %d",
            (int)a->auto_pad);
     return -1;
   }
-  int data_fmt = a->data_format, w_fmt = a->weights_format;
   if (data_fmt != 0 && !is_data_layout(data_fmt)) {
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "attrs.data_format: %s (%d) is not NCX or NXC",
            layout_name(data_fmt), data_fmt);
     return -1;
   }
   if (w_fmt != 0 && !is_weights_layout(w_fmt)) {
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "attrs.weights_format: %s (%d) is not OIX, XIO, IOX or XOI",
            layout_name(w_fmt), w_fmt);
     return -1;
   }
   if (a->groups < 0) {
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "attrs.groups: must be > 0, got %" PRId64, a->groups);
     return -1;
   }
+  return 0;
+}
 
-  /* dtypes, layouts and sizes of the tensors */
+/* inputs[i], i < 2: a float tensor of the request's one dtype, in a layout
+ * that agrees with attrs (an unset format takes the tensor's). */
+static int check_float_input(refusal *r, const Convgrad__V1__ComputeHeader *h,
+                             int i, cg_problem *p, int *data_fmt, int *w_fmt) {
+  const Convgrad__V1__Tensor *t = h->inputs[i];
+  if (t->dtype < CONVGRAD__V1__DTYPE__F32 ||
+      t->dtype > CONVGRAD__V1__DTYPE__F16) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].dtype: %d is not F32, BF16 or F16", i, (int)t->dtype);
+    return -1;
+  }
+  if (i == 1 && t->dtype != h->inputs[0]->dtype) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[1].dtype: %s differs from inputs[0].dtype %s",
+           cg_dtype_name((cg_dtype)t->dtype),
+           cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
+    return -1;
+  }
+  p->dtype = (cg_dtype)t->dtype;
+  int w = i == 1 &&
+          (p->op == CG_OP_CONV_BWD_DATA || p->op == CG_OP_DECONV_BWD_DATA);
+  return check_layout(r, i, t->layout, w, w ? w_fmt : data_fmt);
+}
+
+/* inputs[2]: the optional shape tensor, 1-D integers without a layout. */
+static int check_shape_input(refusal *r, const Convgrad__V1__Tensor *t,
+                             cg_op op) {
+  if (t->dtype != CONVGRAD__V1__DTYPE__S32 &&
+      t->dtype != CONVGRAD__V1__DTYPE__S64) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[2].dtype: a %s tensor must be S32 or S64",
+           cg_op_input_name(op, 2));
+    return -1;
+  }
+  if (t->n_shape != 1 || t->shape[0] < 1 || t->shape[0] > CG_MAX_RANK) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[2].shape: a %s tensor is 1-D with 1 to %d values",
+           cg_op_input_name(op, 2), CG_MAX_RANK);
+    return -1;
+  }
+  if (t->layout != 0) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[2].layout: a shape tensor has no layout");
+    return -1;
+  }
+  return 0;
+}
+
+/* dtypes, layouts and sizes of the tensors, and their total. */
+static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
+                        const cgs_config *cfg, cgs_header_info *info,
+                        int *data_fmt, int *w_fmt) {
+  cg_problem *p = &info->prob;
   uint64_t total = 0;
-  int weights_input =
-      p->op == CG_OP_CONV_BWD_DATA || p->op == CG_OP_DECONV_BWD_DATA;
   for (int i = 0; i < info->ninputs; i++) {
     const Convgrad__V1__Tensor *t = h->inputs[i];
     size_t esize;
     if (i < 2) {
-      if (t->dtype < CONVGRAD__V1__DTYPE__F32 ||
-          t->dtype > CONVGRAD__V1__DTYPE__F16) {
-        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[%d].dtype: %d is not F32, BF16 or F16", i,
-               (int)t->dtype);
+      if (check_float_input(r, h, i, p, data_fmt, w_fmt) != 0)
         return -1;
-      }
-      if (i == 1 && t->dtype != h->inputs[0]->dtype) {
-        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[1].dtype: %s differs from inputs[0].dtype %s",
-               cg_dtype_name((cg_dtype)t->dtype),
-               cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
-        return -1;
-      }
-      p->dtype = (cg_dtype)t->dtype;
       esize = cg_dtype_size(p->dtype);
-      int w = weights_input && i == 1;
-      if (check_layout(&r, i, t->layout, w, w ? &w_fmt : &data_fmt) != 0)
-        return -1;
     } else {
-      if (t->dtype != CONVGRAD__V1__DTYPE__S32 &&
-          t->dtype != CONVGRAD__V1__DTYPE__S64) {
-        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[2].dtype: a %s tensor must be S32 or S64",
-               cg_op_input_name(p->op, 2));
+      if (check_shape_input(r, t, p->op) != 0)
         return -1;
-      }
-      if (t->n_shape != 1 || t->shape[0] < 1 || t->shape[0] > CG_MAX_RANK) {
-        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[2].shape: a %s tensor is 1-D with 1 to %d values",
-               cg_op_input_name(p->op, 2), CG_MAX_RANK);
-        return -1;
-      }
-      if (t->layout != 0) {
-        refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[2].layout: a shape tensor has no layout");
-        return -1;
-      }
       esize = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
     }
-    if (tensor_size(&r, i, t, esize, cfg->max_tensor_elements,
+    if (tensor_size(r, i, t, esize, cfg->max_tensor_elements,
                     &info->in_len[i]) != 0)
       return -1;
     total += info->in_len[i];
   }
   if (total > cfg->max_request_bytes) {
-    refuse(&r, GRPC_STATUS_RESOURCE_EXHAUSTED,
+    refuse(r, GRPC_STATUS_RESOURCE_EXHAUSTED,
            "inputs: %" PRIu64 " bytes exceed the limit %" PRIu64
            " (--max-request-bytes); it cannot run on this server",
            total, cfg->max_request_bytes);
     return -1;
   }
+  return 0;
+}
 
-  int out_layout = h->output_layout;
-  if (out_layout != 0) {
-    int want_w = cg_op_outputs_weights(p->op);
-    if (want_w ? !is_weights_layout(out_layout) : !is_data_layout(out_layout)) {
-      refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
-             "header.output_layout: %s (%d) is not a %s layout",
-             layout_name(out_layout), out_layout, want_w ? "weights" : "data");
-      return -1;
-    }
-    if (want_w)
-      p->out_weights_format = to_weights_format(out_layout);
-    else
-      p->out_data_format = to_data_format(out_layout);
+/* header.output_layout: unset, or one of the output's kind. */
+static int check_output_layout(refusal *r, int out_layout, cg_problem *p) {
+  if (out_layout == 0)
+    return 0;
+  int want_w = cg_op_outputs_weights(p->op);
+  if (want_w ? !is_weights_layout(out_layout) : !is_data_layout(out_layout)) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.output_layout: %s (%d) is not a %s layout",
+           layout_name(out_layout), out_layout, want_w ? "weights" : "data");
+    return -1;
   }
+  if (want_w)
+    p->out_weights_format = to_weights_format(out_layout);
+  else
+    p->out_data_format = to_data_format(out_layout);
+  return 0;
+}
 
+/* The problem's attributes and input dims, viewing the header's lists. */
+static void take_attrs(cg_problem *p, const Convgrad__V1__ComputeHeader *h,
+                       const Convgrad__V1__Attributes *a, int data_fmt,
+                       int w_fmt) {
   p->attrs.strides = ints(a->strides, a->n_strides);
   p->attrs.pads_begin = ints(a->pads_begin, a->n_pads_begin);
   p->attrs.pads_end = ints(a->pads_end, a->n_pads_end);
@@ -260,10 +285,16 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
   p->attrs.weights_shape = ints(a->weights_shape, a->n_weights_shape);
   for (int i = 0; i < 2; i++)
     p->input_dims[i] = ints(h->inputs[i]->shape, h->inputs[i]->n_shape);
+}
 
-  if (h->response_chunk_bytes && h->response_chunk_bytes < CGS_MIN_CHUNK_BYTES) {
+/* header.response_chunk_bytes, or the server's default; at most the
+ * largest chunk the server sends. */
+static int take_chunk_bytes(refusal *r, const Convgrad__V1__ComputeHeader *h,
+                            const cgs_config *cfg, cgs_header_info *info) {
+  if (h->response_chunk_bytes &&
+      h->response_chunk_bytes < CGS_MIN_CHUNK_BYTES) {
     /* One message per few bytes would hold the call's memory for hours. */
-    refuse(&r, GRPC_STATUS_INVALID_ARGUMENT,
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "header.response_chunk_bytes: must be 0 (the server's default) or "
            "at least %u, got %u",
            CGS_MIN_CHUNK_BYTES, h->response_chunk_bytes);
@@ -273,6 +304,24 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
                                               : (size_t)cfg->chunk_bytes;
   if (info->chunk_bytes > CGS_MAX_CHUNK_BYTES)
     info->chunk_bytes = CGS_MAX_CHUNK_BYTES;
-
   return 0;
+}
+
+int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
+                     const cgs_config *cfg, cgs_header_info *info,
+                     grpc_status_code *code, char *msg, size_t msglen) {
+  refusal r = {code, msg, msglen};
+  memset(info, 0, sizeof *info);
+  cg_problem_init(&info->prob);
+  if (check_op(&r, h, info) != 0)
+    return -1;
+  Convgrad__V1__Attributes empty = CONVGRAD__V1__ATTRIBUTES__INIT;
+  const Convgrad__V1__Attributes *a = h->attrs ? h->attrs : &empty;
+  int data_fmt = a->data_format, w_fmt = a->weights_format;
+  if (check_attrs(&r, a) != 0 ||
+      check_inputs(&r, h, cfg, info, &data_fmt, &w_fmt) != 0 ||
+      check_output_layout(&r, h->output_layout, &info->prob) != 0)
+    return -1;
+  take_attrs(&info->prob, h, a, data_fmt, w_fmt);
+  return take_chunk_bytes(&r, h, cfg, info);
 }

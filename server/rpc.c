@@ -22,6 +22,7 @@
 #include "cgs_info.h"
 #include "cgs_log.h"
 #include "cgs_peers.h"
+#include "cgw.h"
 
 /* Requests kept posted per method, so that bursts of new calls find one
  * waiting (grpc queues the rest until the loop posts more). */
@@ -43,14 +44,7 @@ static const char *const method_paths[CGS_M_COUNT] = {
     "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch", NULL};
 
 const char *cgs_status_name(grpc_status_code code) {
-  static const char *const names[] = {
-      "OK",          "CANCELLED",         "UNKNOWN",
-      "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-      "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED",    "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",          "UNAVAILABLE",
-      "DATA_LOSS",     "UNAUTHENTICATED"};
-  return (unsigned)code < sizeof names / sizeof names[0] ? names[code] : "?";
+  return cgw_status_name(code);
 }
 
 grpc_call_error cgs_rpc_batch(cgs_server *s, grpc_call *call,

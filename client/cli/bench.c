@@ -234,6 +234,99 @@ static int cgc__bench_load(const char *path, cgc__bench_row *rows, int *nrows,
   return code;
 }
 
+/* The rows of --problems FILE and of each --problem DESC. */
+static int cgc__bench_rows(const char *file, const cgc_cli_strs *descs,
+                           int deconv, cg_op only, cg_dtype dt,
+                           cg_data_format df, cg_weights_format wf,
+                           cgc__bench_row *rows, int *nrows) {
+  int code = 0;
+  if (file)
+    code = cgc__bench_load(file, rows, nrows, only, dt, df, wf);
+  for (int i = 0; !code && i < descs->n; i++) {
+    char err[256];
+    cg_bdesc d;
+    if (cg_bdesc_parse(descs->v[i], deconv, &d, err, sizeof err))
+      return cgc_cli_usage("bench", "--problem: %s", err);
+    code = cgc__bench_add(rows, nrows, &d, descs->v[i], only, dt, df, wf);
+  }
+  if (!code && *nrows == 0) {
+    fprintf(stderr, "convgrad bench: no problem matches\n");
+    code = CGC_EXIT_INPUT;
+  }
+  return code;
+}
+
+/* One measured row: a line of the table (name column w wide), or an
+ * object appended to jrows. */
+static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
+                             cJSON *jrows) {
+  double p50 = cgc__pct(r->lat_ms, r->n, 50),
+         p90 = cgc__pct(r->lat_ms, r->n, 90),
+         p99 = cgc__pct(r->lat_ms, r->n, 99);
+  double rps = (double)r->n / r->wall_s;
+  double mbs =
+      rps *
+      (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] + r->geom.out_bytes) /
+      1e6;
+  double cms = r->compute_ms_sum / (double)r->n;
+  if (!jrows) {
+    printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
+           "%10.3f\n",
+           w, r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
+           conc, r->n, p50, p90, p99, rps, mbs, cms);
+    fflush(stdout);
+    return;
+  }
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "problem", r->name);
+  cJSON_AddStringToObject(o, "op", cg_op_name(r->spec.op));
+  cJSON_AddStringToObject(o, "dtype", cg_dtype_name(r->spec.dtype));
+  cJSON_AddNumberToObject(o, "concurrency", (double)conc);
+  cJSON_AddNumberToObject(o, "requests", (double)r->n);
+  cJSON_AddNumberToObject(o, "p50_ms", p50);
+  cJSON_AddNumberToObject(o, "p90_ms", p90);
+  cJSON_AddNumberToObject(o, "p99_ms", p99);
+  cJSON_AddNumberToObject(o, "requests_per_s", rps);
+  cJSON_AddNumberToObject(o, "mb_per_s", mbs);
+  cJSON_AddNumberToObject(o, "server_compute_ms", cms);
+  cJSON_AddNumberToObject(o, "server_queue_ms", r->queue_ms_sum / (double)r->n);
+  cJSON_AddNumberToObject(o, "gflops", r->geom.flops * rps / 1e9);
+  cJSON_AddItemToArray(jrows, o);
+}
+
+/* Measures every row in turn on random inputs, printing each as it ends;
+ * jrows collects them for --json (NULL for the table). */
+static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
+                          int nrows, long warmup, long nreq, int conc,
+                          cJSON *jrows) {
+  uint64_t seed = 7;
+  int code, w = 7; /* the problem column fits the longest name */
+  for (int i = 0; i < nrows; i++)
+    if ((int)strlen(rows[i].name) > w)
+      w = (int)strlen(rows[i].name);
+  if (!jrows)
+    printf("%-*s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", w, "problem",
+           "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms", "req/s",
+           "MB/s", "compute ms");
+  for (int i = 0; i < nrows; i++) {
+    cgc__bench_row *r = &rows[i];
+    for (int k = 0; k < 2; k++) {
+      r->in[k] = malloc(r->geom.in_bytes[k] ? r->geom.in_bytes[k] : 1);
+      if (!r->in[k]) {
+        fprintf(stderr, "convgrad bench: out of memory\n");
+        return CGC_EXIT_INTERNAL;
+      }
+      cgc_fill_random(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
+    }
+    if ((code = cgc__bench_row_run(ch, r, warmup, nreq, conc)) != 0)
+      return code;
+    if (r->errors)
+      return cgc_cli_fail(cli, r->first_rc, &r->first_st);
+    cgc__bench_print(r, w, conc, jrows);
+  }
+  return 0;
+}
+
 int cgc_cmd_bench(int argc, char **argv) {
   cgc_cli cli;
   const char *file = NULL;
@@ -271,95 +364,18 @@ int cgc_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "convgrad bench: out of memory\n");
     return CGC_EXIT_INTERNAL;
   }
-  if (file)
-    code = cgc__bench_load(file, rows, &nrows, only, dt, df, wf);
-  for (int i = 0; !code && i < descs.n; i++) {
-    char err[256];
-    cg_bdesc d;
-    if (cg_bdesc_parse(descs.v[i], deconv, &d, err, sizeof err)) {
-      code = cgc_cli_usage("bench", "--problem: %s", err);
-      break;
-    }
-    code = cgc__bench_add(rows, &nrows, &d, descs.v[i], only, dt, df, wf);
-  }
-  if (!code && nrows == 0) {
-    fprintf(stderr, "convgrad bench: no problem matches\n");
-    code = CGC_EXIT_INPUT;
-  }
-  if (code || (code = cgc_cli_connect(&cli, &ch)) != 0)
-    goto out;
-
-  uint64_t seed = 7;
-  cJSON *jrows = json ? cJSON_CreateArray() : NULL;
-  int w = 7; /* the problem column fits the longest name */
-  for (int i = 0; i < nrows; i++)
-    if ((int)strlen(rows[i].name) > w)
-      w = (int)strlen(rows[i].name);
-  if (!json)
-    printf("%-*s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", w, "problem",
-           "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms", "req/s",
-           "MB/s", "compute ms");
-  for (int i = 0; i < nrows; i++) {
-    cgc__bench_row *r = &rows[i];
-    for (int k = 0; k < 2; k++) {
-      r->in[k] = malloc(r->geom.in_bytes[k] ? r->geom.in_bytes[k] : 1);
-      if (!r->in[k]) {
-        fprintf(stderr, "convgrad bench: out of memory\n");
-        code = CGC_EXIT_INTERNAL;
-        goto done;
-      }
-      cgc_fill_random(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
-    }
-    if ((code = cgc__bench_row_run(ch, r, (long)warmup.v, (long)nreq.v,
-                                   (int)conc.v)) != 0)
-      goto done;
-    if (r->errors) {
-      code = cgc_cli_fail(&cli, r->first_rc, &r->first_st);
-      goto done;
-    }
-    double p50 = cgc__pct(r->lat_ms, r->n, 50),
-           p90 = cgc__pct(r->lat_ms, r->n, 90),
-           p99 = cgc__pct(r->lat_ms, r->n, 99);
-    double rps = (double)r->n / r->wall_s;
-    double mbs = rps *
-                 (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] +
-                          r->geom.out_bytes) /
-                 1e6;
-    double cms = r->compute_ms_sum / (double)r->n;
-    if (json) {
-      cJSON *o = cJSON_CreateObject();
-      cJSON_AddStringToObject(o, "problem", r->name);
-      cJSON_AddStringToObject(o, "op", cg_op_name(r->spec.op));
-      cJSON_AddStringToObject(o, "dtype", cg_dtype_name(r->spec.dtype));
-      cJSON_AddNumberToObject(o, "concurrency", (double)conc.v);
-      cJSON_AddNumberToObject(o, "requests", (double)r->n);
-      cJSON_AddNumberToObject(o, "p50_ms", p50);
-      cJSON_AddNumberToObject(o, "p90_ms", p90);
-      cJSON_AddNumberToObject(o, "p99_ms", p99);
-      cJSON_AddNumberToObject(o, "requests_per_s", rps);
-      cJSON_AddNumberToObject(o, "mb_per_s", mbs);
-      cJSON_AddNumberToObject(o, "server_compute_ms", cms);
-      cJSON_AddNumberToObject(o, "server_queue_ms",
-                              r->queue_ms_sum / (double)r->n);
-      cJSON_AddNumberToObject(o, "gflops", r->geom.flops * rps / 1e9);
-      cJSON_AddItemToArray(jrows, o);
-    } else {
-      printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
-             "%10.3f\n",
-             w, r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
-             (long long)conc.v, r->n, p50, p90, p99, rps, mbs, cms);
-      fflush(stdout);
-    }
-  }
-  if (json) {
-    char *text = cJSON_Print(jrows);
+  if ((code = cgc__bench_rows(file, &descs, deconv, only, dt, df, wf, rows,
+                              &nrows)) == 0 &&
+      (code = cgc_cli_connect(&cli, &ch)) == 0) {
+    cJSON *jrows = json ? cJSON_CreateArray() : NULL;
+    code = cgc__bench_run(&cli, ch, rows, nrows, (long)warmup.v, (long)nreq.v,
+                          (int)conc.v, jrows);
+    char *text = !code && jrows ? cJSON_Print(jrows) : NULL;
     if (text)
       printf("%s\n", text);
     cJSON_free(text);
+    cJSON_Delete(jrows);
   }
-done:
-  cJSON_Delete(jrows);
-out:
   for (int i = 0; i < nrows; i++) {
     free(rows[i].in[0]);
     free(rows[i].in[1]);

@@ -277,6 +277,110 @@ static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
   return code;
 }
 
+/* The spec from --graph, --problem or the flags alone, flags winning. */
+static int cgc__run_spec(cgc_spec *s, const char **v, int shape_input,
+                         int graph_op) {
+  char err[512];
+  int code;
+  if (v[R_GRAPH] && v[R_PROBLEM])
+    return cgc_cli_usage("run", "--graph and --problem exclude each other");
+  cgc_spec_init(s);
+  if (v[R_GRAPH]) {
+    if (cgc_graph_load(v[R_GRAPH], graph_op, s, err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      return CGC_EXIT_INPUT;
+    }
+  } else if (v[R_PROBLEM]) {
+    cg_bdesc d;
+    cg_bdesc_problem bp;
+    /* The descriptor's shapes follow the op, dtype and layouts of the
+     * flags, so those are read first. */
+    if ((code = cgc__run_apply(s, v, 0)) != 0)
+      return code;
+    if (!s->op)
+      return cgc_cli_usage("run", "--problem needs a valid --op");
+    int deconv =
+        s->op == CG_OP_DECONV_BWD_DATA || s->op == CG_OP_DECONV_BWD_WEIGHTS;
+    if (cg_bdesc_parse(v[R_PROBLEM], deconv, &d, err, sizeof err) ||
+        cg_bdesc_problem_init(&bp, &d, s->op, s->dtype, s->data_format,
+                              s->weights_format, err, sizeof err))
+      return cgc_cli_usage("run", "--problem: %s", err);
+    cgc_spec_from_problem(s, &bp.problem);
+  }
+  if ((code = cgc__run_apply(s, v, shape_input)) != 0)
+    return code;
+  if (!s->op)
+    return cgc_cli_usage("run", "give --op NAME or --graph FILE");
+  return 0;
+}
+
+/* The two inputs: read from --inN files, else random from the seed. The
+ * caller frees in[] whatever this returns. */
+static int cgc__run_inputs(cgc_spec *s, const char **v, uint64_t seed,
+                           void *in[2], size_t nbytes[2]) {
+  char err[512];
+  int code;
+  /* Without an explicit dtype, a .npy in0 decides it; it is read once, so
+   * that it may be a pipe. */
+  int dtype_from_in0 = !v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM];
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (int i = 0; i < 2; i++) {
+    const char *file = v[i ? R_IN1 : R_IN0];
+    if (file) {
+      if ((code = cgc__run_load(s, i, file, i == 0 && dtype_from_in0, &in[i],
+                                &nbytes[i])) != 0)
+        return code;
+      continue;
+    }
+    if (s->rank[i] == 0)
+      return cgc_cli_usage("run",
+                           "input %d (%s): give --in%d FILE.npy or "
+                           "--in%d-shape",
+                           i, cg_op_input_name(s->op, i), i, i);
+    if (cgc_spec_input_bytes(s, i, &nbytes[i], err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      return CGC_EXIT_INPUT;
+    }
+    in[i] = malloc(nbytes[i] ? nbytes[i] : 1);
+    if (!in[i]) {
+      fprintf(stderr, "convgrad run: out of memory for a %zu-byte input\n",
+              nbytes[i]);
+      return CGC_EXIT_INTERNAL;
+    }
+    cgc_fill_random(s->dtype, in[i], nbytes[i] / cg_dtype_size(s->dtype),
+                    &state);
+  }
+  return 0;
+}
+
+/* What came back: the result's shape and the call's figures. */
+static void cgc__run_report(const cgc_spec *s, const cgc_tensor *out,
+                            const cgc_result *res) {
+  printf("%s %s: %s ", cg_op_name(s->op), cg_dtype_name(out->dtype),
+         cg_op_output_name(s->op));
+  cgc__print_dims(out->dims, out->rank);
+  printf(" %s, %zu bytes\n", cgc_layout_name(out->layout), out->nbytes);
+  printf("server: queue %.3f ms, compute %.3f ms, path %s, worker %s",
+         res->queue_ms, res->compute_ms, res->compute_path, res->worker);
+  if (res->npads) {
+    printf(", pads ");
+    cgc__print_dims(res->pads_begin, res->npads);
+    printf("/");
+    cgc__print_dims(res->pads_end, res->npads);
+  }
+  printf("\nclient: total %.3f ms, %d attempt%s, %llu bytes up, %llu down\n",
+         res->total_ms, res->attempts, res->attempts == 1 ? "" : "s",
+         (unsigned long long)res->bytes_sent,
+         (unsigned long long)res->bytes_received);
+  /* Bandwidth only means something for streams of several MiB. */
+  if (res->upload_ms > 0 && res->bytes_sent >= (4u << 20))
+    printf("transfer: upload %.1f ms (%.2f GB/s)\n", res->upload_ms,
+           (double)res->bytes_sent / res->upload_ms / 1e6);
+  if (res->download_ms > 0 && res->bytes_received >= (4u << 20))
+    printf("transfer: download %.1f ms (%.2f GB/s)\n", res->download_ms,
+           (double)res->bytes_received / res->download_ms / 1e6);
+}
+
 int cgc_cmd_run(int argc, char **argv) {
   const char *v[R_COUNT] = {NULL};
   cgc_cli cli;
@@ -301,74 +405,11 @@ int cgc_cmd_run(int argc, char **argv) {
   if (cgc_cli_parse(&cli, opts, argc, argv, &code))
     return code;
   if ((code = cgc_cli_number("run", v[R_SEED], &seed)) ||
-      (code = cgc_cli_number("run", v[R_GRAPH_OP], &graph_op)))
+      (code = cgc_cli_number("run", v[R_GRAPH_OP], &graph_op)) ||
+      (code = cgc__run_spec(&s, v, shape_input, (int)graph_op.v)))
     return code;
-  if (v[R_GRAPH] && v[R_PROBLEM])
-    return cgc_cli_usage("run", "--graph and --problem exclude each other");
-
-  cgc_spec_init(&s);
-  if (v[R_GRAPH]) {
-    if (cgc_graph_load(v[R_GRAPH], (int)graph_op.v, &s, err, sizeof err)) {
-      fprintf(stderr, "convgrad run: %s\n", err);
-      return CGC_EXIT_INPUT;
-    }
-  } else if (v[R_PROBLEM]) {
-    cg_bdesc d;
-    cg_bdesc_problem bp;
-    /* The descriptor's shapes follow the op, dtype and layouts of the
-     * flags, so those are read first. */
-    if ((code = cgc__run_apply(&s, v, 0)) != 0)
-      return code;
-    if (!s.op)
-      return cgc_cli_usage("run", "--problem needs a valid --op");
-    int deconv =
-        s.op == CG_OP_DECONV_BWD_DATA || s.op == CG_OP_DECONV_BWD_WEIGHTS;
-    if (cg_bdesc_parse(v[R_PROBLEM], deconv, &d, err, sizeof err) ||
-        cg_bdesc_problem_init(&bp, &d, s.op, s.dtype, s.data_format,
-                              s.weights_format, err, sizeof err))
-      return cgc_cli_usage("run", "--problem: %s", err);
-    cgc_spec_from_problem(&s, &bp.problem);
-  }
-  if ((code = cgc__run_apply(&s, v, shape_input)) != 0)
-    return code;
-  if (!s.op)
-    return cgc_cli_usage("run", "give --op NAME or --graph FILE");
-  /* Without an explicit dtype, a .npy in0 decides it; it is read once, so
-   * that it may be a pipe. */
-  int dtype_from_in0 = !v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM];
-
-  uint64_t state = (uint64_t)seed.v * 0x9e3779b97f4a7c15ull + 1;
-  for (int i = 0; i < 2; i++) {
-    const char *file = v[i ? R_IN1 : R_IN0];
-    if (file) {
-      if ((code = cgc__run_load(&s, i, file, i == 0 && dtype_from_in0, &in[i],
-                                &nbytes[i])) != 0)
-        goto out;
-      continue;
-    }
-    if (s.rank[i] == 0) {
-      code = cgc_cli_usage("run",
-                           "input %d (%s): give --in%d FILE.npy or "
-                           "--in%d-shape",
-                           i, cg_op_input_name(s.op, i), i, i);
-      goto out;
-    }
-    if (cgc_spec_input_bytes(&s, i, &nbytes[i], err, sizeof err)) {
-      fprintf(stderr, "convgrad run: %s\n", err);
-      code = CGC_EXIT_INPUT;
-      goto out;
-    }
-    in[i] = malloc(nbytes[i] ? nbytes[i] : 1);
-    if (!in[i]) {
-      fprintf(stderr, "convgrad run: out of memory for a %zu-byte input\n",
-              nbytes[i]);
-      code = CGC_EXIT_INTERNAL;
-      goto out;
-    }
-    cgc_fill_random(s.dtype, in[i], nbytes[i] / cg_dtype_size(s.dtype), &state);
-  }
-
-  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+  if ((code = cgc__run_inputs(&s, v, (uint64_t)seed.v, in, nbytes)) ||
+      (code = cgc_cli_connect(&cli, &ch)))
     goto out;
   cgc_request req;
   cgc_result res;
@@ -379,29 +420,7 @@ int cgc_cmd_run(int argc, char **argv) {
     code = cgc_cli_fail(&cli, rc, &st);
     goto out;
   }
-  printf("%s %s: %s ", cg_op_name(s.op), cg_dtype_name(out->dtype),
-         cg_op_output_name(s.op));
-  cgc__print_dims(out->dims, out->rank);
-  printf(" %s, %zu bytes\n", cgc_layout_name(out->layout), out->nbytes);
-  printf("server: queue %.3f ms, compute %.3f ms, path %s, worker %s",
-         res.queue_ms, res.compute_ms, res.compute_path, res.worker);
-  if (res.npads) {
-    printf(", pads ");
-    cgc__print_dims(res.pads_begin, res.npads);
-    printf("/");
-    cgc__print_dims(res.pads_end, res.npads);
-  }
-  printf("\nclient: total %.3f ms, %d attempt%s, %llu bytes up, %llu down\n",
-         res.total_ms, res.attempts, res.attempts == 1 ? "" : "s",
-         (unsigned long long)res.bytes_sent,
-         (unsigned long long)res.bytes_received);
-  /* Bandwidth only means something for streams of several MiB. */
-  if (res.upload_ms > 0 && res.bytes_sent >= (4u << 20))
-    printf("transfer: upload %.1f ms (%.2f GB/s)\n", res.upload_ms,
-           (double)res.bytes_sent / res.upload_ms / 1e6);
-  if (res.download_ms > 0 && res.bytes_received >= (4u << 20))
-    printf("transfer: download %.1f ms (%.2f GB/s)\n", res.download_ms,
-           (double)res.bytes_received / res.download_ms / 1e6);
+  cgc__run_report(&s, out, &res);
   if (v[R_OUT]) {
     if (cgc_npy_write(v[R_OUT], out->dtype, out->rank, out->dims, out->data,
                       out->nbytes, err, sizeof err)) {

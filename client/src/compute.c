@@ -1,18 +1,19 @@
 /* compute.c - convgrad.v1.ConvGrad/Compute from the client side: encodes
  * the request stream (a ComputeHeader, carrying the tensors when the
  * request fits one message, else followed by DataChunk messages whose
- * data slices point straight at the caller's tensors), and decodes the response stream into one output allocation,
- * parsing the two-field ComputeResponse wire format slice by slice so each
- * received chunk byte is copied exactly once. (A small result that rides in
- * ResultHeader.data is copied twice: protobuf-c unpacks the header.) */
+ * data slices point straight at the caller's tensors), and decodes the
+ * response stream into one output allocation: the shared codec (cgw.h)
+ * finds each chunk's data in the received slices, so each received chunk
+ * byte is copied exactly once. (A small result that rides in
+ * ResultHeader.data is copied three times: out of the slices, by
+ * protobuf-c, and into place.) */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <grpc/byte_buffer_reader.h>
-
+#include "cgw.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
 
@@ -41,17 +42,6 @@ static void cgc__pin_unref(void *p) {
 
 enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 
-/* Response parser states: reading a field tag, a length, a body, or
- * skipping an unknown field. */
-enum {
-  CGC__P_TAG,
-  CGC__P_LEN,
-  CGC__P_HEADER,
-  CGC__P_CHUNK,
-  CGC__P_SKIP_BYTES,
-  CGC__P_SKIP_VARINT
-};
-
 typedef struct cgc__attempt {
   const cgc_request *req;
   const cgc_options *opts;
@@ -61,13 +51,6 @@ typedef struct cgc__attempt {
   size_t off;           /* offset into inputs[cur] */
   cgc__pin *pin;
   /* download */
-  int phase;
-  uint64_t varint;
-  int vshift;
-  uint32_t field, wiretype;
-  uint64_t remaining;
-  uint8_t *hbuf;
-  size_t hlen;
   int have_header;
   double t_header; /* cgc__now_ms() when the ResultHeader arrived */
   void *into;      /* caller memory for the result (cgc_compute_into) */
@@ -77,25 +60,6 @@ typedef struct cgc__attempt {
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
 } cgc__attempt;
-
-static size_t cgc__varint_put(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-static size_t cgc__varint_len(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
 
 /* Same numbering on the wire except weights formats, which share the wire
  * Layout enum with the data formats. */
@@ -152,7 +116,7 @@ static int cgc__check_view(const cgc_tensor_view *v, int index,
  * data is still on its way, and every data byte takes the server's chunk
  * path, which copies it once, instead of the header's unpacking, which
  * copies it three times (3-6% faster calls of 11-32 MB here). */
-static int cgc__encode_header(cgc__attempt *a, grpc_byte_buffer **bb) {
+static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   const cgc_request *r = a->req;
   const cg_attrs *at = &r->attrs;
   Convgrad__V1__ComputeRequest msg = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
@@ -214,18 +178,9 @@ static int cgc__encode_header(cgc__attempt *a, grpc_byte_buffer **bb) {
   msg.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   msg.header = &hdr;
 
-  size_t len = convgrad__v1__compute_request__get_packed_size(&msg);
-  uint8_t *buf = malloc(len ? len : 1);
-  if (!buf)
-    return CG_ENOMEM;
-  convgrad__v1__compute_request__pack(&msg, buf);
-  grpc_slice s = grpc_slice_new(buf, len, free);
-  *bb = grpc_raw_byte_buffer_create(&s, 1);
-  grpc_slice_unref(s);
-
   a->cur = 0;
   a->off = a->inline_len[0];
-  return 0;
+  return cgw_pack(&msg.base);
 }
 
 /* Moves the upload cursor past finished inputs; returns 1 if bytes remain. */
@@ -238,36 +193,17 @@ static int cgc__upload_left(cgc__attempt *a) {
   return a->cur < 2;
 }
 
-/* Builds the next ComputeRequest{chunk: DataChunk{input, data}} as two
- * slices: a few bytes of framing, and the data itself in place. */
+/* The next ComputeRequest{chunk: DataChunk{input, data}}, its data in
+ * place in the caller's tensor. */
 static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
   const cgc_tensor_view *v = &a->req->inputs[a->cur];
   size_t left = v->nbytes - a->off;
   size_t n =
       left < a->opts->upload_chunk_bytes ? left : a->opts->upload_chunk_bytes;
-  uint32_t idx = (uint32_t)a->cur;
-  /* proto3 omits a zero input index. */
-  uint64_t dc_len =
-      (idx ? 1 + cgc__varint_len(idx) : 0) + 1 + cgc__varint_len(n) + n;
-  uint8_t pre[32];
-  size_t p = 0;
-  pre[p++] = 0x12; /* ComputeRequest.chunk, length-delimited */
-  p += cgc__varint_put(pre + p, dc_len);
-  if (idx) {
-    pre[p++] = 0x08; /* DataChunk.input, varint */
-    p += cgc__varint_put(pre + p, idx);
-  }
-  pre[p++] = 0x12; /* DataChunk.data, length-delimited */
-  p += cgc__varint_put(pre + p, n);
-
-  grpc_slice s[2];
-  s[0] = grpc_slice_from_copied_buffer((const char *)pre, p);
   atomic_fetch_add(&a->pin->refs, 1);
-  s[1] = grpc_slice_new_with_user_data((char *)v->data + a->off, n,
-                                       cgc__pin_unref, a->pin);
-  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, 2);
-  grpc_slice_unref(s[0]);
-  grpc_slice_unref(s[1]);
+  grpc_byte_buffer *bb =
+      cgw_request_chunk((uint32_t)a->cur, (const char *)v->data + a->off, n,
+                        cgc__pin_unref, a->pin);
   a->off += n;
   a->res.bytes_sent += n;
   return bb;
@@ -279,65 +215,54 @@ static int cgc__perr(cgc__attempt *a, const char *msg) {
   return CGC_EPROTO;
 }
 
-/* The ResultHeader arrived: check it and allocate the output. */
-static int cgc__on_header(cgc__attempt *a) {
-  Convgrad__V1__ResultHeader *h =
-      convgrad__v1__result_header__unpack(NULL, a->hlen, a->hbuf);
-  int rc = 0;
-  if (!h)
-    return cgc__perr(a, "undecodable ResultHeader");
-  cg_dtype dt = (cg_dtype)h->dtype;
-  size_t es = cg_dtype_size(dt), n = 1;
-  if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16) {
-    rc = cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
-    goto out;
-  }
-  if (h->n_shape < 1 || h->n_shape > CG_MAX_RANK) {
-    rc = cgc__perr(a, "ResultHeader.shape has a bad rank");
-    goto out;
-  }
+/* Checks a ResultHeader against itself and the caller's limits; *n gets
+ * the result's size. */
+static int cgc__check_result(cgc__attempt *a,
+                             const Convgrad__V1__ResultHeader *h, size_t *n) {
+  size_t es = cg_dtype_size((cg_dtype)h->dtype);
+  *n = 1;
+  if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16)
+    return cgc__perr(a, "ResultHeader.dtype is not f32/bf16/f16");
+  if (h->n_shape < 1 || h->n_shape > CG_MAX_RANK)
+    return cgc__perr(a, "ResultHeader.shape has a bad rank");
   for (size_t i = 0; i < h->n_shape; i++)
-    if (h->shape[i] < 0 || __builtin_mul_overflow(n, (size_t)h->shape[i], &n)) {
-      rc = cgc__perr(a, "ResultHeader.shape overflows");
-      goto out;
-    }
-  if (__builtin_mul_overflow(n, es, &n) || n != h->total_bytes) {
-    rc = cgc__perr(a, "ResultHeader.total_bytes disagrees with the shape");
-    goto out;
-  }
+    if (h->shape[i] < 0 || __builtin_mul_overflow(*n, (size_t)h->shape[i], n))
+      return cgc__perr(a, "ResultHeader.shape overflows");
+  if (__builtin_mul_overflow(*n, es, n) || *n != h->total_bytes)
+    return cgc__perr(a, "ResultHeader.total_bytes disagrees with the shape");
   if (h->total_bytes > a->opts->max_output_bytes) {
     snprintf(a->perr, sizeof a->perr,
              "result of %llu bytes exceeds max_output_bytes %llu",
              (unsigned long long)h->total_bytes,
              (unsigned long long)a->opts->max_output_bytes);
-    rc = CG_ELIMIT;
-    goto out;
+    return CG_ELIMIT;
   }
-  if (h->n_pads_begin > CG_MAX_SPATIAL || h->n_pads_end != h->n_pads_begin) {
-    rc = cgc__perr(a, "ResultHeader pads have a bad length");
-    goto out;
-  }
-  if (h->data.len != 0 && h->data.len != n) {
-    rc = cgc__perr(a, "ResultHeader.data is not the whole result");
-    goto out;
-  }
-  if (a->into && n > a->into_cap) {
+  if (h->n_pads_begin > CG_MAX_SPATIAL || h->n_pads_end != h->n_pads_begin)
+    return cgc__perr(a, "ResultHeader pads have a bad length");
+  if (h->data.len != 0 && h->data.len != *n)
+    return cgc__perr(a, "ResultHeader.data is not the whole result");
+  if (a->into && *n > a->into_cap) {
     snprintf(a->perr, sizeof a->perr,
              "result of %zu bytes does not fit the caller's %zu-byte buffer",
-             n, a->into_cap);
-    rc = CG_ELIMIT;
-    goto out;
+             *n, a->into_cap);
+    return CG_ELIMIT;
   }
+  return 0;
+}
+
+/* Allocates the result tensor of a checked ResultHeader of n bytes (in the
+ * caller's buffer, when there is one) and keeps the header's figures. */
+static int cgc__take_result(cgc__attempt *a,
+                            const Convgrad__V1__ResultHeader *h, size_t n) {
   cgc_tensor *t = calloc(1, sizeof *t);
   void *data = a->into;
   size_t alloc = (n + 63) & ~(size_t)63;
   if (!t || (!a->into && posix_memalign(&data, 64, alloc ? alloc : 64) != 0)) {
     free(t);
     snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result", n);
-    rc = CG_ENOMEM;
-    goto out;
+    return CG_ENOMEM;
   }
-  t->dtype = dt;
+  t->dtype = (cg_dtype)h->dtype;
   t->rank = (int)h->n_shape;
   for (size_t i = 0; i < h->n_shape; i++)
     t->dims[i] = h->shape[i];
@@ -364,125 +289,66 @@ static int cgc__on_header(cgc__attempt *a) {
     a->res.pads_begin[i] = h->pads_begin[i];
     a->res.pads_end[i] = h->pads_end[i];
   }
-out:
+  return 0;
+}
+
+/* The ResultHeader arrived: check it and allocate the output. */
+static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
+  Convgrad__V1__ResultHeader *h =
+      convgrad__v1__result_header__unpack(NULL, len, buf);
+  if (!h)
+    return cgc__perr(a, "undecodable ResultHeader");
+  size_t n;
+  int rc = cgc__check_result(a, h, &n);
+  if (!rc)
+    rc = cgc__take_result(a, h, n);
   convgrad__v1__result_header__free_unpacked(h, NULL);
   return rc;
 }
 
-/* Feeds bytes of one ComputeResponse message to the parser. Only tags and
- * lengths go through byte-by-byte; bodies are copied in bulk. */
-static int cgc__feed(cgc__attempt *a, const uint8_t *p, size_t n) {
-  int rc;
-  while (n > 0) {
-    switch (a->phase) {
-    case CGC__P_TAG:
-    case CGC__P_LEN:
-    case CGC__P_SKIP_VARINT: {
-      uint8_t b = *p++;
-      n--;
-      if (a->vshift >= 64)
-        return cgc__perr(a, "varint too long");
-      a->varint |= (uint64_t)(b & 0x7f) << a->vshift;
-      a->vshift += 7;
-      if (b & 0x80)
-        break;
-      uint64_t v = a->varint;
-      a->varint = 0;
-      a->vshift = 0;
-      if (a->phase == CGC__P_SKIP_VARINT) {
-        a->phase = CGC__P_TAG;
-      } else if (a->phase == CGC__P_TAG) {
-        a->field = (uint32_t)(v >> 3);
-        a->wiretype = (uint32_t)(v & 7);
-        if ((a->field == 1 || a->field == 2) && a->wiretype != 2)
-          return cgc__perr(a, "ComputeResponse field has the wrong wire type");
-        if (a->wiretype == 0) {
-          a->phase = CGC__P_SKIP_VARINT;
-        } else if (a->wiretype == 1 || a->wiretype == 5) {
-          a->remaining = a->wiretype == 1 ? 8 : 4;
-          a->phase = CGC__P_SKIP_BYTES;
-        } else if (a->wiretype == 2) {
-          a->phase = CGC__P_LEN;
-        } else {
-          return cgc__perr(a, "unsupported wire type");
-        }
-      } else { /* length of a length-delimited field */
-        a->remaining = v;
-        if (a->field == 1) {
-          if (a->have_header)
-            return cgc__perr(a, "a second ResultHeader");
-          if (v > CGC__MAX_HEADER_BYTES)
-            return cgc__perr(a, "ResultHeader too large");
-          free(a->hbuf);
-          a->hbuf = malloc(v ? v : 1);
-          if (!a->hbuf)
-            return cgc__perr(a, "out of memory");
-          a->hlen = 0;
-          a->phase = CGC__P_HEADER;
-        } else if (a->field == 2) {
-          if (!a->have_header)
-            return cgc__perr(a, "data chunk before the ResultHeader");
-          if (v > a->out->nbytes - a->received)
-            return cgc__perr(a, "more data than ResultHeader.total_bytes");
-          a->phase = CGC__P_CHUNK;
-        } else {
-          a->phase = CGC__P_SKIP_BYTES;
-        }
-        /* A zero-length body ends at once. */
-        if (v == 0 && a->phase == CGC__P_HEADER) {
-          if ((rc = cgc__on_header(a)) != 0)
-            return rc;
-          a->phase = CGC__P_TAG;
-        } else if (v == 0) {
-          a->phase = CGC__P_TAG;
-        }
-      }
-      break;
-    }
-    default: {
-      size_t take = a->remaining < n ? (size_t)a->remaining : n;
-      if (a->phase == CGC__P_HEADER) {
-        memcpy(a->hbuf + a->hlen, p, take);
-        a->hlen += take;
-      } else if (a->phase == CGC__P_CHUNK) {
-        memcpy((uint8_t *)a->out->data + a->received, p, take);
-        a->received += take;
-      }
-      p += take;
-      n -= take;
-      a->remaining -= take;
-      if (a->remaining == 0) {
-        if (a->phase == CGC__P_HEADER && (rc = cgc__on_header(a)) != 0)
-          return rc;
-        a->phase = CGC__P_TAG;
-      }
-      break;
-    }
-    }
-  }
+/* Copies the ResultHeader's encoding out of the message and decodes it. */
+static int cgc__read_header(cgc__attempt *a, grpc_byte_buffer *bb,
+                            const cgw_view *v) {
+  if (a->have_header)
+    return cgc__perr(a, "a second ResultHeader");
+  if (v->len > CGC__MAX_HEADER_BYTES)
+    return cgc__perr(a, "ResultHeader too large");
+  uint8_t *buf = malloc(v->len ? v->len : 1);
+  if (!buf)
+    return cgc__perr(a, "out of memory");
+  int rc = cgw_copy(bb, v->off, v->len, buf) != 0
+               ? cgc__perr(a, "unreadable message")
+               : cgc__on_header(a, buf, v->len);
+  free(buf);
+  return rc;
+}
+
+/* Copies a chunk's data from the message into place in the result. */
+static int cgc__read_chunk(cgc__attempt *a, grpc_byte_buffer *bb,
+                           const cgw_view *v) {
+  if (!a->have_header)
+    return cgc__perr(a, "data chunk before the ResultHeader");
+  if (v->len > a->out->nbytes - a->received)
+    return cgc__perr(a, "more data than ResultHeader.total_bytes");
+  if (cgw_copy(bb, v->off, v->len, (uint8_t *)a->out->data + a->received))
+    return cgc__perr(a, "unreadable message");
+  a->received += v->len;
   return 0;
 }
 
 static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
-  grpc_byte_buffer_reader reader;
-  grpc_slice s;
-  int rc = 0;
-  if (!grpc_byte_buffer_reader_init(&reader, bb))
-    return cgc__perr(a, "unreadable message");
-  a->phase = CGC__P_TAG;
-  a->varint = 0;
-  a->vshift = 0;
-  while (grpc_byte_buffer_reader_next(&reader, &s)) {
-    if (!rc)
-      rc = cgc__feed(a, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s));
-    grpc_slice_unref(s);
+  cgw_view v;
+  char why[128];
+  if (cgw_scan_response(bb, &v, why, sizeof why) != 0)
+    return cgc__perr(a, why);
+  switch (v.kind) {
+  case CGW_HEADER:
+    return cgc__read_header(a, bb, &v);
+  case CGW_CHUNK:
+    return cgc__read_chunk(a, bb, &v);
+  default:
+    return 0; /* a message that sets nothing adds nothing */
   }
-  grpc_byte_buffer_reader_destroy(&reader);
-  if (!rc && a->phase != CGC__P_TAG)
-    rc = cgc__perr(a, "truncated ComputeResponse");
-  if (!rc && a->vshift != 0)
-    rc = cgc__perr(a, "truncated field tag");
-  return rc;
 }
 
 /* Drops the attempt's result tensor, keeping the caller's memory. */
@@ -500,23 +366,23 @@ static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
              : CGC_ERPC;
 }
 
-/* One Compute call on a completion queue of its own: send batches (one at
- * a time), receive batches (one at a time) and the status batch, driven
- * until none is pending. */
-static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
-                                gpr_timespec deadline, cgc_status *st) {
-  cgc__attempt *a = vctx;
-  int rc = 0;
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_call *call = NULL;
+/* The live state of one attempt's call: its batches in flight and what
+ * ended it. */
+typedef struct cgc__flight {
+  grpc_completion_queue *cq;
+  grpc_call *call;
   cgc__call_io io;
-  int send_busy = 0, recv_busy = 0, status_busy = 0, sending = 0;
-  int status_started = 0, batch_failed = 0, local_rc = 0;
-  grpc_op ops[5];
-  double t0 = cgc__now_ms(), t_last = t0;
+  grpc_op status_op;
+  int send_busy, recv_busy, status_busy;
+  int sending;        /* upload chunks remain */
+  int status_started; /* the status batch was started */
+  int batch_failed;   /* a batch could not be started */
+  int local_rc;       /* why this end rejected the response */
+  double t0, t_last;  /* the call's start; all data in */
+} cgc__flight;
 
-  cgc__call_io_init(&io);
-  /* Reset what a previous attempt left. */
+/* Clears what a previous attempt left and pins the caller's tensors. */
+static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
   cgc__drop_out(a);
   a->have_header = 0;
   a->received = 0;
@@ -525,180 +391,231 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   a->pin = calloc(1, sizeof *a->pin);
   if (!a->pin) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    rc = CG_ENOMEM;
-    goto out;
+    return CG_ENOMEM;
   }
   atomic_init(&a->pin->refs, 1);
-  if ((rc = cgc__encode_header(a, &io.send_bb)) != 0) {
-    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    goto out;
-  }
-  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+  return 0;
+}
 
-  call = grpc_channel_create_call(
-      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
-      deadline, NULL);
-  if (!call) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
-    rc = CGC_ERPC;
-    goto out;
-  }
-
-  grpc_op status_op;
-  cgc__op_recv_status(&status_op, &io);
-
-  cgc__ops_one_message(ops, &io);
-  sending = cgc__upload_left(a);
-  if (!sending) {
+/* Starts the first batches: the header, and for a long upload the status
+ * too. Returns 0, or CGC_ERPC when a batch cannot start. */
+static int cgc__open(cgc__attempt *a, cgc__flight *f) {
+  grpc_op ops[5];
+  cgc__op_recv_status(&f->status_op, &f->io);
+  cgc__ops_one_message(ops, &f->io);
+  f->sending = cgc__upload_left(a);
+  if (!f->sending) {
     /* The whole request fits one message: a single batch sends it and
      * waits for the first answer, which keeps small calls to three
      * completions (this, the data, the status). */
-    if (cgc__start(call, ops, 5, CGC__TAG_RECV))
-      goto start_failed;
-    recv_busy = 1;
-  } else {
-    /* A long upload: ask for the status now so that a rejection stops
-     * the upload early. */
-    if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS))
-      goto start_failed;
-    status_busy = status_started = 1;
-    if (cgc__start(call, ops, 2, CGC__TAG_SEND))
-      goto start_failed;
-    send_busy = 1;
-    if (cgc__start(call, ops + 3, 2, CGC__TAG_RECV))
-      goto start_failed;
-    recv_busy = 1;
+    if (cgc__start(f->call, ops, 5, CGC__TAG_RECV))
+      return CGC_ERPC;
+    f->recv_busy = 1;
+    return 0;
   }
+  /* A long upload: ask for the status now so that a rejection stops the
+   * upload early. */
+  if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS))
+    return CGC_ERPC;
+  f->status_busy = f->status_started = 1;
+  if (cgc__start(f->call, ops, 2, CGC__TAG_SEND))
+    return CGC_ERPC;
+  f->send_busy = 1;
+  if (cgc__start(f->call, ops + 3, 2, CGC__TAG_RECV))
+    return CGC_ERPC;
+  f->recv_busy = 1;
+  return 0;
+}
 
-  while (send_busy || recv_busy || status_busy) {
-    /* The call's deadline bounds every pending batch. */
-    grpc_event ev = grpc_completion_queue_next(
-        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+/* A send batch completed: sends the next chunk, the last one with the
+ * half-close. */
+static void cgc__on_sent(cgc__attempt *a, cgc__flight *f, int success) {
+  f->send_busy = 0;
+  grpc_byte_buffer_destroy(f->io.send_bb);
+  f->io.send_bb = NULL;
+  if (!success)
+    f->sending = 0; /* the call is over; the status says why */
+  else if (!f->sending)
+    a->res.upload_ms = cgc__now_ms() - f->t0;
+  if (!f->sending)
+    return;
+  f->io.send_bb = cgc__encode_chunk(a);
+  f->sending = cgc__upload_left(a);
+  grpc_op ops[2];
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_MESSAGE;
+  ops[0].data.send_message.send_message = f->io.send_bb;
+  ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  if (cgc__start(f->call, ops, f->sending ? 1 : 2, CGC__TAG_SEND) == 0)
+    f->send_busy = 1;
+  else
+    f->batch_failed = 1;
+}
+
+/* A receive batch completed: decodes its message, then asks for the next
+ * one, and for the status once the stream ended, the response was rejected
+ * or all the announced bytes are in. */
+static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
+  f->recv_busy = 0;
+  int ended = !f->io.recv_bb;
+  if (!ended) {
+    if (!f->local_rc)
+      f->local_rc = cgc__on_message(a, f->io.recv_bb);
+    grpc_byte_buffer_destroy(f->io.recv_bb);
+    f->io.recv_bb = NULL;
+  }
+  if (f->local_rc)
+    grpc_call_cancel_with_status(f->call, GRPC_STATUS_CANCELLED,
+                                 "client rejected the response", NULL);
+  /* Once all the announced bytes are in, the status is asked for at once;
+   * reading on still catches a server that sends more. */
+  int all_in = a->have_header && a->received == a->out->nbytes;
+  if (all_in && !f->status_started)
+    f->t_last = cgc__now_ms();
+  if (!ended && !f->local_rc) {
+    grpc_op rop;
+    memset(&rop, 0, sizeof rop);
+    rop.op = GRPC_OP_RECV_MESSAGE;
+    rop.data.recv_message.recv_message = &f->io.recv_bb;
+    if (cgc__start(f->call, &rop, 1, CGC__TAG_RECV) == 0)
+      f->recv_busy = 1;
+    else
+      f->batch_failed = 1;
+  }
+  if ((ended || f->local_rc || all_in) && !f->status_started &&
+      !f->batch_failed) {
+    if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS) == 0)
+      f->status_busy = f->status_started = 1;
+    else
+      f->batch_failed = 1;
+  }
+}
+
+static grpc_event cgc__next(cgc__flight *f) {
+  /* The call's deadline bounds every pending batch. */
+  return grpc_completion_queue_next(f->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                    NULL);
+}
+
+/* Drives the call until no batch is pending. */
+static void cgc__drive(cgc__attempt *a, cgc__flight *f) {
+  while (f->send_busy || f->recv_busy || f->status_busy) {
+    grpc_event ev = cgc__next(f);
     if (ev.type != GRPC_OP_COMPLETE)
       break;
     switch ((intptr_t)ev.tag) {
     case CGC__TAG_SEND:
-      send_busy = 0;
-      grpc_byte_buffer_destroy(io.send_bb);
-      io.send_bb = NULL;
-      if (!ev.success)
-        sending = 0; /* the call is over; the status says why */
-      else if (!sending)
-        a->res.upload_ms = cgc__now_ms() - t0;
-      if (sending) {
-        io.send_bb = cgc__encode_chunk(a);
-        sending = cgc__upload_left(a);
-        memset(ops, 0, sizeof ops);
-        ops[0].op = GRPC_OP_SEND_MESSAGE;
-        ops[0].data.send_message.send_message = io.send_bb;
-        ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-        if (cgc__start(call, ops, sending ? 1 : 2, CGC__TAG_SEND) == 0)
-          send_busy = 1;
-        else
-          batch_failed = 1;
-      }
+      cgc__on_sent(a, f, ev.success);
       break;
-    case CGC__TAG_RECV: {
-      recv_busy = 0;
-      if (io.recv_bb && !local_rc)
-        local_rc = cgc__on_message(a, io.recv_bb);
-      int ended = !io.recv_bb;
-      if (io.recv_bb)
-        grpc_byte_buffer_destroy(io.recv_bb);
-      io.recv_bb = NULL;
-      if (local_rc)
-        grpc_call_cancel_with_status(call, GRPC_STATUS_CANCELLED,
-                                     "client rejected the response", NULL);
-      /* Once all the announced bytes are in, the status is asked for at
-       * once; reading on still catches a server that sends more. */
-      int all_in = a->have_header && a->received == a->out->nbytes;
-      if (all_in && !status_started)
-        t_last = cgc__now_ms();
-      if (!ended && !local_rc) {
-        grpc_op rop;
-        memset(&rop, 0, sizeof rop);
-        rop.op = GRPC_OP_RECV_MESSAGE;
-        rop.data.recv_message.recv_message = &io.recv_bb;
-        if (cgc__start(call, &rop, 1, CGC__TAG_RECV) == 0)
-          recv_busy = 1;
-        else
-          batch_failed = 1;
-      }
-      if ((ended || local_rc || all_in) && !status_started && !batch_failed) {
-        if (cgc__start(call, &status_op, 1, CGC__TAG_STATUS) == 0)
-          status_busy = status_started = 1;
-        else
-          batch_failed = 1;
-      }
+    case CGC__TAG_RECV:
+      cgc__on_received(a, f);
       break;
-    }
     case CGC__TAG_STATUS:
-      status_busy = 0;
+      f->status_busy = 0;
       break;
     }
-    if (batch_failed) {
+    if (f->batch_failed) {
       /* Everything pending completes (as failed) after a cancel. */
-      grpc_call_cancel(call, NULL);
-      sending = 0;
+      grpc_call_cancel(f->call, NULL);
+      f->sending = 0;
     }
   }
+}
 
-  if (batch_failed) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
-    rc = CGC_ERPC;
-  } else if (local_rc) {
-    cgc__status_set(st,
-                    local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
-                                           : GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "%s", a->perr);
-    rc = local_rc;
-  } else if (io.code != GRPC_STATUS_OK) {
-    cgc__status_from_grpc(st, io.code, io.details);
-    rc = CGC_ERPC;
-  } else if (!a->have_header || a->received != a->out->nbytes) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
-                    a->have_header ? "the stream ended before all data"
-                                   : "no ResultHeader");
-    rc = CGC_EPROTO;
-  } else {
-    a->res.total_ms = cgc__now_ms() - t0;
-    a->res.download_ms = t_last - a->t_header;
-    a->res.bytes_received = a->received;
-    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
-  }
-  goto out;
-
-start_failed:
-  cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
-  rc = CGC_ERPC;
-  grpc_call_cancel(call, NULL);
-  while (send_busy || recv_busy || status_busy) {
-    grpc_event ev = grpc_completion_queue_next(
-        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+/* After an opening batch failed to start: cancels the call and waits out
+ * the batches already started. */
+static void cgc__drain(cgc__flight *f) {
+  grpc_call_cancel(f->call, NULL);
+  while (f->send_busy || f->recv_busy || f->status_busy) {
+    grpc_event ev = cgc__next(f);
     if (ev.type != GRPC_OP_COMPLETE)
       break;
     if ((intptr_t)ev.tag == CGC__TAG_SEND)
-      send_busy = 0;
+      f->send_busy = 0;
     else if ((intptr_t)ev.tag == CGC__TAG_RECV)
-      recv_busy = 0;
+      f->recv_busy = 0;
     else
-      status_busy = 0;
+      f->status_busy = 0;
+  }
+}
+
+/* The attempt's result from how its call ended. */
+static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
+  if (f->batch_failed) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+    return CGC_ERPC;
+  }
+  if (f->local_rc) {
+    cgc__status_set(st,
+                    f->local_rc == CGC_EPROTO ? GRPC_STATUS_INTERNAL
+                                              : GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "%s", a->perr);
+    return f->local_rc;
+  }
+  if (f->io.code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, f->io.code, f->io.details);
+    return CGC_ERPC;
+  }
+  if (!a->have_header || a->received != a->out->nbytes) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
+                    a->have_header ? "the stream ended before all data"
+                                   : "no ResultHeader");
+    return CGC_EPROTO;
+  }
+  a->res.total_ms = cgc__now_ms() - f->t0;
+  a->res.download_ms = f->t_last - a->t_header;
+  a->res.bytes_received = a->received;
+  cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+  return 0;
+}
+
+/* Returns once gRPC holds no slice of the caller's tensors. */
+static void cgc__unpin(cgc__attempt *a) {
+  double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
+  while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  cgc__pin_unref(a->pin);
+  a->pin = NULL;
+}
+
+/* One Compute call on a completion queue of its own: send batches (one at
+ * a time), receive batches (one at a time) and the status batch, driven
+ * until none is pending. */
+static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
+                                gpr_timespec deadline, cgc_status *st) {
+  cgc__attempt *a = vctx;
+  cgc__flight f;
+  memset(&f, 0, sizeof f);
+  f.cq = grpc_completion_queue_create_for_next(NULL);
+  f.t0 = f.t_last = cgc__now_ms();
+  cgc__call_io_init(&f.io);
+  int rc = cgc__attempt_reset(a, st);
+  if (rc)
+    goto out;
+  f.io.send_bb = cgc__encode_header(a);
+  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+
+  f.call = grpc_channel_create_call(
+      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
+      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
+      deadline, NULL);
+  if (!f.call) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
+    rc = CGC_ERPC;
+  } else if (cgc__open(a, &f) != 0) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
+    rc = CGC_ERPC;
+    cgc__drain(&f);
+  } else {
+    cgc__drive(a, &f);
+    rc = cgc__outcome(a, &f, st);
   }
 out:
-  cgc__call_end(call, cq, &io);
-  free(a->hbuf);
-  a->hbuf = NULL;
-  if (a->pin) {
-    /* Only return once gRPC holds no slice of the caller's tensors. */
-    double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
-    while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
-      struct timespec ts = {0, 200000};
-      nanosleep(&ts, NULL);
-    }
-    cgc__pin_unref(a->pin);
-    a->pin = NULL;
-  }
+  cgc__call_end(f.call, f.cq, &f.io);
+  if (a->pin)
+    cgc__unpin(a);
   if (rc)
     cgc__drop_out(a);
   return rc;

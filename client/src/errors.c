@@ -6,6 +6,7 @@
 
 #include <grpc/slice.h>
 
+#include "cgw.h"
 #include "internal.h"
 
 const char *cgc_strerror(int err) {
@@ -21,26 +22,7 @@ const char *cgc_strerror(int err) {
 }
 
 const char *cgc_status_code_name(grpc_status_code code) {
-  static const char *const names[] = {"OK",
-                                      "CANCELLED",
-                                      "UNKNOWN",
-                                      "INVALID_ARGUMENT",
-                                      "DEADLINE_EXCEEDED",
-                                      "NOT_FOUND",
-                                      "ALREADY_EXISTS",
-                                      "PERMISSION_DENIED",
-                                      "RESOURCE_EXHAUSTED",
-                                      "FAILED_PRECONDITION",
-                                      "ABORTED",
-                                      "OUT_OF_RANGE",
-                                      "UNIMPLEMENTED",
-                                      "INTERNAL",
-                                      "UNAVAILABLE",
-                                      "DATA_LOSS",
-                                      "UNAUTHENTICATED"};
-  if ((int)code < 0 || (size_t)code >= sizeof names / sizeof names[0])
-    return "?";
-  return names[code];
+  return cgw_status_name(code);
 }
 
 const char *cgc_layout_name(cgc_layout l) {

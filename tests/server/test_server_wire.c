@@ -1,6 +1,7 @@
-/* test_server_wire.c - unit tests of the bulk-path protobuf reader and the
- * zero-copy chunk encoder (server/wire.c), on byte buffers split into
- * slices at every possible place. */
+/* test_server_wire.c - unit tests of the shared wire codec (proto/cgw.c)
+ * and the server's side of it (server/wire.c): the bulk-path protobuf
+ * reader, on byte buffers split into slices at every possible place, and
+ * the zero-copy chunk encoders. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -181,6 +182,129 @@ static void test_zero_copy_chunk(void **state) {
   }
 }
 
+static void test_request_chunk_round_trip(void **state) {
+  (void)state;
+  static const uint32_t inputs[] = {0, 1, 300};
+  static const size_t sizes[] = {0, 1, 127, 128, 16384};
+  uint8_t data[16384], got[16384];
+  for (size_t i = 0; i < sizeof data; i++)
+    data[i] = (uint8_t)(i * 7 + 1);
+  for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      size_t len = sizes[k];
+      unrefs = 0;
+      grpc_byte_buffer *bb =
+          cgw_request_chunk(inputs[i], data, len, count_unref, NULL);
+      Convgrad__V1__ComputeRequest *m = (Convgrad__V1__ComputeRequest *)
+          cgw_unpack(&convgrad__v1__compute_request__descriptor, bb);
+      assert_non_null(m);
+      assert_int_equal(m->kind_case, CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK);
+      assert_int_equal(m->chunk->input, inputs[i]);
+      assert_int_equal(m->chunk->data.len, len);
+      protobuf_c_message_free_unpacked(&m->base, NULL);
+      cgw_view v;
+      assert_int_equal(cgw_scan_request(bb, &v, NULL, 0), 0);
+      assert_int_equal(v.kind, CGW_CHUNK);
+      assert_int_equal(v.input, inputs[i]);
+      assert_int_equal(v.len, len);
+      assert_int_equal(cgw_copy(bb, v.off, v.len, got), 0);
+      assert_memory_equal(got, data, len);
+      grpc_byte_buffer_destroy(bb);
+      assert_int_equal(unrefs, 1);
+    }
+}
+
+static size_t pack_response(uint8_t *out, uint64_t total, const char *chunk) {
+  Convgrad__V1__ResultHeader h = CONVGRAD__V1__RESULT_HEADER__INIT;
+  Convgrad__V1__ComputeResponse r = CONVGRAD__V1__COMPUTE_RESPONSE__INIT;
+  h.total_bytes = total;
+  h.worker = "w-1";
+  if (chunk) {
+    r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_CHUNK;
+    r.chunk.data = (uint8_t *)chunk;
+    r.chunk.len = strlen(chunk);
+  } else {
+    r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER;
+    r.header = &h;
+  }
+  return protobuf_c_message_pack(&r.base, out);
+}
+
+static void expect_response(const uint8_t *b, size_t n, size_t step,
+                            cgw_kind kind, const char *data) {
+  grpc_byte_buffer *bb = split_bb(b, n, step);
+  cgw_view v;
+  char got[64] = "";
+  assert_int_equal(cgw_scan_response(bb, &v, NULL, 0), 0);
+  assert_int_equal(v.kind, kind);
+  assert_int_equal(v.input, 0);
+  assert_in_range(v.len, 0, sizeof got - 1);
+  assert_int_equal(cgw_copy(bb, v.off, v.len, got), 0);
+  if (kind == CGW_HEADER) {
+    Convgrad__V1__ResultHeader *h =
+        convgrad__v1__result_header__unpack(NULL, v.len, (uint8_t *)got);
+    assert_non_null(h);
+    assert_int_equal(h->total_bytes, 4096);
+    assert_string_equal(h->worker, "w-1");
+    convgrad__v1__result_header__free_unpacked(h, NULL);
+  } else {
+    assert_string_equal(got, data);
+  }
+  grpc_byte_buffer_destroy(bb);
+}
+
+static void test_response_scan(void **state) {
+  (void)state;
+  uint8_t hdr[64], chunk[64], both[128];
+  size_t nh = pack_response(hdr, 4096, NULL);
+  size_t nc = pack_response(chunk, 0, "the data");
+  memcpy(both, hdr, nh);
+  memcpy(both + nh, chunk, nc);
+  for (size_t step = 1; step <= nh + nc; step++) {
+    expect_response(hdr, nh, step, CGW_HEADER, NULL);
+    expect_response(chunk, nc, step, CGW_CHUNK, "the data");
+    /* Members of a oneof: the last one set wins. */
+    expect_response(both, nh + nc, step, CGW_CHUNK, "the data");
+  }
+  grpc_byte_buffer *bb = split_bb((const uint8_t *)"", 0, 1);
+  cgw_view v;
+  assert_int_equal(cgw_scan_response(bb, &v, NULL, 0), 0);
+  assert_int_equal(v.kind, CGW_NONE);
+  grpc_byte_buffer_destroy(bb);
+}
+
+static void expect_bad_response(const uint8_t *b, size_t n, const char *want) {
+  grpc_byte_buffer *bb = split_bb(b, n, 1);
+  cgw_view v;
+  char err[128] = "";
+  assert_int_equal(cgw_scan_response(bb, &v, err, sizeof err), -1);
+  assert_non_null(strstr(err, want));
+  grpc_byte_buffer_destroy(bb);
+}
+
+static void test_response_malformed(void **state) {
+  (void)state;
+  static const uint8_t trunc_tag[] = {0xff, 0xff, 0xff};
+  expect_bad_response(trunc_tag, sizeof trunc_tag, "truncated field tag");
+  static const uint8_t wt7[] = {0x1f};
+  expect_bad_response(wt7, sizeof wt7, "unsupported wire type");
+  static const uint8_t chunk_varint[] = {0x10, 0x01};
+  expect_bad_response(chunk_varint, sizeof chunk_varint, "wrong wire type");
+  static const uint8_t past_end[] = {0x12, 0x05, 'a'};
+  expect_bad_response(past_end, sizeof past_end, "past the end");
+}
+
+static void test_status_names(void **state) {
+  (void)state;
+  assert_string_equal(cgw_status_name(GRPC_STATUS_OK), "OK");
+  assert_string_equal(cgw_status_name(GRPC_STATUS_RESOURCE_EXHAUSTED),
+                      "RESOURCE_EXHAUSTED");
+  assert_string_equal(cgw_status_name(GRPC_STATUS_UNAUTHENTICATED),
+                      "UNAUTHENTICATED");
+  assert_string_equal(cgw_status_name((grpc_status_code)17), "?");
+  assert_string_equal(cgw_status_name((grpc_status_code)-1), "?");
+}
+
 int main(void) {
   grpc_init();
   const struct CMUnitTest tests[] = {
@@ -189,6 +313,10 @@ int main(void) {
       cmocka_unit_test(test_unknown_fields_and_merge),
       cmocka_unit_test(test_malformed),
       cmocka_unit_test(test_zero_copy_chunk),
+      cmocka_unit_test(test_request_chunk_round_trip),
+      cmocka_unit_test(test_response_scan),
+      cmocka_unit_test(test_response_malformed),
+      cmocka_unit_test(test_status_names),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   grpc_shutdown();

@@ -15,12 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
 #include "cg/dtype.h"
 #include "cg/reference.h"
+#include "cgw.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 double ts_now_ms(void) {
@@ -306,18 +306,6 @@ void ts_call_free(ts_call *c) {
   memset(c, 0, sizeof *c);
 }
 
-static ProtobufCMessage *unpack_bb(const ProtobufCMessageDescriptor *d,
-                                   grpc_byte_buffer *bb) {
-  grpc_byte_buffer_reader r;
-  grpc_byte_buffer_reader_init(&r, bb);
-  grpc_slice s = grpc_byte_buffer_reader_readall(&r);
-  grpc_byte_buffer_reader_destroy(&r);
-  ProtobufCMessage *m = protobuf_c_message_unpack(
-      d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-  grpc_slice_unref(s);
-  return m;
-}
-
 /* ---- Compute ---- */
 
 int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
@@ -372,7 +360,7 @@ int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
     if (ts_call_recv(&c, &bb) != 0 || !bb)
       break;
     Convgrad__V1__ComputeResponse *m = (Convgrad__V1__ComputeResponse *)
-        unpack_bb(&convgrad__v1__compute_response__descriptor, bb);
+        cgw_unpack(&convgrad__v1__compute_response__descriptor, bb);
     grpc_byte_buffer_destroy(bb);
     if (!m) {
       snprintf(r->msg, sizeof r->msg, "test: malformed response");
@@ -434,7 +422,7 @@ int ts_health(grpc_channel *ch, const char *service) {
     rc = -(int)code;
   } else if (bb) {
     Grpc__Health__V1__HealthCheckResponse *m =
-        (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
+        (Grpc__Health__V1__HealthCheckResponse *)cgw_unpack(
             &grpc__health__v1__health_check_response__descriptor, bb);
     if (m) {
       rc = m->status;
@@ -844,7 +832,7 @@ static void *watch_main(void *p) {
     grpc_byte_buffer *bb;
     while (ts_call_recv(&c, &bb) == 0 && bb) {
       Grpc__Health__V1__HealthCheckResponse *m =
-          (Grpc__Health__V1__HealthCheckResponse *)unpack_bb(
+          (Grpc__Health__V1__HealthCheckResponse *)cgw_unpack(
               &grpc__health__v1__health_check_response__descriptor, bb);
       grpc_byte_buffer_destroy(bb);
       if (m && w->nseen < 16)
