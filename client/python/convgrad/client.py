@@ -99,6 +99,17 @@ class _Owned:
     def __init__(self, lib, t):
         self.lib, self.t = lib, t
 
+    def __deepcopy__(self, memo):
+        # A deep copy of a model shares its client (and the channel).
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        target, deadline, retries, options = self._args
+        return (_new_client, (target, deadline, retries, options))
+
     def __del__(self):
         self.lib.cgc_tensor_free(self.t)
 
@@ -154,6 +165,7 @@ class Client:
     def __init__(self, target, deadline=60.0, retries=5, **options):
         self._lib = L.load()
         self._ch = None
+        self._args = (target, deadline, retries, options)
         opts = L.Options()
         self._lib.cgc_options_init(C.byref(opts))
         opts.deadline_ms = _ms(deadline)
@@ -192,6 +204,17 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+    def __deepcopy__(self, memo):
+        # A deep copy of a model shares its client (and the channel).
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        target, deadline, retries, options = self._args
+        return (_new_client, (target, deadline, retries, options))
 
     def __del__(self):
         if getattr(self, "_ch", None) is not None:
@@ -336,6 +359,10 @@ class Client:
             s["queue_ms"] += res.queue_ms
             s["total_ms"] += res.total_ms
         return (result, CallResult(res)) if with_result else result
+
+
+def _new_client(target, deadline, retries, options):
+    return Client(target, deadline, retries, **options)
 
 
 def _wrap(lib, p, as_torch):
