@@ -8,6 +8,9 @@ import numpy as np
 from . import _lib as L
 from .errors import Error, InvalidArgument, from_status
 
+# Loaded on import, so that a missing library shows at once, with what to do.
+L.load()
+
 _NP_DTYPES = {np.dtype(np.float32): L.DTYPE_F32,
               np.dtype(np.uint16): L.DTYPE_BF16,
               np.dtype(np.float16): L.DTYPE_F16}
@@ -375,8 +378,10 @@ def _wrap(lib, p, as_torch):
     if not as_torch:
         return arr
     torch = sys.modules["torch"]
-    r = torch.from_numpy(arr)
-    return r.view(torch.bfloat16) if t.dtype == L.DTYPE_BF16 else r
+    if t.dtype == L.DTYPE_BF16:
+        # torch has no uint16; the bits go through int16.
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def _ints(name, v, keep):
