@@ -1,0 +1,192 @@
+"""ctypes declarations of libcgclient (client/include/cgc/client.h and the
+parts of cg/problem.h it uses) and how the library is found.
+
+The structures mirror the C headers field by field; ctypes lays them out by
+the platform's C ABI, as the compiler does. Keep both in step."""
+import ctypes as C
+import ctypes.util
+import os
+
+MAX_SPATIAL = 3
+MAX_RANK = 2 + MAX_SPATIAL
+MESSAGE_MAX = 512
+
+# cg_op
+OP_CONV_BWD_DATA = 1
+OP_CONV_BWD_WEIGHTS = 2
+OP_DECONV_BWD_DATA = 3
+OP_DECONV_BWD_WEIGHTS = 4
+
+# cg_dtype
+DTYPE_F32 = 1
+DTYPE_BF16 = 2
+DTYPE_F16 = 3
+
+# cgc errno values (CGC_ERRNO_MAP, CG_ERRNO_MAP)
+CGC_ERPC = -20
+CG_ELIMIT = -6
+
+AUTO_PAD = {"none": 0, "same_upper": 1, "same_lower": 2, "valid": 3}
+DATA_FORMAT = {"NCX": 1, "NXC": 2}
+WEIGHTS_FORMAT = {"OIX": 1, "XIO": 2, "IOX": 3, "XOI": 4}
+HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+class Ints(C.Structure):
+    _fields_ = [("v", C.POINTER(C.c_int64)), ("len", C.c_size_t)]
+
+
+class Attrs(C.Structure):
+    _fields_ = [("strides", Ints), ("pads_begin", Ints), ("pads_end", Ints),
+                ("dilations", Ints), ("output_padding", Ints),
+                ("groups", C.c_int64), ("auto_pad", C.c_int),
+                ("data_format", C.c_int), ("weights_format", C.c_int),
+                ("dst_shape", Ints), ("weights_shape", Ints)]
+
+
+class TensorView(C.Structure):
+    _fields_ = [("dtype", C.c_int), ("rank", C.c_int),
+                ("dims", C.c_int64 * MAX_RANK), ("layout", C.c_int),
+                ("data", C.c_void_p), ("nbytes", C.c_size_t)]
+
+
+class Tensor(C.Structure):
+    _fields_ = TensorView._fields_
+
+
+class Result(C.Structure):
+    _fields_ = [("queue_ms", C.c_double), ("compute_ms", C.c_double),
+                ("total_ms", C.c_double), ("compute_path", C.c_char * 16),
+                ("worker", C.c_char * 64), ("npads", C.c_int),
+                ("pads_begin", C.c_int64 * MAX_SPATIAL),
+                ("pads_end", C.c_int64 * MAX_SPATIAL),
+                ("attempts", C.c_int), ("bytes_sent", C.c_uint64),
+                ("bytes_received", C.c_uint64), ("upload_ms", C.c_double),
+                ("download_ms", C.c_double)]
+
+
+class Request(C.Structure):
+    _fields_ = [("op", C.c_int), ("attrs", Attrs),
+                ("inputs", TensorView * 2), ("has_shape_input", C.c_int),
+                ("shape_input", Ints), ("output_layout", C.c_int),
+                ("deadline_ms", C.c_int64)]
+
+
+class Status(C.Structure):
+    _fields_ = [("code", C.c_int), ("message", C.c_char * MESSAGE_MAX)]
+
+
+class Options(C.Structure):
+    _fields_ = [("deadline_ms", C.c_int64), ("max_message_bytes", C.c_int64),
+                ("upload_chunk_bytes", C.c_size_t),
+                ("download_chunk_bytes", C.c_uint32),
+                ("max_output_bytes", C.c_uint64), ("retries", C.c_int),
+                ("backoff_initial_ms", C.c_int64),
+                ("backoff_max_ms", C.c_int64),
+                ("backoff_multiplier", C.c_double),
+                ("tls_root_certs", C.c_char_p)]
+
+
+class OpInfo(C.Structure):
+    _fields_ = [("op", C.c_int), ("names", C.POINTER(C.c_char_p)),
+                ("n_names", C.c_size_t), ("inputs", C.POINTER(C.c_char_p)),
+                ("n_inputs", C.c_size_t), ("output", C.c_char_p)]
+
+
+class DtypeInfo(C.Structure):
+    _fields_ = [("dtype", C.c_int), ("native", C.c_int)]
+
+
+class ServerInfo(C.Structure):
+    _fields_ = [("version", C.c_char_p), ("ops", C.POINTER(OpInfo)),
+                ("n_ops", C.c_size_t), ("dtypes", C.POINTER(DtypeInfo)),
+                ("n_dtypes", C.c_size_t), ("onednn_version", C.c_char_p),
+                ("cpu_isa", C.c_char_p), ("workers", C.c_uint32),
+                ("threads_per_worker", C.c_uint32),
+                ("cpus", C.POINTER(C.c_int32)), ("n_cpus", C.c_size_t),
+                ("max_request_bytes", C.c_uint64),
+                ("max_tensor_elements", C.c_uint64),
+                ("max_inflight_bytes", C.c_uint64),
+                ("queue_depth", C.c_uint32),
+                ("default_chunk_bytes", C.c_uint32),
+                ("idle_timeout_ms", C.c_uint64),
+                ("stream_window_bytes", C.c_uint64),
+                ("max_request_flops", C.c_uint64),
+                ("io_cpus", C.POINTER(C.c_int32)), ("n_io_cpus", C.c_size_t),
+                ("priv_", C.c_void_p)]
+
+
+def _candidates():
+    """Where libcgclient may be, in order: the environment variable, the
+    prefix this package was installed into by `cmake --install`
+    (PREFIX/lib/python3/dist-packages/convgrad -> PREFIX/lib), the
+    interpreter's prefix, then the dynamic linker's own search."""
+    env = os.environ.get("CONVGRAD_LIBRARY")
+    if env:
+        return [env], True
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.normpath(os.path.join(here, "..", "..", "..",
+                                           "libcgclient.so"))]
+    for prefix in ("/usr/local", "/usr"):
+        paths.append(os.path.join(prefix, "lib", "libcgclient.so"))
+    found = ctypes.util.find_library("cgclient")
+    if found:
+        paths.append(found)
+    paths.append("libcgclient.so")
+    return paths, False
+
+
+def _declare(lib):
+    P = C.POINTER
+    sigs = {
+        "cgc_strerror": (C.c_char_p, [C.c_int]),
+        "cgc_status_code_name": (C.c_char_p, [C.c_int]),
+        "cgc_options_init": (None, [P(Options)]),
+        "cgc_channel_new": (C.c_int, [P(C.c_void_p), C.c_char_p, P(Options),
+                                      C.c_char_p, C.c_size_t]),
+        "cgc_channel_free": (None, [C.c_void_p]),
+        "cgc_channel_target": (C.c_char_p, [C.c_void_p]),
+        "cgc_tensor_free": (None, [P(Tensor)]),
+        "cgc_request_init": (None, [P(Request)]),
+        "cgc_compute": (C.c_int, [C.c_void_p, P(Request), P(P(Tensor)),
+                                  P(Result), P(Status)]),
+        "cgc_compute_into": (C.c_int, [C.c_void_p, P(Request), C.c_void_p,
+                                       C.c_size_t, P(Tensor), P(Result),
+                                       P(Status)]),
+        "cgc_health": (C.c_int, [C.c_void_p, C.c_char_p, C.c_int64,
+                                 P(C.c_int), P(Status)]),
+        "cgc_server_info_get": (C.c_int, [C.c_void_p, C.c_int64,
+                                          P(P(ServerInfo)), P(Status)]),
+        "cgc_server_info_free": (None, [P(ServerInfo)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+_lib = None
+
+
+def load():
+    """The loaded library (loaded once). Raises ImportError saying what to
+    do when it cannot be found."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    paths, from_env = _candidates()
+    tried = []
+    for path in paths:
+        try:
+            _lib = _declare(C.CDLL(path))
+            return _lib
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    if from_env:
+        hint = "CONVGRAD_LIBRARY=%s cannot be loaded" % paths[0]
+    else:
+        hint = ("libcgclient.so was not found; install convgrad "
+                "(cmake --install build) or set CONVGRAD_LIBRARY to the "
+                "full path of libcgclient.so, e.g. build/client/libcgclient.so")
+    raise ImportError(hint + "; tried: " + "; ".join(tried))

@@ -1,0 +1,426 @@
+"""convgrad.Client: the four ops, health and server info over libcgclient."""
+import ctypes as C
+import sys
+import threading
+
+import numpy as np
+
+from . import _lib as L
+from .errors import Error, InvalidArgument, from_status
+
+# Loaded on import, so that a missing library shows at once, with what to do.
+L.load()
+
+_NP_DTYPES = {np.dtype(np.float32): L.DTYPE_F32,
+              np.dtype(np.uint16): L.DTYPE_BF16,
+              np.dtype(np.float16): L.DTYPE_F16}
+_NP_OF = {L.DTYPE_F32: np.float32, L.DTYPE_BF16: np.uint16,
+          L.DTYPE_F16: np.float16}
+_DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_BF16: "bf16", L.DTYPE_F16: "f16",
+                4: "s32", 5: "s64"}
+_OPTIONS = ("max_message_bytes", "upload_chunk_bytes", "download_chunk_bytes",
+            "max_output_bytes", "backoff_initial_ms", "backoff_max_ms",
+            "backoff_multiplier")
+
+
+def _torch_dtypes():
+    torch = sys.modules["torch"]
+    return {torch.float32: L.DTYPE_F32, torch.bfloat16: L.DTYPE_BF16,
+            torch.float16: L.DTYPE_F16}
+
+
+def _is_torch(a):
+    # torch is never imported here: an array can only be a tensor when the
+    # caller has imported it.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(a, torch.Tensor)
+
+
+def _ms(seconds):
+    return 0 if seconds is None else max(1, int(round(seconds * 1000)))
+
+
+class _Array:
+    """One array as libcgclient sees it: dtype, dims, and the address of
+    its own memory (numpy array or CPU tensor, made contiguous if it was
+    not). Holds the array so that the memory lives as long as this."""
+
+    def __init__(self, name, a, writable=False):
+        self.name = name
+        if _is_torch(a):
+            if a.device.type != "cpu":
+                raise InvalidArgument("%s: a %s tensor; only CPU tensors are "
+                                      "accepted" % (name, a.device.type))
+            dt = _torch_dtypes().get(a.dtype)
+            if dt is None:
+                raise InvalidArgument("%s: dtype %s; accepted: float32, "
+                                      "bfloat16, float16" % (name, a.dtype))
+            if not a.is_contiguous():
+                if writable:
+                    raise InvalidArgument("%s: must be contiguous" % name)
+                a = a.contiguous()
+            self.ptr = a.data_ptr()
+            self.nbytes = a.numel() * a.element_size()
+            self.torch = True
+        elif isinstance(a, np.ndarray):
+            dt = _NP_DTYPES.get(a.dtype)
+            if dt is None:
+                raise InvalidArgument("%s: dtype %s; accepted: float32, "
+                                      "uint16 (bf16 bits), float16"
+                                      % (name, a.dtype))
+            if not a.flags.c_contiguous:
+                if writable:
+                    raise InvalidArgument("%s: must be C-contiguous" % name)
+                a = np.ascontiguousarray(a)
+            if writable and not a.flags.writeable:
+                raise InvalidArgument("%s: is read-only" % name)
+            self.ptr = a.ctypes.data
+            self.nbytes = a.nbytes
+            self.torch = False
+        else:
+            raise InvalidArgument("%s: a %s; expected a numpy array or a CPU "
+                                  "torch tensor" % (name, type(a).__name__))
+        if not 1 <= a.ndim <= L.MAX_RANK:
+            raise InvalidArgument("%s: rank %d; expected 1..%d"
+                                  % (name, a.ndim, L.MAX_RANK))
+        self.array = a
+        self.dtype = dt
+        self.shape = tuple(int(d) for d in a.shape)
+
+    def view(self, v):
+        v.dtype = self.dtype
+        v.rank = len(self.shape)
+        for i, d in enumerate(self.shape):
+            v.dims[i] = d
+        v.data = self.ptr
+        v.nbytes = self.nbytes
+
+
+class _Owned:
+    """Frees a cgc_tensor once the arrays wrapping its memory are gone."""
+
+    def __init__(self, lib, t):
+        self.lib, self.t = lib, t
+
+    def __deepcopy__(self, memo):
+        # A deep copy of a model shares its client (and the channel).
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        target, deadline, retries, options = self._args
+        return (_new_client, (target, deadline, retries, options))
+
+    def __del__(self):
+        self.lib.cgc_tensor_free(self.t)
+
+
+class CallResult:
+    """What the server and the client measured about one call: queue_ms,
+    compute_ms, total_ms, compute_path, worker, pads_begin, pads_end,
+    attempts, bytes_sent, bytes_received, upload_ms, download_ms."""
+
+    def __init__(self, r):
+        for f, _ in L.Result._fields_:
+            v = getattr(r, f)
+            if isinstance(v, bytes):
+                v = v.decode()
+            self.__dict__[f] = v
+        self.pads_begin = list(r.pads_begin[:r.npads])
+        self.pads_end = list(r.pads_end[:r.npads])
+        del self.__dict__["npads"]
+
+    def __repr__(self):
+        return "CallResult(%s)" % ", ".join(
+            "%s=%r" % kv for kv in sorted(self.__dict__.items()))
+
+
+class Client:
+    """A connection to one convgrad server, or to several replicas balanced
+    by gRPC's round_robin ("h1:p,h2:p", "dns:///name:port", "ipv4:...",
+    "unix:path"). Thread-safe: any number of threads may call one Client at
+    once (the GIL is released during calls).
+
+    deadline: seconds per call, retries and backoff included (default 60);
+    retries: retries after UNAVAILABLE (default 5); other keyword arguments
+    set the remaining fields of libcgclient's cgc_options by name
+    (upload_chunk_bytes, download_chunk_bytes, max_message_bytes,
+    max_output_bytes, backoff_initial_ms, backoff_max_ms,
+    backoff_multiplier).
+
+    Each op takes its two arrays (numpy arrays or CPU torch tensors of one
+    dtype: float32, bfloat16 - uint16 bits for numpy - or float16) and the
+    spec's attributes as keyword arguments: strides, pads_begin, pads_end,
+    dilations, output_padding (lists of ints), groups, auto_pad ("none",
+    "same_upper", "same_lower", "valid"), data_format ("NXC" default,
+    "NCX"), weights_format ("XIO"/"XOI" default, "OIX", "IOX"), dst_shape,
+    weights_shape. deadline= overrides the client's for one call.
+
+    The inputs are uploaded from their own memory. With out= (a contiguous
+    array or tensor of the result's shape and dtype) the result is written
+    into it and out is returned; without, the result is returned in the
+    memory libcgclient received it in (no copy), as a numpy array, or a
+    tensor when the inputs were tensors. with_result=True returns
+    (array, CallResult) instead."""
+
+    def __init__(self, target, deadline=60.0, retries=5, **options):
+        self._lib = L.load()
+        self._ch = None
+        self._args = (target, deadline, retries, options)
+        opts = L.Options()
+        self._lib.cgc_options_init(C.byref(opts))
+        opts.deadline_ms = _ms(deadline)
+        opts.retries = retries
+        for k, v in options.items():
+            if k not in _OPTIONS:
+                raise TypeError("Client: unknown option %r (known: %s)"
+                                % (k, ", ".join(_OPTIONS)))
+            setattr(opts, k, v)
+        ch = C.c_void_p()
+        err = C.create_string_buffer(L.MESSAGE_MAX)
+        rc = self._lib.cgc_channel_new(C.byref(ch), target.encode(),
+                                       C.byref(opts), err, len(err))
+        if rc != 0:
+            raise from_status(3 if rc == -1 else 8,
+                              err.value.decode(errors="replace"), rc)
+        self._ch = ch
+        self._lock = threading.Lock()
+        self._stats = dict(calls=0, bytes_sent=0, bytes_received=0,
+                           compute_ms=0.0, queue_ms=0.0, total_ms=0.0)
+
+    @property
+    def target(self):
+        """The gRPC target the channel uses (a host:port list rewritten to
+        an ipv4:/ipv6: list)."""
+        return self._lib.cgc_channel_target(self._channel()).decode()
+
+    def close(self):
+        """Closes the channel; calls still running must have returned."""
+        if self._ch is not None:
+            self._lib.cgc_channel_free(self._ch)
+            self._ch = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __deepcopy__(self, memo):
+        # A deep copy of a model shares its client (and the channel).
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        target, deadline, retries, options = self._args
+        return (_new_client, (target, deadline, retries, options))
+
+    def __del__(self):
+        if getattr(self, "_ch", None) is not None:
+            self.close()
+
+    def _channel(self):
+        if self._ch is None:
+            raise Error("the client is closed", 9)
+        return self._ch
+
+    def stats(self, reset=False):
+        """Totals over the successful op calls of this client: calls,
+        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms.
+        reset=True starts new totals after reading."""
+        with self._lock:
+            s = dict(self._stats)
+            if reset:
+                for k in self._stats:
+                    self._stats[k] = 0
+        return s
+
+    def health(self, service="", deadline=None):
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING", ..."""
+        out = C.c_int()
+        st = L.Status()
+        rc = self._lib.cgc_health(self._channel(), service.encode(),
+                                  _ms(deadline), C.byref(out), C.byref(st))
+        self._check(rc, st)
+        return L.HEALTH.get(out.value, "UNKNOWN")
+
+    def info(self, deadline=None):
+        """The server's GetServerInfo as a dict."""
+        p = C.POINTER(L.ServerInfo)()
+        st = L.Status()
+        rc = self._lib.cgc_server_info_get(self._channel(), _ms(deadline),
+                                           C.byref(p), C.byref(st))
+        self._check(rc, st)
+        try:
+            i = p.contents
+            d = {f: getattr(i, f) for f, _ in L.ServerInfo._fields_
+                 if f not in ("ops", "n_ops", "dtypes", "n_dtypes", "cpus",
+                              "n_cpus", "io_cpus", "n_io_cpus", "priv_")}
+            for k in ("version", "onednn_version", "cpu_isa"):
+                d[k] = (d[k] or b"").decode()
+            d["ops"] = [{"names": [o.names[j].decode()
+                                   for j in range(o.n_names)],
+                         "inputs": [o.inputs[j].decode()
+                                    for j in range(o.n_inputs)],
+                         "output": o.output.decode()}
+                        for o in i.ops[:i.n_ops]]
+            d["dtypes"] = {_DTYPE_NAMES.get(t.dtype, str(t.dtype)):
+                           bool(t.native) for t in i.dtypes[:i.n_dtypes]}
+            d["cpus"] = list(i.cpus[:i.n_cpus])
+            d["io_cpus"] = list(i.io_cpus[:i.n_io_cpus])
+            return d
+        finally:
+            self._lib.cgc_server_info_free(p)
+
+    def conv_backward_data(self, diff_dst, weights, out=None, **attrs):
+        """ConvolutionBackwardData: diff_src of a convolution from diff_dst
+        and weights. dst_shape (the diff_src shape, in data_format order)
+        is inferred from the forward relation when not given."""
+        return self._op(L.OP_CONV_BWD_DATA, ("diff_dst", diff_dst),
+                        ("weights", weights), out, attrs)
+
+    def conv_backward_weights(self, src, diff_dst, out=None, **attrs):
+        """ConvolutionBackwardWeights: diff_weights of a convolution from
+        src and diff_dst; weights_shape (in weights_format order) is
+        required."""
+        return self._op(L.OP_CONV_BWD_WEIGHTS, ("src", src),
+                        ("diff_dst", diff_dst), out, attrs)
+
+    def conv_transpose_backward_data(self, diff_dst, weights, out=None,
+                                     **attrs):
+        """ConvTransposeBackwardData: diff_src of a transposed convolution
+        from diff_dst and weights."""
+        return self._op(L.OP_DECONV_BWD_DATA, ("diff_dst", diff_dst),
+                        ("weights", weights), out, attrs)
+
+    def conv_transpose_backward_weights(self, src, diff_dst, out=None,
+                                        **attrs):
+        """ConvTransposeBackwardWeights: diff_weights of a transposed
+        convolution from src and diff_dst; weights_shape is required."""
+        return self._op(L.OP_DECONV_BWD_WEIGHTS, ("src", src),
+                        ("diff_dst", diff_dst), out, attrs)
+
+    def _check(self, rc, st):
+        if rc == 0:
+            return
+        msg = st.message.decode(errors="replace")
+        if not msg:
+            msg = self._lib.cgc_strerror(rc).decode()
+        raise from_status(st.code if st.code else 2, msg, rc)
+
+    def _op(self, op, a, b, out, attrs):
+        with_result = attrs.pop("with_result", False)
+        deadline = attrs.pop("deadline", None)
+        req = L.Request()
+        self._lib.cgc_request_init(C.byref(req))
+        req.op = op
+        req.deadline_ms = _ms(deadline)
+        keep = _attrs(req.attrs, attrs)
+        ins = [_Array(a[0], a[1]), _Array(b[0], b[1])]
+        if ins[0].dtype != ins[1].dtype:
+            raise InvalidArgument("%s: %s but %s is %s; both inputs must "
+                                  "have one dtype" % (
+                                      ins[1].name,
+                                      _DTYPE_NAMES[ins[1].dtype], ins[0].name,
+                                      _DTYPE_NAMES[ins[0].dtype]))
+        for i, x in enumerate(ins):
+            x.view(req.inputs[i])
+        res = L.Result()
+        st = L.Status()
+        t = L.Tensor()
+        if out is not None:
+            o = _Array("out", out, writable=True)
+            if o.dtype != ins[0].dtype:
+                raise InvalidArgument("out: %s but the inputs are %s" % (
+                    _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[ins[0].dtype]))
+            rc = self._lib.cgc_compute_into(self._channel(), C.byref(req),
+                                            o.ptr, o.nbytes, C.byref(t),
+                                            C.byref(res), C.byref(st))
+            self._check(rc, st)
+            dims = tuple(t.dims[:t.rank])
+            if dims != o.shape:
+                raise InvalidArgument("out: shape %s but the result is %s"
+                                      % (o.shape, dims))
+            result = out
+        else:
+            p = C.POINTER(L.Tensor)()
+            rc = self._lib.cgc_compute(self._channel(), C.byref(req),
+                                       C.byref(p), C.byref(res), C.byref(st))
+            self._check(rc, st)
+            result = _wrap(self._lib, p, ins[0].torch)
+        del keep, ins
+        with self._lock:
+            s = self._stats
+            s["calls"] += 1
+            s["bytes_sent"] += res.bytes_sent
+            s["bytes_received"] += res.bytes_received
+            s["compute_ms"] += res.compute_ms
+            s["queue_ms"] += res.queue_ms
+            s["total_ms"] += res.total_ms
+        return (result, CallResult(res)) if with_result else result
+
+
+def _new_client(target, deadline, retries, options):
+    return Client(target, deadline, retries, **options)
+
+
+def _wrap(lib, p, as_torch):
+    """The owned result p as an array over its own memory, freed with the
+    last array that uses it."""
+    t = p.contents
+    buf = (C.c_uint8 * t.nbytes).from_address(t.data)
+    buf._owner = _Owned(lib, p)
+    arr = np.frombuffer(buf, dtype=_NP_OF[t.dtype]).reshape(t.dims[:t.rank])
+    if not as_torch:
+        return arr
+    torch = sys.modules["torch"]
+    if t.dtype == L.DTYPE_BF16:
+        # torch has no uint16; the bits go through int16.
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _ints(name, v, keep):
+    out = L.Ints()
+    if v is None:
+        return out
+    try:
+        vals = [int(x) for x in v]
+    except TypeError:
+        raise InvalidArgument("%s: expected a list of ints, got %r"
+                              % (name, v)) from None
+    arr = (C.c_int64 * max(1, len(vals)))(*vals)
+    keep.append(arr)
+    out.v = C.cast(arr, C.POINTER(C.c_int64))
+    out.len = len(vals)
+    return out
+
+
+def _enum(name, table, v):
+    key = v.lower() if name == "auto_pad" else v.upper()
+    if key not in table:
+        raise InvalidArgument("%s: %r; accepted: %s"
+                              % (name, v, ", ".join(table)))
+    return table[key]
+
+
+def _attrs(a, attrs):
+    """Fills the cg_attrs a; returns the int arrays it points to."""
+    keep = []
+    for name in ("strides", "pads_begin", "pads_end", "dilations",
+                 "output_padding", "dst_shape", "weights_shape"):
+        setattr(a, name, _ints(name, attrs.pop(name, None), keep))
+    a.groups = int(attrs.pop("groups", 1))
+    for name, table in (("auto_pad", L.AUTO_PAD),
+                        ("data_format", L.DATA_FORMAT),
+                        ("weights_format", L.WEIGHTS_FORMAT)):
+        v = attrs.pop(name, None)
+        if v is not None:
+            setattr(a, name, _enum(name, table, v))
+    if attrs:
+        raise TypeError("unknown attribute(s): %s" % ", ".join(sorted(attrs)))
+    return keep

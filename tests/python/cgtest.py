@@ -1,0 +1,67 @@
+"""Shared by the convgrad package tests: a real convgrad-server on an
+ephemeral port, and the package made importable from the source tree.
+
+Each test script takes --server PATH (convgrad-server) and expects
+CONVGRAD_LIBRARY (libcgclient.so of the build) in the environment; ctest
+sets both (tests/python/CMakeLists.txt)."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+
+
+def parse_args(description):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--server", required=True)
+    return ap.parse_args()
+
+
+class Server:
+    """A convgrad-server process on 127.0.0.1:<ephemeral port>; stop()
+    checks that it exits 0 on SIGTERM."""
+
+    def __init__(self, path, extra=()):
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="cgpy-server-",
+                                               suffix=".log")
+        self.proc = subprocess.Popen(
+            [path, "--listen", "127.0.0.1:0", "--workers", "2"] + list(extra),
+            stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
+        if not m:
+            self.proc.kill()
+            raise SystemExit("server did not get ready: %r" % line)
+        self.port = int(m.group(1))
+        self.target = "127.0.0.1:%d" % self.port
+
+    def stop(self):
+        self.proc.terminate()
+        rc = self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        if rc != 0:
+            self.log.seek(0)
+            sys.stderr.write(self.log.read()[-4000:])
+            raise SystemExit("server exited with %d" % rc)
+        self.log.close()
+
+
+def rel_err(got, ref):
+    """Largest absolute difference relative to the largest reference
+    magnitude, in float64."""
+    import torch
+    got = got.double() if isinstance(got, torch.Tensor) else torch.from_numpy(
+        got).double()
+    ref = ref.double()
+    scale = max(ref.abs().max().item(), 1e-30)
+    return (got - ref).abs().max().item() / scale
+
+
+# Type-fit bounds of rel_err: the server accumulates in f32 and rounds the
+# result once, so bf16 (8-bit mantissa) and f16 (11-bit) results differ
+# from an f64 reference by about one rounding of the largest values.
+TOLERANCE = {"f32": 2e-5, "bf16": 1e-2, "f16": 2e-3}

@@ -1,0 +1,349 @@
+#!/usr/bin/python3
+"""test_client.py - the convgrad package (ctypes over libcgclient) against a
+real convgrad-server: every op against torch autograd in f32, bf16 and f16,
+numpy and torch arrays, both layouts, out= reuse, non-contiguous inputs,
+error classes with their gRPC codes, concurrent calls from threads, health
+and info.
+
+Ground truth is torch autograd in float64 on the inputs rounded to the
+request's dtype. Usage: test_client.py --server PATH (with CONVGRAD_LIBRARY
+set); exits 1 when a check fails."""
+import os
+import subprocess
+import sys
+import threading
+import unittest
+
+import cgtest
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import convgrad
+
+ARGS = None
+SERVER = None
+TORCH_DT = {"f32": torch.float32, "bf16": torch.bfloat16,
+            "f16": torch.float16}
+
+# (name, spatial, N, IC, OC, in_size, kernel, stride, pad, dilation, groups,
+#  output_padding for ConvTranspose)
+CASES = [
+    ("1d", 1, 2, 4, 6, (11,), (3,), (2,), (1,), (1,), 2, (1,)),
+    ("2d", 2, 2, 3, 4, (9, 8), (3, 2), (1, 2), (1, 0), (1, 1), 1, (0, 1)),
+    ("2d-dil-grp", 2, 1, 8, 8, (10, 10), (3, 3), (2, 2), (2, 2), (2, 2), 4,
+     (1, 1)),
+    ("3d", 3, 1, 2, 3, (5, 6, 4), (2, 3, 2), (1, 1, 2), (0, 1, 1), (1, 1, 1),
+     1, (0, 0, 1)),
+]
+
+
+def attrs_of(case, transposed, **extra):
+    _, _, _, _, _, _, _, s, p, d, g, op = case
+    a = dict(strides=list(s), pads_begin=list(p), pads_end=list(p),
+             dilations=list(d), groups=g, data_format="NCX",
+             weights_format="IOX" if transposed else "OIX")
+    if transposed:
+        a["output_padding"] = list(op)
+    a.update(extra)
+    return a
+
+
+def reference(case, transposed, dt, seed):
+    """Inputs rounded to dt and the float64 autograd gradients: returns
+    (x, w, dy, dx, dw) with x, w, dy in dt."""
+    _, nsp, n, ic, oc, size, k, s, p, d, g, op = case
+    gen = torch.Generator().manual_seed(seed)
+    fwd = [None, (F.conv1d, F.conv_transpose1d), (F.conv2d,
+           F.conv_transpose2d), (F.conv3d, F.conv_transpose3d)][nsp]
+    if transposed:
+        wshape = (ic, oc // g) + k
+    else:
+        wshape = (oc, ic // g) + k
+    x = torch.randn((n, ic) + size, generator=gen).to(dt)
+    w = torch.randn(wshape, generator=gen).to(dt)
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    if transposed:
+        y = fwd[1](x64, w64, None, s, p, op, g, d)
+    else:
+        y = fwd[0](x64, w64, None, s, p, d, g)
+    dy = torch.randn(y.shape, generator=gen).to(dt)
+    y.backward(dy.double())
+    return x, w, dy, x64.grad, w64.grad
+
+
+def to_numpy(t):
+    """numpy form of a tensor: bf16 as its uint16 bits."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(np.uint16)
+    return t.contiguous().numpy()
+
+
+def from_numpy(a, dt):
+    if dt == "bf16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+class Ops(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = convgrad.Client(SERVER.target, deadline=30)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+
+    def run_case(self, case, dt, transposed, numpy_arrays):
+        x, w, dy, dx_ref, dw_ref = reference(case, transposed, TORCH_DT[dt],
+                                             CASES.index(case))
+        a = attrs_of(case, transposed)
+        if numpy_arrays:
+            x, w, dy = to_numpy(x), to_numpy(w), to_numpy(dy)
+        if transposed:
+            dx = self.c.conv_transpose_backward_data(dy, w, **a)
+            dw = self.c.conv_transpose_backward_weights(
+                x, dy, weights_shape=list(w.shape), **a)
+        else:
+            dx = self.c.conv_backward_data(dy, w, dst_shape=list(x.shape),
+                                           **a)
+            dw = self.c.conv_backward_weights(x, dy,
+                                              weights_shape=list(w.shape),
+                                              **a)
+        for name, got, ref in (("diff_src", dx, dx_ref),
+                               ("diff_weights", dw, dw_ref)):
+            if numpy_arrays:
+                self.assertIsInstance(got, np.ndarray)
+                got = from_numpy(got, dt)
+            else:
+                self.assertIsInstance(got, torch.Tensor)
+                self.assertEqual(got.dtype, TORCH_DT[dt])
+            self.assertEqual(tuple(got.shape), tuple(ref.shape), name)
+            err = cgtest.rel_err(got, ref)
+            self.assertLess(err, cgtest.TOLERANCE[dt], "%s %s %s %s" % (
+                case[0], dt, "transposed" if transposed else "conv", name))
+
+    def test_every_op_dtype_and_case(self):
+        for case in CASES:
+            for dt in ("f32", "bf16", "f16"):
+                for transposed in (False, True):
+                    with self.subTest(case=case[0], dt=dt,
+                                      transposed=transposed):
+                        self.run_case(case, dt, transposed,
+                                      numpy_arrays=(case[0] == "2d"))
+
+    def test_nxc_defaults(self):
+        # The spec's defaults: NXC data and XIO weights.
+        case = CASES[1]
+        x, w, dy, dx_ref, dw_ref = reference(case, False, torch.float32, 7)
+        a = attrs_of(case, False)
+        del a["data_format"], a["weights_format"]
+        nxc = lambda t: t.permute(0, 2, 3, 1)  # noqa: E731
+        xio = w.permute(2, 3, 1, 0)
+        dx = self.c.conv_backward_data(nxc(dy), xio,
+                                       dst_shape=list(nxc(x).shape), **a)
+        dw = self.c.conv_backward_weights(nxc(x), nxc(dy),
+                                          weights_shape=list(xio.shape), **a)
+        self.assertLess(cgtest.rel_err(dx, nxc(dx_ref)), 2e-5)
+        self.assertLess(cgtest.rel_err(dw, dw_ref.permute(2, 3, 1, 0)), 2e-5)
+
+    def test_out_reuse(self):
+        case = CASES[2]
+        for dt in ("f32", "bf16"):
+            out_t = torch.full((8, 2, 3, 3), 7.0, dtype=TORCH_DT[dt])
+            out_n = to_numpy(torch.full((1, 8, 10, 10), 7.0,
+                                        dtype=TORCH_DT[dt]))
+            for seed in (1, 2):
+                x, w, dy, dx_ref, dw_ref = reference(case, False,
+                                                     TORCH_DT[dt], seed)
+                a = attrs_of(case, False)
+                r = self.c.conv_backward_weights(x, dy, out=out_t,
+                                                 weights_shape=list(w.shape),
+                                                 **a)
+                self.assertIs(r, out_t)
+                self.assertLess(cgtest.rel_err(out_t, dw_ref),
+                                cgtest.TOLERANCE[dt])
+                r, res = self.c.conv_backward_data(
+                    to_numpy(dy), to_numpy(w), out=out_n,
+                    dst_shape=list(x.shape), with_result=True, **a)
+                self.assertIs(r, out_n)
+                self.assertLess(cgtest.rel_err(from_numpy(out_n, dt), dx_ref),
+                                cgtest.TOLERANCE[dt])
+                self.assertEqual(res.bytes_received, out_n.nbytes)
+                self.assertEqual(res.pads_begin, [2, 2])
+
+    def test_result_is_library_memory(self):
+        # Without out= the result is returned over the memory libcgclient
+        # received it in, not a copy.
+        case = CASES[0]
+        x, w, dy, dx_ref, _ = reference(case, False, torch.float32, 3)
+        dx = self.c.conv_backward_data(to_numpy(dy), to_numpy(w),
+                                       dst_shape=list(x.shape),
+                                       **attrs_of(case, False))
+        import ctypes
+        base = dx
+        while isinstance(base, np.ndarray):
+            base = base.base
+        self.assertIsInstance(base, ctypes.Array)
+        self.assertEqual(dx.ctypes.data % 64, 0)
+        del dx
+
+    def test_non_contiguous_inputs(self):
+        case = CASES[1]
+        x, w, dy, _, dw_ref = reference(case, False, torch.float32, 5)
+        xt = x.transpose(2, 3).contiguous().transpose(2, 3)
+        self.assertFalse(xt.is_contiguous())
+        dw = self.c.conv_backward_weights(xt, dy, weights_shape=list(w.shape),
+                                          **attrs_of(case, False))
+        self.assertLess(cgtest.rel_err(dw, dw_ref), 2e-5)
+        xn = np.asfortranarray(x.numpy())
+        dw = self.c.conv_backward_weights(xn, dy.numpy(),
+                                          weights_shape=list(w.shape),
+                                          **attrs_of(case, False))
+        self.assertLess(cgtest.rel_err(dw, dw_ref), 2e-5)
+
+    def test_threads(self):
+        case = CASES[2]
+        x, w, dy, dx_ref, dw_ref = reference(case, False, torch.float32, 9)
+        a = attrs_of(case, False)
+        before = self.c.stats()["calls"]
+        errors = []
+
+        def work():
+            try:
+                for _ in range(10):
+                    dx = self.c.conv_backward_data(dy, w,
+                                                   dst_shape=list(x.shape),
+                                                   **a)
+                    dw = self.c.conv_backward_weights(
+                        x, dy, weights_shape=list(w.shape), **a)
+                    assert cgtest.rel_err(dx, dx_ref) < 2e-5
+                    assert cgtest.rel_err(dw, dw_ref) < 2e-5
+            except Exception as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(self.c.stats()["calls"] - before, 160)
+
+    def test_health_and_info(self):
+        self.assertEqual(self.c.health(), "SERVING")
+        info = self.c.info()
+        self.assertEqual(info["workers"], 2)
+        self.assertEqual([o["names"][0] for o in info["ops"]],
+                         ["ConvolutionBackwardData",
+                          "ConvolutionBackwardWeights",
+                          "ConvTransposeBackwardData",
+                          "ConvTransposeBackwardWeights"])
+        self.assertEqual(set(info["dtypes"]) & {"f32", "bf16", "f16"},
+                         {"f32", "bf16", "f16"})
+        self.assertEqual(self.c.target, SERVER.target)
+
+
+class Errors(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = convgrad.Client(SERVER.target, deadline=30)
+        cls.dy = np.ones((1, 2, 4, 4), np.float32)
+        cls.w = np.ones((2, 2, 1, 1), np.float32)
+        cls.a = dict(data_format="NCX", weights_format="OIX")
+
+    def check(self, cls, code, fragment, fn, *args, **kw):
+        with self.assertRaises(cls) as cm:
+            fn(*args, **kw)
+        e = cm.exception
+        self.assertIsInstance(e, convgrad.Error)
+        self.assertEqual(e.code, code)
+        self.assertIn(fragment, e.message)
+        self.assertIn(fragment, str(e))
+        return e
+
+    def test_server_invalid_argument(self):
+        e = self.check(convgrad.InvalidArgument, 3, "strides[0]",
+                       self.c.conv_backward_data, self.dy, self.w,
+                       strides=[0, 1], **self.a)
+        self.assertEqual(e.errno, -20)  # CGC_ERPC: the server's status
+        self.assertEqual(e.code_name, "INVALID_ARGUMENT")
+        self.check(convgrad.InvalidArgument, 3, "weights_shape",
+                   self.c.conv_backward_weights, self.dy, self.dy, **self.a)
+
+    def test_local_invalid_argument(self):
+        self.check(convgrad.InvalidArgument, 3, "one dtype",
+                   self.c.conv_backward_data, self.dy,
+                   self.w.astype(np.float16), **self.a)
+        self.check(convgrad.InvalidArgument, 3, "float64",
+                   self.c.conv_backward_data, self.dy.astype(np.float64),
+                   self.w, **self.a)
+        self.check(convgrad.InvalidArgument, 3, "list",
+                   self.c.conv_backward_data, [1.0], self.w, **self.a)
+        self.check(convgrad.InvalidArgument, 3, "data_format",
+                   self.c.conv_backward_data, self.dy, self.w,
+                   data_format="NCHW")
+        out = np.zeros((1, 4, 4, 2), np.float32).transpose(0, 3, 1, 2)
+        self.check(convgrad.InvalidArgument, 3, "out: must be C-contiguous",
+                   self.c.conv_backward_data, self.dy, self.w, out=out,
+                   **self.a)
+        self.check(convgrad.InvalidArgument, 3, "out: shape",
+                   self.c.conv_backward_data, self.dy, self.w,
+                   out=np.zeros((1, 2, 16), np.float32), **self.a)
+        with self.assertRaises(TypeError):
+            self.c.conv_backward_data(self.dy, self.w, stride=[1, 1])
+        self.check(convgrad.InvalidArgument, 3, "target",
+                   convgrad.Client, "no port")
+
+    def test_out_too_small(self):
+        self.check(convgrad.ResourceExhausted, 8, "",
+                   self.c.conv_backward_data, self.dy, self.w,
+                   out=np.zeros((1, 2, 4, 3), np.float32), **self.a)
+
+    def test_unavailable(self):
+        with convgrad.Client(SERVER.target.rsplit(":", 1)[0] + ":1",
+                             deadline=5, retries=1) as c:
+            self.check(convgrad.Unavailable, 14, "", c.health)
+
+    def test_not_found(self):
+        self.check(convgrad.NotFound, 5, "", self.c.health, "no.such.Service")
+
+    def test_deadline(self):
+        x = torch.randn(8, 64, 64, 64)
+        w = torch.randn(64, 64, 3, 3)
+        self.check(convgrad.DeadlineExceeded, 4, "",
+                   self.c.conv_backward_weights, x, x, deadline=0.001,
+                   weights_shape=list(w.shape), pads_begin=[1, 1],
+                   pads_end=[1, 1], **self.a)
+
+    def test_closed(self):
+        c = convgrad.Client(SERVER.target)
+        c.close()
+        self.check(convgrad.Error, 9, "closed", c.health)
+
+    def test_missing_library(self):
+        env = dict(os.environ, CONVGRAD_LIBRARY="/nonexistent/libcgclient.so")
+        r = subprocess.run([sys.executable, "-c",
+                            "import cgtest, convgrad"],
+                           cwd=cgtest.HERE, env=env, capture_output=True,
+                           text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("ImportError: CONVGRAD_LIBRARY=/nonexistent/"
+                      "libcgclient.so cannot be loaded", r.stderr)
+
+
+def main():
+    global ARGS, SERVER
+    ARGS = cgtest.parse_args(__doc__)
+    SERVER = cgtest.Server(ARGS.server)
+    try:
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+    finally:
+        SERVER.stop()
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+#!/usr/bin/python3
+"""test_offload.py - convgrad.torch.offload() against local autograd, with
+a real convgrad-server: a model mixing Conv1d ('same'), Conv3d ('valid',
+strided, no bias), grouped and dilated Conv2d, a depthwise Conv2d and a
+grouped ConvTranspose2d with output_padding, in f32, bf16 and f16 and
+under CPU autocast; skipped grad_input for inputs that need no grad;
+gradient accumulation, retain_graph, double backward, padding_mode,
+state_dict and optimizer, unbatched input, output_size, restore().
+
+Usage: test_offload.py --server PATH (with CONVGRAD_LIBRARY set)."""
+import copy
+import sys
+import unittest
+import warnings
+
+import cgtest
+
+import torch
+import torch.nn as nn
+
+import convgrad
+import convgrad.torch as ct
+
+SERVER = None
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv1d(3, 6, 3, padding="same")
+        self.c3 = nn.Conv3d(2, 4, (2, 3, 3), stride=(1, 2, 1),
+                            padding="valid", bias=False)
+        self.c2a = nn.Conv2d(4, 8, 3, padding=2, dilation=2, groups=2)
+        self.c2b = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8,
+                             bias=False)
+        self.t2 = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1,
+                                     output_padding=1, groups=2)
+
+    def forward(self, x1, x2, x3):
+        a = self.c1(x1)
+        b = self.t2(act(self.c2b(act(self.c2a(x2)))))
+        c = self.c3(x3)
+        return a, b, c
+
+
+def act(t):
+    # CPU torch has no f16 tanh.
+    return torch.tanh(t.float()).to(t.dtype)
+
+
+def inputs(dtype=torch.float32, requires_grad=True):
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(2, 3, 16, generator=g), torch.randn(2, 4, 10, 10,
+                                                          generator=g),
+          torch.randn(2, 2, 4, 9, 5, generator=g)]
+    return [x.to(dtype).requires_grad_(requires_grad) for x in xs]
+
+
+def loss_of(outs):
+    g = torch.Generator().manual_seed(2)
+    return sum((o.float() * torch.randn(o.shape, generator=g)).sum()
+               for o in outs)
+
+
+def models(dtype=torch.float32):
+    torch.manual_seed(0)
+    local = Net().to(dtype)
+    remote = ct.offload(copy.deepcopy(local), SERVER.target)
+    return local, remote
+
+
+class Offload(unittest.TestCase):
+    def compare(self, local, remote, xl, xr, tol):
+        for (name, p), (_, q) in zip(local.named_parameters(),
+                                     remote.named_parameters()):
+            if p.grad is None:
+                self.assertIsNone(q.grad, name)
+                continue
+            self.assertEqual(q.grad.dtype, p.dtype, name)
+            self.assertLess(cgtest.rel_err(q.grad, p.grad), tol, name)
+        for i, (a, b) in enumerate(zip(xl, xr)):
+            if a.requires_grad:
+                self.assertLess(cgtest.rel_err(b.grad, a.grad), tol,
+                                "input %d" % i)
+
+    def test_f32_matches_local_autograd(self):
+        local, remote = models()
+        self.assertEqual(type(remote.c2a).__name__, "OffloadedConv2d")
+        self.assertIsInstance(remote.t2, nn.ConvTranspose2d)
+        self.assertEqual(list(local.state_dict()), list(remote.state_dict()))
+        xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        client.stats(reset=True)
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        self.compare(local, remote, xl, xr, 1e-5)
+        # 5 layers: grad_weight and grad_input each
+        self.assertEqual(client.stats()["calls"], 10)
+
+    def test_first_layer_skips_grad_input(self):
+        local, remote = models()
+        xl, xr = inputs(requires_grad=False), inputs(requires_grad=False)
+        client = remote.c1._convgrad_client
+        client.stats(reset=True)
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        self.compare(local, remote, xl, xr, 1e-5)
+        # c1, c3, c2a see the inputs: grad_weight only; c2b, t2: both
+        self.assertEqual(client.stats()["calls"], 7)
+
+    def test_frozen_weights_skip_grad_weight(self):
+        local, remote = models()
+        for m in (local, remote):
+            m.c2a.weight.requires_grad_(False)
+        xl, xr = inputs(), inputs()
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        self.assertIsNone(remote.c2a.weight.grad)
+        self.compare(local, remote, xl, xr, 1e-5)
+
+    def test_bf16_and_f16(self):
+        # Reference: f64 autograd on the same rounded parameters and inputs.
+        # The offloaded forward rounds every activation to the dtype, so
+        # errors grow through the layers: bounds of a few roundings.
+        for dt, tol in ((torch.bfloat16, 2e-2), (torch.float16, 3e-3)):
+            with self.subTest(dtype=dt):
+                local, remote = models(dt)
+                local = local.double()
+                xl = [x.detach().double().requires_grad_()
+                      for x in inputs(dt)]
+                xr = inputs(dt)
+                loss_of(local(*xl)).backward()
+                loss_of(remote(*xr)).backward()
+                for (name, p), (_, q) in zip(local.named_parameters(),
+                                             remote.named_parameters()):
+                    self.assertEqual(q.grad.dtype, dt)
+                    self.assertLess(cgtest.rel_err(q.grad, p.grad), tol, name)
+                for a, b in zip(xl, xr):
+                    self.assertEqual(b.grad.dtype, dt)
+                    self.assertLess(cgtest.rel_err(b.grad, a.grad), tol)
+
+    def test_autocast_bf16(self):
+        local, remote = models()
+        xl, xr = inputs(), inputs()
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            outs_l, outs_r = local(*xl), remote(*xr)
+            self.assertEqual(outs_r[0].dtype, outs_l[0].dtype)
+            self.assertEqual(outs_r[0].dtype, torch.bfloat16)
+            loss_l, loss_r = loss_of(outs_l), loss_of(outs_r)
+        self.assertEqual(loss_l.item(), loss_r.item())
+        loss_l.backward()
+        loss_r.backward()
+        self.compare(local, remote, xl, xr, 1.5e-2)
+
+    def test_accumulation_and_retain_graph(self):
+        local, remote = models()
+        xl, xr = inputs(), inputs()
+        for m, x in ((local, xl), (remote, xr)):
+            loss = loss_of(m(*x))
+            loss.backward(retain_graph=True)
+            loss.backward()
+            loss_of(m(*x)).backward()
+        self.compare(local, remote, xl, xr, 1e-5)
+
+    def test_double_backward_raises(self):
+        _, remote = models()
+        xr = inputs()
+        loss = loss_of(remote(*xr))
+        g = torch.autograd.grad(loss, xr[1], create_graph=True)[0]
+        with self.assertRaisesRegex(RuntimeError, "differentiate twice"):
+            g.sum().backward()
+
+    def test_optimizer_and_state_dict_survive(self):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        ct.offload(model, SERVER.target)
+        loss_of(model(*inputs())).backward()
+        opt.step()
+        for k, v in model.state_dict().items():
+            self.assertFalse(torch.equal(v, before[k]), k)
+        ct.restore(model)
+        self.assertIs(type(model.c1), nn.Conv1d)
+        self.assertFalse(hasattr(model.c1, "_convgrad_client"))
+
+    def test_padding_mode_stays_local(self):
+        m = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1,
+                                    padding_mode="reflect"),
+                          nn.Conv2d(2, 2, 3))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            ct.offload(m, SERVER.target)
+        self.assertIs(type(m[0]), nn.Conv2d)
+        self.assertEqual(type(m[1]).__name__, "OffloadedConv2d")
+        self.assertEqual(len(w), 1)
+        self.assertIn("padding_mode='reflect'", str(w[0].message))
+
+    def test_unbatched_and_output_size(self):
+        torch.manual_seed(3)
+        conv = nn.Conv2d(3, 4, 3)
+        tconv = nn.ConvTranspose2d(4, 2, 3, stride=2)
+        local = nn.ModuleList([conv, tconv])
+        remote = ct.offload(copy.deepcopy(local), SERVER.target)
+        x = torch.randn(3, 8, 8)
+        for m in (local, remote):
+            y = m[1](m[0](x.unsqueeze(0)), output_size=[14, 14])
+            self.assertEqual(tuple(y.shape), (1, 2, 14, 14))
+            (y * y).sum().backward()
+            y = m[0](x)
+            self.assertEqual(tuple(y.shape), (4, 6, 6))
+            y.sum().backward()
+        for p, q in zip(local.parameters(), remote.parameters()):
+            self.assertLess(cgtest.rel_err(q.grad, p.grad), 1e-5)
+
+    def test_shared_client(self):
+        with convgrad.Client(SERVER.target) as c:
+            m = ct.offload(nn.Conv2d(2, 3, 3), c)
+            self.assertIs(m._convgrad_client, c)
+            m(torch.randn(1, 2, 5, 5)).sum().backward()
+            self.assertEqual(c.stats()["calls"], 1)
+
+
+def main():
+    global SERVER
+    args = cgtest.parse_args(__doc__)
+    SERVER = cgtest.Server(args.server)
+    try:
+        prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)
+    finally:
+        SERVER.stop()
+    return 0 if prog.result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
