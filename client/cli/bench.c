@@ -316,7 +316,7 @@ static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
         fprintf(stderr, "convgrad bench: out of memory\n");
         return CGC_EXIT_INTERNAL;
       }
-      cgc_fill_random(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
+      cg_fill_uniform(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
     }
     if ((code = cgc__bench_row_run(ch, r, warmup, nreq, conc)) != 0)
       return code;

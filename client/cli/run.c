@@ -347,7 +347,7 @@ static int cgc__run_inputs(cgc_spec *s, const char **v, uint64_t seed,
               nbytes[i]);
       return CGC_EXIT_INTERNAL;
     }
-    cgc_fill_random(s->dtype, in[i], nbytes[i] / cg_dtype_size(s->dtype),
+    cg_fill_uniform(s->dtype, in[i], nbytes[i] / cg_dtype_size(s->dtype),
                     &state);
   }
   return 0;

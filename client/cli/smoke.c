@@ -204,8 +204,8 @@ static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s, const char *label,
     printf("FAIL  %s: out of memory\n", what);
     goto out;
   }
-  cgc_fill_random(s->dtype, in0, g.in_elems[0], &seed);
-  cgc_fill_random(s->dtype, in1, g.in_elems[1], &seed);
+  cg_fill_uniform(s->dtype, in0, g.in_elems[0], &seed);
+  cg_fill_uniform(s->dtype, in1, g.in_elems[1], &seed);
   cgc_request req;
   cgc_status st;
   cgc_spec_request(s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);

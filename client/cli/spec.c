@@ -151,19 +151,6 @@ int cgc_list_parse(const char *text, cgc_list *l) {
   return 0;
 }
 
-void cgc_fill_random(cg_dtype dt, void *buf, size_t n, uint64_t *state) {
-  uint64_t x = *state ? *state : 0x9e3779b97f4a7c15ull;
-  for (size_t i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    /* 24 random bits: exactly representable in f32. */
-    float v = (float)(x >> 40) / 8388608.0f - 1.0f;
-    cg_store_f32(dt, buf, i, v);
-  }
-  *state = x;
-}
-
 static double cgc__reduction_len(const cg_geom *g) {
   double k = 1, osp = 1, isp = 1;
   for (int i = 0; i < g->nsp; i++) {

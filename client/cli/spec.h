@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "cg/bdesc.h"
+#include "cg/dtype.h"
 #include "cg/problem.h"
 #include "cgc/client.h"
 
@@ -73,9 +74,6 @@ void cgc_spec_from_problem(cgc_spec *s, const cg_problem *p);
 
 /* "2,2" / "1x4x8x8" into l. Returns 0 or CG_EINVAL. */
 int cgc_list_parse(const char *text, cgc_list *l);
-
-/* Fills n elements of dtype with uniform values in [-1, 1) from *state. */
-void cgc_fill_random(cg_dtype dt, void *buf, size_t n, uint64_t *state);
 
 typedef struct cgc_diff {
   double max_abs, max_rel, max_ref, tol;

@@ -124,3 +124,15 @@ double cg_dtype_epsilon(cg_dtype dt) {
     return 0x1p-24;
   }
 }
+
+void cg_fill_uniform(cg_dtype dt, void *buf, size_t n, uint64_t *state) {
+  uint64_t x = *state ? *state : 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    float v = (float)(x >> 40) / 8388608.0f - 1.0f;
+    cg_store_f32(dt, buf, i, v);
+  }
+  *state = x;
+}

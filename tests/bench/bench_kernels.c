@@ -261,14 +261,6 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void fill_random(cg_dtype dt, void *buf, size_t n, unsigned *seed) {
-  for (size_t i = 0; i < n; i++) {
-    *seed = *seed * 1103515245u + 12345u;
-    float v = (float)((*seed >> 8) & 0xffff) / 32768.0f - 1.0f;
-    cg_store_f32(dt, buf, i, v);
-  }
-}
-
 /* Largest |a - b| relative to the largest |b|. */
 static double rel_diff(cg_dtype dt, const void *a, const void *b, size_t n) {
   double err = 0, scale = 0;
@@ -312,9 +304,9 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
     fprintf(stderr, "%s: out of memory\n", bd->name);
     goto out;
   }
-  unsigned seed = 1;
-  fill_random(dt, in0, g.in_elems[0], &seed);
-  fill_random(dt, in1, g.in_elems[1], &seed);
+  uint64_t seed = 1;
+  cg_fill_uniform(dt, in0, g.in_elems[0], &seed);
+  cg_fill_uniform(dt, in1, g.in_elems[1], &seed);
   if (direct_init(&d, &g, in0, in1, out))
     goto out;
   have_direct = 1;

@@ -462,8 +462,8 @@ static void test_run_in0_from_pipe(void **state) {
   uint16_t dd[2 * 6 * 7 * 7], w[6 * 4 * 3 * 3];
   uint64_t seed = 4;
   char in0[256], in1[256], err[256], sh[1024];
-  cgc_fill_random(CG_DTYPE_F16, dd, sizeof dd / 2, &seed);
-  cgc_fill_random(CG_DTYPE_F16, w, sizeof w / 2, &seed);
+  cg_fill_uniform(CG_DTYPE_F16, dd, sizeof dd / 2, &seed);
+  cg_fill_uniform(CG_DTYPE_F16, w, sizeof w / 2, &seed);
   snprintf(in0, sizeof in0, "%s/pipe_dd_f16.npy", tmpdir);
   snprintf(in1, sizeof in1, "%s/pipe_w_f16.npy", tmpdir);
   assert_int_equal(cgc_npy_write(in0, CG_DTYPE_F16, 4, (int64_t[]){2, 6, 7, 7},

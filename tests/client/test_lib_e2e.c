@@ -86,8 +86,8 @@ static void run_and_check(cgc_channel *ch, const cgc_spec *s, uint64_t seed) {
   void *in0 = malloc(g.in_bytes[0]), *in1 = malloc(g.in_bytes[1]);
   void *ref = malloc(g.out_bytes);
   assert_true(in0 && in1 && ref);
-  cgc_fill_random(s->dtype, in0, g.in_elems[0], &seed);
-  cgc_fill_random(s->dtype, in1, g.in_elems[1], &seed);
+  cg_fill_uniform(s->dtype, in0, g.in_elems[0], &seed);
+  cg_fill_uniform(s->dtype, in1, g.in_elems[1], &seed);
   cgc_request req;
   cgc_tensor *out = NULL;
   cgc_result res;
@@ -178,8 +178,8 @@ static void test_compute_into(void **state) {
     void *ref = malloc(g.out_bytes);
     unsigned char *buf = malloc(g.out_bytes + 16);
     assert_true(in0 && in1 && ref && buf);
-    cgc_fill_random(s.dtype, in0, g.in_elems[0], &seed);
-    cgc_fill_random(s.dtype, in1, g.in_elems[1], &seed);
+    cg_fill_uniform(s.dtype, in0, g.in_elems[0], &seed);
+    cg_fill_uniform(s.dtype, in1, g.in_elems[1], &seed);
     assert_int_equal(cg_reference_run(&g, in0, in1, ref, err, sizeof err), 0);
     memset(buf, 0xA5, g.out_bytes + 16);
     cgc_request req;
@@ -231,8 +231,8 @@ static void *worker(void *p) {
     uint64_t seed = (uint64_t)(a->index * 100 + i);
     void *in0 = malloc(g.in_bytes[0]), *in1 = malloc(g.in_bytes[1]);
     void *ref = malloc(g.out_bytes);
-    cgc_fill_random(s.dtype, in0, g.in_elems[0], &seed);
-    cgc_fill_random(s.dtype, in1, g.in_elems[1], &seed);
+    cg_fill_uniform(s.dtype, in0, g.in_elems[0], &seed);
+    cg_fill_uniform(s.dtype, in1, g.in_elems[1], &seed);
     cgc_request req;
     cgc_tensor *out = NULL;
     cgc_status st;

@@ -36,8 +36,8 @@ typedef struct tiny {
 static void tiny_init(tiny *t) {
   uint64_t seed = 3;
   cgc_request_init(&t->req);
-  cgc_fill_random(CG_DTYPE_F32, t->dd, 64, &seed);
-  cgc_fill_random(CG_DTYPE_F32, t->w, 144, &seed);
+  cg_fill_uniform(CG_DTYPE_F32, t->dd, 64, &seed);
+  cg_fill_uniform(CG_DTYPE_F32, t->w, 144, &seed);
   t->req.op = CG_OP_CONV_BWD_DATA;
   t->req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4,     {1, 4, 4, 4},
                                        CGC_LAYOUT_DEFAULT, t->dd, sizeof t->dd};
@@ -171,8 +171,8 @@ static void *restart_thread(void *p) {
     snprintf(c->st.message, sizeof c->st.message, "out of memory");
     goto done;
   }
-  cgc_fill_random(CG_DTYPE_F32, in0, g.in_elems[0], &seed);
-  cgc_fill_random(CG_DTYPE_F32, in1, g.in_elems[1], &seed);
+  cg_fill_uniform(CG_DTYPE_F32, in0, g.in_elems[0], &seed);
+  cg_fill_uniform(CG_DTYPE_F32, in1, g.in_elems[1], &seed);
   cgc_spec_request(&s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
   c->rc = cgc_compute(c->ch, &req, &out, &res, &c->st);
   c->attempts = res.attempts;

@@ -334,10 +334,8 @@ void *et_alloc(size_t bytes) {
 
 void *et_random_tensor(et_rng *r, cg_dtype dt, size_t n) {
   void *p = et_alloc(n * cg_dtype_size(dt));
-  for (size_t i = 0; i < n; i++) {
-    double u = (double)(et_next(r) >> 11) / 9007199254740992.0; /* [0,1) */
-    cg_store_f32(dt, p, i, (float)(2.0 * u - 1.0));
-  }
+  uint64_t state = et_next(r) | 1;
+  cg_fill_uniform(dt, p, n, &state);
   return p;
 }
 

@@ -437,19 +437,6 @@ int ts_health(grpc_channel *ch, const char *service) {
 
 /* ---- problems ---- */
 
-static uint64_t lcg(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return *s >> 33;
-}
-
-static void fill_random(cg_dtype dt, void *buf, size_t n, uint64_t seed) {
-  uint64_t s = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; i++) {
-    float v = (float)((double)(lcg(&s) % 2001) / 1000.0 - 1.0);
-    cg_store_f32(dt, buf, i, v);
-  }
-}
-
 /* dims of a data tensor (n, c, sp) in fmt order */
 static int data_dims(int64_t *out, cg_data_format fmt, int64_t n, int64_t c,
                      const int64_t *sp, int nsp) {
@@ -552,7 +539,8 @@ int ts_problem_init(ts_problem *tp, const ts_desc *d) {
     tp->in[i] = malloc(tp->g.in_bytes[i]);
     if (!tp->in[i])
       return CG_ENOMEM;
-    fill_random(d->dtype, tp->in[i], tp->g.in_elems[i], d->seed + (uint64_t)i);
+    uint64_t state = (d->seed + (uint64_t)i) * 2654435761u + 1;
+    cg_fill_uniform(d->dtype, tp->in[i], tp->g.in_elems[i], &state);
   }
 
   /* wire form */
