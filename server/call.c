@@ -133,8 +133,10 @@ static grpc_status_code status_of_cg(int rc) {
   }
 }
 
+/* Also grpc's slice free, on any of its threads. */
 static void outbuf_unref(void *p) {
   outbuf *o = p;
+  cgs_cq_acquire(o);
   if (atomic_fetch_sub(&o->refs, 1) == 1) {
     cgs_buf_free(o->data);
     free(o);
@@ -381,6 +383,7 @@ static void send_failed(cgs_call *c) {
  * over the output memory). */
 static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
   atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
+  cgs_cq_release(c->out);
   c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
                                         outbuf_unref, c->out);
   c->sent += len;

@@ -36,6 +36,7 @@ grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
                              size_t n, cgs_tag *tag) {
   if (atomic_load(&cq->closed))
     return GRPC_CALL_ERROR_COMPLETION_QUEUE_SHUTDOWN;
+  cgs_cq_release(tag);
   grpc_call_error e = grpc_call_start_batch(call, ops, n, tag, NULL);
   if (e != GRPC_CALL_OK)
     cgs_error("grpc_call_start_batch: %s", grpc_call_error_to_string(e));
@@ -54,6 +55,8 @@ static void *cq_main(void *arg) {
     grpc_event ev = grpc_completion_queue_next(
         cq->q, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     cgs_tag *t = ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
+    if (t)
+      cgs_cq_acquire(t);
     if (t && t->fast && !(t = t->fast(t, ev.success)))
       continue; /* handled on this thread */
     pthread_mutex_lock(&cq->mu);

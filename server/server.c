@@ -61,6 +61,7 @@ static int request_slot(cgs_server *s, size_t m) {
   grpc_metadata_array_init(&sl->md);
   grpc_call_details_init(&sl->details);
   grpc_call_error e;
+  cgs_cq_release(&sl->tag);
   if (m == N_METHODS)
     e = grpc_server_request_call(s->grpc, &sl->call, &sl->details, &sl->md,
                                  s->cq.q, s->cq.q, &sl->tag);
@@ -126,6 +127,7 @@ static void stop_accepting(cgs_server *s) {
   if (s->stopped_accepting)
     return;
   s->stopped_accepting = 1;
+  cgs_cq_release(&s->shutdown_tag);
   grpc_server_shutdown_and_notify(s->grpc, s->cq.q, &s->shutdown_tag);
 }
 
