@@ -53,11 +53,19 @@ struct cgs_tag {
 #ifdef CGS_CQ_TSAN
 void __tsan_acquire(void *addr);
 void __tsan_release(void *addr);
-static inline void cgs_cq_release(void *p) { __tsan_release(p); }
-static inline void cgs_cq_acquire(void *p) { __tsan_acquire(p); }
+static inline void cgs_cq_release(void *p) {
+  __tsan_release(p);
+}
+static inline void cgs_cq_acquire(void *p) {
+  __tsan_acquire(p);
+}
 #else
-static inline void cgs_cq_release(void *p) { (void)p; }
-static inline void cgs_cq_acquire(void *p) { (void)p; }
+static inline void cgs_cq_release(void *p) {
+  (void)p;
+}
+static inline void cgs_cq_acquire(void *p) {
+  (void)p;
+}
 #endif
 
 typedef struct cgs_cq cgs_cq;
