@@ -13,9 +13,11 @@
  * run on the loop thread, as do the deadline timer and every tag callback
  * but two: the data chunks in the middle of an upload or of a result are
  * moved on the completion-queue thread (on_recv_fast, on_send_fast in
- * call.c), so the loop is not woken once per chunk. Those read the call,
- * the server's cfg and its cq, write only the call, and take the call's
- * mutex, which every handler on the loop holds too. */
+ * call.c), so the loop is not woken once per chunk. Those touch only the
+ * call and the server's cq, and take the call's mutex, which every handler
+ * on the loop holds too. The result buffer's last reference may drop on a
+ * grpc thread, when grpc frees the last slice sent from it (an atomic
+ * count). */
 #ifndef CGS_CALL_H
 #define CGS_CALL_H
 

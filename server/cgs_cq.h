@@ -7,7 +7,8 @@
  * callback, if any, on its own thread; what the fast callback does not
  * handle goes to the loop through a locked list and uv_async_send, and the
  * loop runs each tag's cb in completion order. cgs_cq_batch runs on either
- * thread; every other function here on the loop thread. */
+ * thread, cgs_cq_status_name, cgs_cq_release and cgs_cq_acquire on any;
+ * every other function here on the loop thread. */
 #ifndef CGS_CQ_H
 #define CGS_CQ_H
 

@@ -3,9 +3,9 @@
  * through.
  *
  * Threads: every function here runs on the libuv loop thread, and the loop
- * thread owns every field, except that the Compute fast paths read cfg and
- * cq from the completion-queue thread (cgs_cq.h, cgs_call.h). Compute runs
- * in the cgs_pool workers.
+ * thread owns every field, except that the Compute fast paths use cq from
+ * the completion-queue thread (cgs_cq.h, cgs_call.h), and cfg, read-only
+ * once started, is read from any. Compute runs in the cgs_pool workers.
  *
  * Life cycle: cgs_server_start() -> serving -> cgs_server_drain() (on
  * SIGTERM/SIGINT): stop accepting, health NOT_SERVING, in-flight calls
