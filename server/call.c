@@ -30,6 +30,7 @@
 #include "cgs_log.h"
 #include "cgs_peers.h"
 #include "cgs_wire.h"
+#include "cgw.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 
 /* Results up to this size ride in ResultHeader.data (the wire contract
@@ -133,8 +134,10 @@ static grpc_status_code status_of_cg(int rc) {
   }
 }
 
+/* Also grpc's slice free, on any of its threads. */
 static void outbuf_unref(void *p) {
   outbuf *o = p;
+  cgs_cq_acquire(o);
   if (atomic_fetch_sub(&o->refs, 1) == 1) {
     cgs_buf_free(o->data);
     free(o);
@@ -184,7 +187,7 @@ static void log_call(cgs_call *c) {
               ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
               : "-",
           c->job_picked ? c->worker : "-",
-          cgs_status_name(c->status), c->msg[0] ? " msg=" : "",
+          cgw_status_name(c->status), c->msg[0] ? " msg=" : "",
           c->msg[0] ? msg : "");
 }
 
@@ -287,7 +290,7 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   ops[n++].data.send_status_from_server.status_details = &c->status_slice;
   c->st = ST_DONE;
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&c->s->cq, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     cancel_with_status(c);
   }
@@ -353,7 +356,7 @@ static void send_failed(cgs_call *c);
 
 static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   c->send_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
+  if (cgs_cq_batch(&c->s->cq, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
     c->t_progress = uv_hrtime();
     arm_timer(c);
     return;
@@ -381,6 +384,7 @@ static void send_failed(cgs_call *c) {
  * over the output memory). */
 static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
   atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
+  cgs_cq_release(c->out);
   c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
                                         outbuf_unref, c->out);
   c->sent += len;
@@ -500,7 +504,7 @@ static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
     memset(&op, 0, sizeof op);
     chunk_op(c, c->chunk_bytes, &op);
     c->t_progress = uv_hrtime();
-    if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
+    if (cgs_cq_batch(&c->s->cq, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
       loop_tag = NULL;
     else
       loop_tag = &c->tag_send_failed;
@@ -779,7 +783,7 @@ static int start_recv(cgs_call *c) {
   op.op = GRPC_OP_RECV_MESSAGE;
   op.data.recv_message.recv_message = &c->recv_bb;
   c->recv_pending = 1;
-  if (cgs_rpc_batch(c->s, c->call, &op, 1, &c->tag_recv) == GRPC_CALL_OK)
+  if (cgs_cq_batch(&c->s->cq, c->call, &op, 1, &c->tag_recv) == GRPC_CALL_OK)
     return 0;
   c->recv_pending = 0;
   return -1;
@@ -1043,11 +1047,13 @@ void cgs_call_cancel_all(cgs_server *s) {
   }
 }
 
-void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
+static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload) {
+  (void)payload; /* registered without: the call receives its own */
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
-    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                  "server out of memory");
+    cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "server out of memory");
     return;
   }
   c->s = s;
@@ -1085,7 +1091,7 @@ void cgs_call_start(cgs_server *s, grpc_call *call, gpr_timespec deadline) {
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &c->cancelled;
-  if (cgs_rpc_batch(s, call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&s->cq, call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
     c->close_received = 1; /* no notification will come */
     grpc_call_cancel(call, NULL);
     finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");
@@ -1126,3 +1132,14 @@ refused:
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
 }
+
+/* grpc does not read the first message: the call is handed over at its
+ * HTTP/2 headers, so that the per-peer limit and the idle timeout cover
+ * streams that never send one (grpc would keep those out of our sight for
+ * as long as their client likes). */
+const cgs_method_def cgs_call_method = {
+    .path = "/convgrad.v1.ConvGrad/Compute",
+    .reads_first = 0,
+    .slots = 32,
+    .start = start,
+};

@@ -16,12 +16,13 @@ void cgs_health_free(cgs_health *h);
 void cgs_health_set_serving(cgs_health *h, int serving);
 /* Ends every Watch stream (status UNAVAILABLE): the server is going. */
 void cgs_health_end_watches(cgs_health *h);
-/* Check (unary, request read by grpc): takes ownership of call's
- * reference and of payload. */
-void cgs_health_check(cgs_health *h, grpc_call *call,
-                      grpc_byte_buffer *payload);
-/* Watch (server stream, registered with GRPC_SRM_PAYLOAD_NONE: the request
- * is received here): takes ownership of call's reference. */
-void cgs_health_watch(cgs_health *h, grpc_call *call);
+/* Open Watch streams. */
+unsigned cgs_health_watchers(const cgs_health *h);
+
+/* /grpc.health.v1.Health/Check, unary, and /grpc.health.v1.Health/Watch,
+ * a server stream (its one request is received by health.c). Both answer
+ * for s->health. */
+extern const cgs_method_def cgs_health_check_method;
+extern const cgs_method_def cgs_health_watch_method;
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "cgs_server.h"
 
-/* Answers the call; takes ownership of call's reference and of payload. */
-void cgs_info_handle(cgs_server *s, grpc_call *call, grpc_byte_buffer *payload);
+/* /convgrad.v1.ConvGrad/GetServerInfo, unary: answered at once. */
+extern const cgs_method_def cgs_info_method;
 
 #endif

@@ -42,6 +42,7 @@ struct cgs_health {
   cgs_server *s;
   int serving;
   watcher *watchers;
+  unsigned nwatchers;
 };
 
 int cgs_health_new(cgs_health **out, cgs_server *s) {
@@ -55,6 +56,8 @@ int cgs_health_new(cgs_health **out, cgs_server *s) {
 }
 
 void cgs_health_free(cgs_health *h) { free(h); }
+
+unsigned cgs_health_watchers(const cgs_health *h) { return h->nwatchers; }
 
 static int known_service(const char *name) {
   return name[0] == '\0' || strcmp(name, "convgrad.v1.ConvGrad") == 0;
@@ -89,20 +92,22 @@ static char *parse_service(grpc_byte_buffer *payload) {
   return name;
 }
 
-void cgs_health_check(cgs_health *h, grpc_call *call,
-                      grpc_byte_buffer *payload) {
+static void check(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload) {
+  cgs_health *h = s->health;
+  (void)deadline; /* answered at once */
   char *service = parse_service(payload);
   if (!service) {
-    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+    cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
                   "request: malformed HealthCheckRequest");
     return;
   }
   if (!known_service(service)) {
     char msg[300];
     snprintf(msg, sizeof msg, "service: unknown service '%.200s'", service);
-    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_NOT_FOUND, msg);
+    cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_NOT_FOUND, msg);
   } else {
-    cgs_rpc_reply(h->s, call, pack_status(status_of(h, 1)), GRPC_STATUS_OK,
+    cgs_cq_reply(&h->s->cq, call, pack_status(status_of(h, 1)), GRPC_STATUS_OK,
                   NULL);
   }
   free(service);
@@ -123,7 +128,7 @@ static void watcher_maybe_free(watcher *w) {
   grpc_call_unref(w->call);
   if (w->ended)
     grpc_slice_unref(w->details);
-  h->s->unary_active--;
+  h->nwatchers--;
   free(w);
 }
 
@@ -160,7 +165,7 @@ static void watcher_step(watcher *w) {
     return;
   }
   w->send_pending = 1;
-  if (cgs_rpc_batch(w->h->s, w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&w->h->s->cq, w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
     grpc_call_cancel(w->call, NULL);
     on_watch_send(&w->tag_send, 0);
   }
@@ -208,10 +213,15 @@ static void on_watch_recv(cgs_tag *t, int ok) {
   watcher_maybe_free(w);
 }
 
-void cgs_health_watch(cgs_health *h, grpc_call *call) {
+/* Registered without the first message: it is received here. */
+static void watch(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload) {
+  cgs_health *h = s->health;
+  (void)deadline; /* a Watch lasts until the client or the server ends it */
+  (void)payload;
   watcher *w = calloc(1, sizeof *w);
   if (!w) {
-    cgs_rpc_reply(h->s, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+    cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "server out of memory");
     return;
   }
@@ -227,12 +237,12 @@ void cgs_health_watch(cgs_health *h, grpc_call *call) {
   if (h->watchers)
     h->watchers->prev = w;
   h->watchers = w;
-  h->s->unary_active++;
+  h->nwatchers++;
   grpc_op op;
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &w->cancelled;
-  if (cgs_rpc_batch(h->s, call, &op, 1, &w->tag_close) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&h->s->cq, call, &op, 1, &w->tag_close) != GRPC_CALL_OK) {
     /* Without a close notification the watcher could never be freed. */
     w->close_received = 1;
     grpc_call_cancel(call, NULL);
@@ -243,7 +253,7 @@ void cgs_health_watch(cgs_health *h, grpc_call *call) {
   op.op = GRPC_OP_RECV_MESSAGE;
   op.data.recv_message.recv_message = &w->recv_bb;
   w->recv_pending = 1;
-  if (cgs_rpc_batch(h->s, call, &op, 1, &w->tag_recv) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&h->s->cq, call, &op, 1, &w->tag_recv) != GRPC_CALL_OK) {
     w->recv_pending = 0;
     grpc_call_cancel(call, NULL);
   }
@@ -267,3 +277,17 @@ void cgs_health_end_watches(cgs_health *h) {
     watcher_step(w);
   }
 }
+
+const cgs_method_def cgs_health_check_method = {
+    .path = "/grpc.health.v1.Health/Check",
+    .reads_first = 1,
+    .slots = 4,
+    .start = check,
+};
+
+const cgs_method_def cgs_health_watch_method = {
+    .path = "/grpc.health.v1.Health/Watch",
+    .reads_first = 0,
+    .slots = 4,
+    .start = watch,
+};

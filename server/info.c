@@ -13,11 +13,12 @@
 #define CGS_VERSION "0.0.0"
 #endif
 
-void cgs_info_handle(cgs_server *s, grpc_call *call,
-                     grpc_byte_buffer *payload) {
+static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload) {
+  (void)deadline; /* answered at once */
   const cgs_config *cfg = s->cfg;
   if (!payload) {
-    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+    cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
                   "request: missing ServerInfoRequest");
     return;
   }
@@ -25,7 +26,7 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
       cgs_wire_unpack(&convgrad__v1__server_info_request__descriptor, payload);
   grpc_byte_buffer_destroy(payload);
   if (!req) {
-    cgs_rpc_reply(s, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
+    cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
                   "request: malformed ServerInfoRequest");
     return;
   }
@@ -102,5 +103,12 @@ void cgs_info_handle(cgs_server *s, grpc_call *call,
   info.n_io_cpus = cfg->io_cpus.n;
   info.io_cpus = io_cpus;
   info.limits = &limits;
-  cgs_rpc_reply(s, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);
+  cgs_cq_reply(&s->cq, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);
 }
+
+const cgs_method_def cgs_info_method = {
+    .path = "/convgrad.v1.ConvGrad/GetServerInfo",
+    .reads_first = 1,
+    .slots = 2,
+    .start = start,
+};

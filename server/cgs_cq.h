@@ -1,0 +1,118 @@
+/* cgs_cq.h - the completion queue: the thread that waits on it, the tags
+ * its operations complete with, the hand-off of those tags to the libuv
+ * loop, and the batches and unary replies every handler starts on it.
+ *
+ * Threads: one completion-queue thread ("cg-cq") blocks in
+ * grpc_completion_queue_next. For each completed tag it runs the tag's fast
+ * callback, if any, on its own thread; what the fast callback does not
+ * handle goes to the loop through a locked list and uv_async_send, and the
+ * loop runs each tag's cb in completion order. cgs_cq_batch runs on either
+ * thread, cgs_cq_release and cgs_cq_acquire on any;
+ * every other function here on the loop thread. */
+#ifndef CGS_CQ_H
+#define CGS_CQ_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include <grpc/grpc.h>
+#include <uv.h>
+
+#define cgs_container_of(ptr, type, member)                                    \
+  ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
+
+/* A completion-queue tag. Objects embed one per kind of operation they
+ * may have pending (at most one of each at a time), so handing a tag to
+ * the loop needs no allocation. cb runs on the loop thread. fast, when
+ * set, runs first on the completion-queue thread: it returns NULL when it
+ * handled the event there, else the tag whose cb the loop should run. */
+typedef struct cgs_tag cgs_tag;
+typedef void (*cgs_tag_cb)(cgs_tag *tag, int ok);
+typedef cgs_tag *(*cgs_tag_fast)(cgs_tag *tag, int ok);
+struct cgs_tag {
+  cgs_tag_cb cb;
+  cgs_tag_fast fast; /* NULL: always the loop */
+  int ok;            /* grpc_event.success */
+  cgs_tag *next;     /* link in the cq -> loop list */
+};
+
+/* Declare to ThreadSanitizer an ordering that grpc makes with its own
+ * locks, which it cannot see in the uninstrumented library: what a thread
+ * did before cgs_cq_release(p) happens before what another does after
+ * cgs_cq_acquire(p). A tag's completion comes after the call that handed
+ * it to grpc (cgs_cq_batch, and the cq thread, declare that one), a zero-
+ * copy slice's free after the batch that sent it. No-ops without
+ * ThreadSanitizer. */
+#if defined(__SANITIZE_THREAD__)
+#define CGS_CQ_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CGS_CQ_TSAN 1
+#endif
+#endif
+#ifdef CGS_CQ_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static inline void cgs_cq_release(void *p) {
+  __tsan_release(p);
+}
+static inline void cgs_cq_acquire(void *p) {
+  __tsan_acquire(p);
+}
+#else
+static inline void cgs_cq_release(void *p) {
+  (void)p;
+}
+static inline void cgs_cq_acquire(void *p) {
+  (void)p;
+}
+#endif
+
+typedef struct cgs_cq cgs_cq;
+struct cgs_cq {
+  grpc_completion_queue *q;
+  pthread_t thread;
+  uv_async_t async;
+  pthread_mutex_t mu;
+  cgs_tag *head, *tail; /* under mu: completed tags for the loop */
+  int exited;           /* under mu: the thread saw GRPC_QUEUE_SHUTDOWN */
+  int exit_reported;    /* on_exit ran (loop thread) */
+  /* cgs_cq_shutdown was called. Written by the loop thread, read by
+   * cgs_cq_batch on both threads. */
+  atomic_int closed;
+  unsigned replies; /* unary replies in flight (loop thread) */
+  void (*on_exit)(cgs_cq *cq);
+};
+
+/* Creates the queue (for a grpc server to register before it starts).
+ * Returns 0 or CG_EINTERNAL. */
+int cgs_cq_init(cgs_cq *cq);
+/* Starts the thread and the loop's side of the hand-off. on_exit runs on
+ * the loop once the queue is shut down, every tag before that has run and
+ * the thread is joined: no grpc event can arrive any more. Returns 0 or
+ * CG_EINTERNAL (the async handle is then closing; cgs_cq_destroy still frees
+ * the queue). */
+int cgs_cq_start(cgs_cq *cq, uv_loop_t *loop, void (*on_exit)(cgs_cq *cq));
+/* Shuts the queue down: batches are refused from now on, and the thread
+ * exits once grpc has delivered every pending event. */
+void cgs_cq_shutdown(cgs_cq *cq);
+/* After on_exit, once the grpc server is destroyed: frees the queue and
+ * closes the async handle (close_cb gets it). */
+void cgs_cq_close(cgs_cq *cq, uv_close_cb close_cb);
+/* Frees a queue whose thread never started. */
+void cgs_cq_destroy(cgs_cq *cq);
+
+/* Starts a batch; logs and returns the grpc_call_error on failure (then
+ * the tag will not fire). Refuses once the queue is shut down: grpc's
+ * shutdown notification does not wait for calls to be released. Either
+ * thread. */
+grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
+                             size_t n, cgs_tag *tag);
+/* Finishes a unary (or not yet answered) call: sends initial metadata,
+ * msg when not NULL, and the status, then releases the call. Takes
+ * ownership of call's reference and of msg. */
+void cgs_cq_reply(cgs_cq *cq, grpc_call *call, grpc_byte_buffer *msg,
+                  grpc_status_code code, const char *details);
+
+#endif
