@@ -1047,15 +1047,8 @@ void cgs_call_cancel_all(cgs_server *s) {
   }
 }
 
-static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload) {
-  (void)payload; /* registered without: the call receives its own */
-  cgs_call *c = calloc(1, sizeof *c);
-  if (!c) {
-    cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                 "server out of memory");
-    return;
-  }
+/* Fills a new call object and links it into the server's list. */
+static void init_call(cgs_call *c, cgs_server *s, grpc_call *call) {
   c->s = s;
   c->call = call;
   c->id = s->next_call_id++;
@@ -1084,23 +1077,26 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     s->calls->prev = c;
   s->calls = c;
   s->compute_active++;
-  /* From the first receive on, the fast path may run for this call. */
-  pthread_mutex_lock(&c->mu);
+}
 
+/* Watches the call's end and refuses it when the server drains, its peer
+ * holds too many calls or its deadline has passed; -1 after finish(). */
+static int accept_call(cgs_call *c, gpr_timespec deadline) {
+  cgs_server *s = c->s;
   grpc_op op;
   memset(&op, 0, sizeof op);
   op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
   op.data.recv_close_on_server.cancelled = &c->cancelled;
-  if (cgs_cq_batch(&s->cq, call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&s->cq, c->call, &op, 1, &c->tag_close) != GRPC_CALL_OK) {
     c->close_received = 1; /* no notification will come */
-    grpc_call_cancel(call, NULL);
+    grpc_call_cancel(c->call, NULL);
     finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");
-    goto refused;
+    return -1;
   }
   if (s->draining) {
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server is shutting down; retry elsewhere");
-    goto refused;
+    return -1;
   }
   /* Refused calls count too while they last: a peer that floods keeps
    * itself refused, never anyone else. */
@@ -1109,7 +1105,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
            "this client address holds %u calls, at most %u are allowed "
            "(--max-calls-per-peer); retry later",
            c->from->calls - 1, s->cfg->max_calls_per_peer);
-    goto refused;
+    return -1;
   }
   gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
   if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
@@ -1118,17 +1114,29 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     if (ms <= 0) {
       finish(c, GRPC_STATUS_DEADLINE_EXCEEDED,
              "deadline exceeded before the call started");
-      goto refused;
+      return -1;
     }
     c->deadline_at = c->t_start + (uint64_t)ms * 1000000u;
   }
-  post_recv(c);
-  arm_timer(c);
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
-  return;
+  return 0;
+}
 
-refused:
+static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload) {
+  (void)payload; /* registered without: the call receives its own */
+  cgs_call *c = calloc(1, sizeof *c);
+  if (!c) {
+    cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                 "server out of memory");
+    return;
+  }
+  init_call(c, s, call);
+  /* From the first receive on, the fast path may run for this call. */
+  pthread_mutex_lock(&c->mu);
+  if (accept_call(c, deadline) == 0) {
+    post_recv(c);
+    arm_timer(c);
+  }
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
 }

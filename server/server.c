@@ -249,20 +249,11 @@ static void teardown(cgs_cq *cq) {
 
 /* ---- start ----------------------------------------------------------- */
 
-int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
-                     void (*on_stopped)(cgs_server *s), char *err,
-                     size_t errlen) {
-  int rc = 0;
-  memset(s, 0, sizeof *s);
-  s->cfg = cfg;
-  s->loop = loop;
-  s->on_stopped = on_stopped;
-  s->shutdown_tag.cb = on_shutdown_notified;
-  s->next_call_id = 1;
-  if (cgs_cq_init(&s->cq) != 0)
-    return cg_errorf(err, errlen, CG_EINTERNAL,
-                     "cannot create the completion queue");
-
+/* Creates s->grpc with the channel arguments below, registers the method
+ * table and binds cfg->listen. On failure s->grpc may exist: the caller
+ * destroys it. */
+static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
+  const cgs_config *cfg = s->cfg;
   grpc_arg args[] = {
       /* Refuse to share a port with another process. */
       {.type = GRPC_ARG_INTEGER,
@@ -304,19 +295,35 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
                        : GRPC_SRM_PAYLOAD_NONE,
         0);
     if (!s->methods[m]) {
-      rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot register %s", d->path);
-      goto fail_grpc;
+      return cg_errorf(err, errlen, CG_EINTERNAL, "cannot register %s",
+                       d->path);
     }
   }
   grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
   s->port = grpc_server_add_http2_port(s->grpc, cfg->listen, creds);
   grpc_server_credentials_release(creds);
-  if (s->port <= 0) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "--listen: cannot bind '%s' (in use or not HOST:PORT)",
-                   cfg->listen);
+  if (s->port <= 0)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "--listen: cannot bind '%s' (in use or not HOST:PORT)",
+                     cfg->listen);
+  return 0;
+}
+
+int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
+                     void (*on_stopped)(cgs_server *s), char *err,
+                     size_t errlen) {
+  int rc = 0;
+  memset(s, 0, sizeof *s);
+  s->cfg = cfg;
+  s->loop = loop;
+  s->on_stopped = on_stopped;
+  s->shutdown_tag.cb = on_shutdown_notified;
+  s->next_call_id = 1;
+  if (cgs_cq_init(&s->cq) != 0)
+    return cg_errorf(err, errlen, CG_EINTERNAL,
+                     "cannot create the completion queue");
+  if ((rc = create_grpc_server(s, err, errlen)) != 0)
     goto fail_grpc;
-  }
   if ((rc = cgs_peers_new(&s->peers)) != 0) {
     cg_errorf(err, errlen, rc, "peers: out of memory");
     goto fail_grpc;

@@ -126,11 +126,9 @@ static int cgc__graph_tensor(const cJSON *t, const char *what, cg_dtype *dt,
   return 0;
 }
 
-int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
-                   size_t errlen) {
-  int rc = 0;
-  char *text = NULL;
-  cJSON *root = NULL;
+/* Reads and parses the JSON file at path (at most 16 MiB) into *root. */
+static int cgc__read_json(const char *path, cJSON **root, char *err,
+                          size_t errlen) {
   FILE *fp = fopen(path, "rb");
   if (!fp)
     return cg_errorf(err, errlen, CG_EINVAL, "%s: cannot open", path);
@@ -142,47 +140,94 @@ int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
     return cg_errorf(err, errlen, CG_EINVAL,
                      "%s: unreadable or larger than 16 MiB", path);
   }
-  text = malloc((size_t)size + 1);
+  char *text = malloc((size_t)size + 1);
   if (!text) {
     fclose(fp);
     return CG_ENOMEM;
   }
   size_t got = fread(text, 1, (size_t)size, fp);
   fclose(fp);
-  if (got != (size_t)size) {
+  int rc = 0;
+  if (got != (size_t)size)
     rc = cg_errorf(err, errlen, CG_EINVAL, "%s: read failed", path);
-    goto out;
-  }
-  root = cJSON_ParseWithLength(text, (size_t)size);
-  if (!root) {
+  else if (!(*root = cJSON_ParseWithLength(text, (size_t)size)))
     rc = cg_errorf(err, errlen, CG_EINVAL, "%s: not valid JSON", path);
-    goto out;
-  }
+  free(text);
+  return rc;
+}
+
+/* The index-th convolution-gradient op of root's "graph" array. */
+static int cgc__graph_find_op(const cJSON *root, int index, const cJSON **op,
+                              cg_op *kind, const char *path, char *err,
+                              size_t errlen) {
   const cJSON *graph = cJSON_GetObjectItemCaseSensitive(root, "graph");
-  if (!cJSON_IsArray(graph)) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "%s: no \"graph\" array (not a oneDNN graph JSON file)",
-                   path);
-    goto out;
-  }
-  const cJSON *op = NULL, *it;
+  if (!cJSON_IsArray(graph))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "%s: no \"graph\" array (not a oneDNN graph JSON file)",
+                     path);
+  const cJSON *it;
   int seen = 0;
-  cg_op kind = CG_OP_INVALID;
   cJSON_ArrayForEach(it, graph) {
     const char *k =
         cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(it, "kind"));
-    if (k && cg_op_parse(k, &kind) == 0 && seen++ == index) {
-      op = it;
-      break;
+    if (k && cg_op_parse(k, kind) == 0 && seen++ == index) {
+      *op = it;
+      return 0;
     }
   }
-  if (!op) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
+  return cg_errorf(err, errlen, CG_EINVAL,
                    "%s: no convolution-gradient op number %d in \"graph\" "
                    "(found %d)",
                    path, index, seen);
-    goto out;
+}
+
+/* The op's two inputs into s (dtype, ranks, dims), and the output's shape
+ * where it pins the shape the op must produce. */
+static int cgc__graph_tensors(const cJSON *op, cgc_spec *s, const char *path,
+                              char *err, size_t errlen) {
+  const cJSON *ins = cJSON_GetObjectItemCaseSensitive(op, "inputs");
+  if (cJSON_GetArraySize(ins) < 2)
+    return cg_errorf(err, errlen, CG_EINVAL, "%s: the op needs 2 inputs",
+                     path);
+  int rc;
+  for (int i = 0; i < 2; i++) {
+    cg_dtype dt;
+    cgc_list shape;
+    char what[32];
+    snprintf(what, sizeof what, "inputs[%d]", i);
+    rc = cgc__graph_tensor(cJSON_GetArrayItem(ins, i), what, &dt, &shape, path,
+                           err, errlen);
+    if (rc)
+      return rc;
+    if (i == 1 && dt != s->dtype)
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "%s: inputs[1]: dtype differs from inputs[0]", path);
+    s->dtype = dt;
+    s->rank[i] = (int)shape.len;
+    memcpy(s->dims[i], shape.v, shape.len * sizeof(int64_t));
   }
+  const cJSON *outs = cJSON_GetObjectItemCaseSensitive(op, "outputs");
+  cgc_list *want = s->op == CG_OP_CONV_BWD_DATA   ? &s->dst_shape
+                   : cg_op_outputs_weights(s->op) ? &s->weights_shape
+                                                  : NULL;
+  if (want && want->len == 0 && cJSON_GetArraySize(outs) >= 1) {
+    cg_dtype dt;
+    return cgc__graph_tensor(cJSON_GetArrayItem(outs, 0), "outputs[0]", &dt,
+                             want, path, err, errlen);
+  }
+  return 0;
+}
+
+int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
+                   size_t errlen) {
+  cJSON *root = NULL;
+  const cJSON *op = NULL, *it;
+  cg_op kind = CG_OP_INVALID;
+  int rc = cgc__read_json(path, &root, err, errlen);
+  if (!rc)
+    rc = cgc__graph_find_op(root, index, &op, &kind, path, err, errlen);
+  if (rc)
+    goto out;
   cgc_spec_init(s);
   s->op = kind;
   const cJSON *attrs = cJSON_GetObjectItemCaseSensitive(op, "attrs");
@@ -198,43 +243,8 @@ int cgc_graph_load(const char *path, int index, cgc_spec *s, char *err,
     if ((rc = cgc__graph_attr(it, s, path, err, errlen)) != 0)
       goto out;
   }
-  const cJSON *ins = cJSON_GetObjectItemCaseSensitive(op, "inputs");
-  if (cJSON_GetArraySize(ins) < 2) {
-    rc = cg_errorf(err, errlen, CG_EINVAL, "%s: the op needs 2 inputs", path);
-    goto out;
-  }
-  for (int i = 0; i < 2; i++) {
-    cg_dtype dt;
-    cgc_list shape;
-    char what[32];
-    snprintf(what, sizeof what, "inputs[%d]", i);
-    rc = cgc__graph_tensor(cJSON_GetArrayItem(ins, i), what, &dt, &shape, path,
-                           err, errlen);
-    if (rc)
-      goto out;
-    if (i == 1 && dt != s->dtype) {
-      rc = cg_errorf(err, errlen, CG_EINVAL,
-                     "%s: inputs[1]: dtype differs from inputs[0]", path);
-      goto out;
-    }
-    s->dtype = dt;
-    s->rank[i] = (int)shape.len;
-    memcpy(s->dims[i], shape.v, shape.len * sizeof(int64_t));
-  }
-  /* The output tensor pins the shape the op must produce. */
-  const cJSON *outs = cJSON_GetObjectItemCaseSensitive(op, "outputs");
-  cgc_list *want = s->op == CG_OP_CONV_BWD_DATA   ? &s->dst_shape
-                   : cg_op_outputs_weights(s->op) ? &s->weights_shape
-                                                  : NULL;
-  if (want && want->len == 0 && cJSON_GetArraySize(outs) >= 1) {
-    cg_dtype dt;
-    rc = cgc__graph_tensor(cJSON_GetArrayItem(outs, 0), "outputs[0]", &dt, want,
-                           path, err, errlen);
-    if (rc)
-      goto out;
-  }
+  rc = cgc__graph_tensors(op, s, path, err, errlen);
 out:
   cJSON_Delete(root);
-  free(text);
   return rc;
 }
