@@ -112,7 +112,7 @@ static int rd_key(rd *r, size_t limit, uint32_t *field, uint32_t *wt) {
 
 /* Reads the length of a length-delimited value that must end by limit. */
 static int rd_len(rd *r, size_t limit, size_t *len) {
-  uint64_t v;
+  uint64_t v = 0;
   if (rd_varint(r, &v) != 0)
     return -1;
   if (r->pos > limit || v > limit - r->pos)

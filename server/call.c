@@ -36,7 +36,7 @@
 /* Results up to this size ride in ResultHeader.data (the wire contract
  * promises clients no more): the whole answer is one message in one batch
  * with the status, instead of two sequential send batches. */
-#define INLINE_RESULT_MAX (64u * 1024)
+#define INLINE_RESULT_MAX ((size_t)64 * 1024)
 
 typedef enum {
   ST_RECV_HEADER, /* waiting for the first message */
@@ -331,7 +331,7 @@ static void arm_timer(cgs_call *c) {
  * own deadline, which our copy (taken when the header arrived) trails by
  * the transit time: a cancel that close to it is the deadline. */
 static int past_deadline(const cgs_call *c) {
-  return c->deadline_at && uv_hrtime() + 50 * 1000000u >= c->deadline_at;
+  return c->deadline_at && uv_hrtime() + 50ull * 1000000u >= c->deadline_at;
 }
 
 /* ---- sending the result ----------------------------------------------- */

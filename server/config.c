@@ -79,10 +79,10 @@ static const opt_def opt_table[] = {
      "HTTP/2 receive window of each stream: how far a client may upload "
      "ahead of the server's reads (more: faster uploads, more buffered "
      "bytes per stream)"},
-    {"grace", OPT_MS, offsetof(cgs_config, grace_ms), "30", 0, 3600 * 1000,
+    {"grace", OPT_MS, offsetof(cgs_config, grace_ms), "30", 0, 3600ull * 1000,
      "seconds in-flight requests may take to finish after SIGTERM/SIGINT"},
     {"idle-timeout", OPT_MS, offsetof(cgs_config, idle_timeout_ms), "30", 0,
-     3600 * 1000,
+     3600ull * 1000,
      "seconds a call may go without progress while its request arrives or "
      "its result streams; then DEADLINE_EXCEEDED frees what it holds. "
      "0 = no limit"},
@@ -208,7 +208,7 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
       snprintf(err, errlen, "%s: value too long", origin);
       return -1;
     }
-    strcpy(field, value);
+    memcpy(field, value, strlen(value) + 1);
     return 0;
   case OPT_CPUS:
     if (parse_cpus((cgs_cpu_list *)(void *)field, value, o) != 0) {

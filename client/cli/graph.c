@@ -191,8 +191,8 @@ static int cgc__graph_tensors(const cJSON *op, cgc_spec *s, const char *path,
                      path);
   int rc;
   for (int i = 0; i < 2; i++) {
-    cg_dtype dt;
-    cgc_list shape;
+    cg_dtype dt = CG_DTYPE_F32;
+    cgc_list shape = {.len = 0};
     char what[32];
     snprintf(what, sizeof what, "inputs[%d]", i);
     rc = cgc__graph_tensor(cJSON_GetArrayItem(ins, i), what, &dt, &shape, path,

@@ -196,7 +196,7 @@ static int cgc__run_load(cgc_spec *s, int i, const char *path, int take_dtype,
     s->rank[i] = n.rank;
     memcpy(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t));
   } else if (s->rank[i] != n.rank ||
-             memcmp(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t))) {
+             memcmp(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t)) != 0) {
     fprintf(stderr,
             "convgrad run: %s: shape differs from the problem's %s shape\n",
             path, cg_op_input_name(s->op, i));
@@ -245,7 +245,7 @@ static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
     return CGC_EXIT_INPUT;
   }
   if (g.out_bytes != out->nbytes || g.in_rank != out->rank ||
-      memcmp(g.out_dims, out->dims, (size_t)out->rank * sizeof(int64_t))) {
+      memcmp(g.out_dims, out->dims, (size_t)out->rank * sizeof(int64_t)) != 0) {
     fprintf(stderr, "convgrad run: check failed: the server's result shape "
                     "differs from the reference's\n");
     return CGC_EXIT_FAIL;

@@ -217,7 +217,7 @@ static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s, const char *label,
     goto out;
   }
   if (out->nbytes != g.out_bytes || out->rank != g.in_rank ||
-      memcmp(out->dims, g.out_dims, (size_t)out->rank * sizeof(int64_t))) {
+      memcmp(out->dims, g.out_dims, (size_t)out->rank * sizeof(int64_t)) != 0) {
     printf("FAIL  %s: result shape differs from the reference\n", what);
     goto out;
   }
@@ -262,7 +262,7 @@ static int cgc__smoke_wait(const cgc_cli *cli, cgc_channel *ch, double wait_s) {
                 cli->target, wait_s, cgc_status_code_name(st.code), st.message);
       return CGC_EXIT_UNAVAILABLE;
     }
-    struct timespec ts = {0, 200 * 1000 * 1000};
+    struct timespec ts = {0, 200L * 1000 * 1000};
     nanosleep(&ts, NULL);
   }
 }

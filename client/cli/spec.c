@@ -158,10 +158,11 @@ static double cgc__reduction_len(const cg_geom *g) {
     osp *= (double)g->out_sp[i];
     isp *= (double)g->in_sp[i];
   }
+  int64_t oc_per_group = g->oc / g->groups;
   switch (g->op) {
   case CG_OP_CONV_BWD_DATA:
   case CG_OP_DECONV_BWD_DATA:
-    return (double)(g->oc / g->groups) * k;
+    return (double)oc_per_group * k;
   default:
     return (double)g->mb * (osp > isp ? osp : isp);
   }

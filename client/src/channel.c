@@ -129,7 +129,7 @@ static int cgc__split_item(const char *item, size_t len,
 static int cgc__resolve_item(const char *item, size_t len, char *v4, char *v6,
                              size_t outsz, char *err, size_t errlen) {
   char host[CGC__HOST_MAX], port[8];
-  long p;
+  long p = 0;
   v4[0] = v6[0] = '\0';
   int rc = cgc__split_item(item, len, host, &p, err, errlen);
   if (rc)
@@ -242,8 +242,8 @@ static int cgc__rewrite_target(const char *target, char **out, char *err,
     rc = CG_ENOMEM;
     goto fail;
   }
-  strcpy(l4, "ipv4:");
-  strcpy(l6, "ipv6:");
+  memcpy(l4, "ipv4:", 6);
+  memcpy(l6, "ipv6:", 6);
   for (const char *p = target; *p;) {
     char v4[INET6_ADDRSTRLEN + 16], v6[INET6_ADDRSTRLEN + 16];
     const char *e = strchr(p, ',');

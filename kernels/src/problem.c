@@ -153,8 +153,8 @@ void cg_geom_data_strides(const cg_geom *g, cg_data_format fmt,
 
 void cg_geom_weights_strides(const cg_geom *g, cg_weights_format fmt,
                              int64_t strides[CG_MAX_RANK + 1]) {
-  int64_t dims[CG_MAX_RANK], phys[CG_MAX_RANK];
-  int rank = g->nsp + 2, po, pi, pk;
+  int64_t dims[CG_MAX_RANK] = {0}, phys[CG_MAX_RANK] = {0};
+  int rank = g->nsp + 2, po = 0, pi = 0, pk = 0;
   if (fmt == CG_WEIGHTS_DEFAULT)
     fmt = default_weights_format(g->op);
   weights_dims(g, fmt, dims);
@@ -784,12 +784,13 @@ static int fill_sizes(ctx *c) {
     osp *= (double)g->out_sp[d];
     isp *= (double)g->in_sp[d];
   }
+  int64_t ic_per_group = g->ic / g->groups, oc_per_group = g->oc / g->groups;
   if (c->deconv)
     g->flops = 2.0 * (double)g->mb * (double)g->ic * isp *
-               (double)(g->oc / g->groups) * k;
+               (double)oc_per_group * k;
   else
     g->flops = 2.0 * (double)g->mb * (double)g->oc * osp *
-               (double)(g->ic / g->groups) * k;
+               (double)ic_per_group * k;
   return 0;
 }
 
