@@ -136,14 +136,14 @@ static void next_line(const char **p, char *buf, size_t cap) {
   *p += n + ((*p)[n] == '\n');
 }
 
-/* README's `convgrad info` example had fallen behind the output (no io
+/* client/README.md's `convgrad info` example had fallen behind the output (no io
  * cpus line, limits without idle timeout and stream window). */
 static void test_readme_info_example(void **state) {
   (void)state;
   static char readme[1 << 16];
   char path[512], a[1024], b[1024];
   th_run r;
-  snprintf(path, sizeof path, "%s/../../../README.md", data_dir);
+  snprintf(path, sizeof path, "%s/../../../client/README.md", data_dir);
   FILE *fp = fopen(path, "r");
   assert_non_null(fp);
   readme[fread(readme, 1, sizeof readme - 1, fp)] = '\0';
