@@ -31,8 +31,8 @@ typedef struct app {
 /* oneDNN runs on libgomp, whose idle team threads spin for 300,000 rounds
  * after every parallel region unless OMP_WAIT_POLICY says otherwise: 7-20
  * ms of a core after each job, taken from the loop and gRPC threads that
- * are moving the result out and the next request in (a 12.8 MB result
- * went out in 11-13 ms instead of 7-9 here). libgomp reads the variable
+ * are moving the result out and the next request in (tests/README.md,
+ * "Design figures"). libgomp reads the variable
  * once, in its own constructor, before main, and libc's start-up resets
  * the environment an earlier hook could have changed; so the server
  * re-executes itself once with the variable set. Either variable already
@@ -56,8 +56,8 @@ static void exec_with_passive_omp(char **argv) {
 /* gRPC receives each message into fresh buffers of up to a few MiB and
  * frees them on another thread. glibc's defaults serve those with mmap or
  * trim them from the arena when freed, so every upload page-faulted its
- * way into zeroed pages again (half of the server's page faults; a 12.8
- * MB upload took 8-13 ms instead of 7-8). Keeping up to 32 MiB blocks in
+ * way into zeroed pages again (half of the server's page faults; see
+ * tests/README.md, "Design figures"). Keeping up to 32 MiB blocks in
  * the heap and 256 MiB of free heap unreturned reuses warm pages. */
 static void tune_malloc(void) {
   mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);

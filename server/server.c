@@ -260,8 +260,8 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
        .key = GRPC_ARG_ALLOW_REUSEPORT,
        .value.integer = 0},
       /* The default 64 KiB initial window makes each upload's first
-       * megabytes wait for window updates: 2-8 ms per call here before
-       * the BDP estimate catches up. */
+       * megabytes wait for window updates until the BDP estimate catches
+       * up (tests/README.md, "Design figures"). */
       {.type = GRPC_ARG_INTEGER,
        .key = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
        .value.integer = (int)cfg->stream_window_bytes},
