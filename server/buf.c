@@ -17,7 +17,9 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static slot cache[SLOTS];
 static size_t cached_bytes, budget;
 
-void cgs_buf_init(size_t cache_bytes) { budget = cache_bytes; }
+void cgs_buf_init(size_t cache_bytes) {
+  budget = cache_bytes;
+}
 
 /* Big buffers are allocated in 64 KiB steps so that sizes differing by a
  * little share buffers. */
@@ -33,7 +35,9 @@ static size_t capacity_of(size_t n) {
  * its real size when it comes back. */
 #define HEADER 64
 
-static size_t *header_of(void *p) { return (size_t *)((char *)p - HEADER); }
+static size_t *header_of(void *p) {
+  return (size_t *)((char *)p - HEADER);
+}
 
 void *cgs_buf_alloc(size_t n) {
   size_t cap = capacity_of(n);
@@ -41,8 +45,7 @@ void *cgs_buf_alloc(size_t n) {
     pthread_mutex_lock(&mu);
     /* A cached buffer that fits without wasting more than a quarter. */
     for (int i = 0; i < SLOTS; i++) {
-      if (cache[i].p && cache[i].cap >= cap &&
-          cache[i].cap - cap <= cap / 4) {
+      if (cache[i].p && cache[i].cap >= cap && cache[i].cap - cap <= cap / 4) {
         void *p = cache[i].p;
         cached_bytes -= cache[i].cap;
         cache[i].p = NULL;

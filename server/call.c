@@ -46,9 +46,8 @@ typedef enum {
   ST_DONE         /* final status batch started */
 } call_state;
 
-static const char *const state_names[] = {"receiving the header",
-                                          "receiving data", "queued", "sending",
-                                          "done"};
+static const char *const state_names[] = {
+    "receiving the header", "receiving data", "queued", "sending", "done"};
 
 /* The output tensor, shared with grpc slices that reference it. */
 typedef struct outbuf {
@@ -61,12 +60,12 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
-  cgs_peer *from; /* counts this call until it is freed */
+  cgs_peer *from;     /* counts this call until it is freed */
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
   cgs_tag tag_recv_failed; /* the fast path could not post a receive */
   cgs_tag tag_send_failed; /* the fast path could not start a send */
-  uv_timer_t timer; /* the deadline; --idle-timeout while bytes move */
+  uv_timer_t timer;        /* the deadline; --idle-timeout while bytes move */
   cgs_call *prev, *next;
   call_state st;
 
@@ -74,15 +73,15 @@ struct cgs_call {
   int recv_pending, send_pending;
   int close_received, cancelled;
   int server_cancelled; /* we cancelled the call ourselves */
-  int half_closed;   /* client sent END_STREAM */
-  int md_sent;       /* initial metadata went out */
-  int finished;      /* final status decided; nothing more to send */
-  int grpc_released; /* grpc_call_unref done */
-  int closing;       /* uv_close(timer) started */
-  int job_busy;      /* the pool holds job */
-  int place_held;    /* a pool place is reserved for job, not yet used */
-  int job_picked;    /* a worker took job: its queue_ms and worker are set */
-  char worker[32];   /* that worker's name; the log may outlive the pool */
+  int half_closed;      /* client sent END_STREAM */
+  int md_sent;          /* initial metadata went out */
+  int finished;         /* final status decided; nothing more to send */
+  int grpc_released;    /* grpc_call_unref done */
+  int closing;          /* uv_close(timer) started */
+  int job_busy;         /* the pool holds job */
+  int place_held;       /* a pool place is reserved for job, not yet used */
+  int job_picked;       /* a worker took job: its queue_ms and worker are set */
+  char worker[32];      /* that worker's name; the log may outlive the pool */
   grpc_byte_buffer *recv_bb, *send_bb;
   grpc_slice status_slice;
   int status_slice_set;
@@ -92,7 +91,7 @@ struct cgs_call {
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
   uint64_t t_send;               /* the result header went out */
   uint64_t t_sent;               /* the last result batch completed */
-  uint64_t t_progress; /* the last request message or result batch */
+  uint64_t t_progress;           /* the last request message or result batch */
   /* The --min-upload-rate window: bytes_in at its start, and its start. */
   uint64_t rate_bytes, rate_from;
 
@@ -154,8 +153,7 @@ static void log_call(cgs_call *c) {
   /* A flood of failing calls (resets, refusals) must not flood the log:
    * a peer's failure lines are rate-limited, and the sweep reports how
    * many were left out. */
-  if (c->status != GRPC_STATUS_OK &&
-      c->status != GRPC_STATUS_INTERNAL &&
+  if (c->status != GRPC_STATUS_OK && c->status != GRPC_STATUS_INTERNAL &&
       !cgs_peer_log_allowed(c->from, uv_hrtime(), c->s->cfg->peer_log_rate))
     return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
@@ -175,8 +173,7 @@ static void log_call(cgs_call *c) {
           "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
           "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
           "status=%s%s%s",
-          c->id, peer,
-          c->prob.op ? cg_op_name(c->prob.op) : "-",
+          c->id, peer, c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
           c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
           ms_between(c->t_start, c->job.t_submit),
@@ -186,9 +183,8 @@ static void log_call(cgs_call *c) {
           computed
               ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
               : "-",
-          c->job_picked ? c->worker : "-",
-          cgw_status_name(c->status), c->msg[0] ? " msg=" : "",
-          c->msg[0] ? msg : "");
+          c->job_picked ? c->worker : "-", cgw_status_name(c->status),
+          c->msg[0] ? " msg=" : "", c->msg[0] ? msg : "");
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -576,7 +572,8 @@ static int resolve(cgs_call *c) {
   if (c->ninputs == 3) {
     /* The shape tensor: little-endian s32 or s64 values. */
     const Convgrad__V1__Tensor *t = c->req->header->inputs[2];
-    size_t k = (size_t)t->shape[0], w = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
+    size_t k = (size_t)t->shape[0],
+           w = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
     for (size_t i = 0; i < k; i++) {
       const unsigned char *p = c->in_buf[2] + i * w;
       uint64_t v = 0;
@@ -631,9 +628,8 @@ static void inputs_complete(cgs_call *c) {
   void *data = o ? cgs_buf_alloc(c->geom.out_bytes) : NULL;
   if (!data) {
     free(o);
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "%s: cannot allocate %zu bytes", cg_op_output_name(c->geom.op),
-           c->geom.out_bytes);
+    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: cannot allocate %zu bytes",
+           cg_op_output_name(c->geom.op), c->geom.out_bytes);
     return;
   }
   atomic_init(&o->refs, 1);
@@ -679,7 +675,8 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
 static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   c->req = (Convgrad__V1__ComputeRequest *)cgs_wire_unpack(
       &convgrad__v1__compute_request__descriptor, bb);
-  if (!c->req || c->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
+  if (!c->req ||
+      c->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
     finish(c, GRPC_STATUS_INVALID_ARGUMENT,
            "request: malformed ComputeRequest header message");
     return;
@@ -950,8 +947,8 @@ static void on_close(cgs_tag *t, int ok) {
     /* Nothing goes out any more; finish() only records and stops work. */
     const char *in = where(c);
     finish(c, late ? GRPC_STATUS_DEADLINE_EXCEEDED : GRPC_STATUS_CANCELLED,
-           "%s while %s", late ? "deadline exceeded" : "cancelled by the client",
-           in);
+           "%s while %s",
+           late ? "deadline exceeded" : "cancelled by the client", in);
   }
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
@@ -963,8 +960,8 @@ static void stalled(cgs_call *c) {
   double secs = (double)c->s->cfg->idle_timeout_ms / 1e3;
   char why[256];
   if (c->st == ST_RECV_HEADER)
-    snprintf(why, sizeof why,
-             "no request header for %g s (--idle-timeout)", secs);
+    snprintf(why, sizeof why, "no request header for %g s (--idle-timeout)",
+             secs);
   else if (c->st == ST_RECV_DATA)
     snprintf(why, sizeof why,
              "no request data for %g s while receiving inputs[%d] (%zu of "
@@ -994,8 +991,7 @@ static void stalled(cgs_call *c) {
 static int slow_upload(cgs_call *c) {
   uint64_t rate = c->s->cfg->min_upload_rate;
   uint64_t window = c->s->cfg->idle_timeout_ms * 1000000u, now = uv_hrtime();
-  if (!rate || !window || c->st != ST_RECV_DATA ||
-      now < c->rate_from + window)
+  if (!rate || !window || c->st != ST_RECV_DATA || now < c->rate_from + window)
     return 0;
   uint64_t got = c->bytes_in - c->rate_bytes;
   double need = (double)rate * (double)(now - c->rate_from) / 1e9;
@@ -1026,8 +1022,8 @@ static void on_timer(uv_timer_t *h) {
            "--min-upload-rate %" PRIu64 " bytes/s (%zu of %zu bytes "
            "received)",
            c->cur, c->bytes_in - c->rate_bytes,
-           (double)c->s->cfg->idle_timeout_ms / 1e3,
-           c->s->cfg->min_upload_rate, c->in_fill[c->cur], c->in_len[c->cur]);
+           (double)c->s->cfg->idle_timeout_ms / 1e3, c->s->cfg->min_upload_rate,
+           c->in_fill[c->cur], c->in_len[c->cur]);
   } else {
     arm_timer(c); /* progress since it was armed */
   }

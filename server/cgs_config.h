@@ -20,24 +20,24 @@ typedef struct cgs_cpu_list {
 } cgs_cpu_list;
 
 typedef struct cgs_config {
-  char listen[256];            /* HOST:PORT; port 0 = ephemeral */
-  unsigned workers;            /* 0 until cgs_config_finish: auto */
-  unsigned threads_per_worker; /* OpenMP threads of each worker's engine */
-  cgs_cpu_list cpus;   /* cores workers are pinned to, in order; empty
-                          until cgs_config_finish: all allowed */
-  cgs_cpu_list io_cpus; /* cores of the loop and gRPC threads; empty =
-                          not pinned */
-  unsigned queue_depth;        /* requests admitted beyond the workers */
-  uint64_t max_request_bytes;  /* sum of one request's tensor bytes */
+  char listen[256];             /* HOST:PORT; port 0 = ephemeral */
+  unsigned workers;             /* 0 until cgs_config_finish: auto */
+  unsigned threads_per_worker;  /* OpenMP threads of each worker's engine */
+  cgs_cpu_list cpus;            /* cores workers are pinned to, in order; empty
+                                   until cgs_config_finish: all allowed */
+  cgs_cpu_list io_cpus;         /* cores of the loop and gRPC threads; empty =
+                                  not pinned */
+  unsigned queue_depth;         /* requests admitted beyond the workers */
+  uint64_t max_request_bytes;   /* sum of one request's tensor bytes */
   uint64_t max_tensor_elements; /* elements of any one tensor */
   uint64_t max_request_flops;   /* work of one request; 0 = no limit */
-  uint64_t max_inflight_bytes; /* reserved by admitted requests; 0 = auto */
-  uint64_t chunk_bytes;        /* default response chunk size */
+  uint64_t max_inflight_bytes;  /* reserved by admitted requests; 0 = auto */
+  uint64_t chunk_bytes;         /* default response chunk size */
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
-  uint64_t grace_ms;           /* drain time after SIGTERM/SIGINT */
-  uint64_t idle_timeout_ms;    /* a call without progress ends; 0 = never */
-  unsigned max_calls_per_peer; /* 0 until cgs_config_finish: auto */
-  uint64_t min_upload_rate;    /* bytes/s per --idle-timeout window; 0 = off */
+  uint64_t grace_ms;            /* drain time after SIGTERM/SIGINT */
+  uint64_t idle_timeout_ms;     /* a call without progress ends; 0 = never */
+  unsigned max_calls_per_peer;  /* 0 until cgs_config_finish: auto */
+  uint64_t min_upload_rate;     /* bytes/s per --idle-timeout window; 0 = off */
   unsigned max_streams_per_connection; /* HTTP/2 concurrent streams */
   unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
@@ -49,8 +49,8 @@ int cgs_config_defaults(cgs_config *c, char *err, size_t errlen);
  * CONVGRAD_* variable if set. Returns 0, 1 when --help was given (usage
  * already printed to out; nothing else is checked), or -1 with a message
  * naming the flag or variable. */
-int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
-                    char *err, size_t errlen);
+int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
+                    size_t errlen);
 /* Sets one option by its long name ("max-request-bytes"). Returns 0 or -1
  * with a message naming the option and its bounds. */
 int cgs_config_set(cgs_config *c, const char *name, const char *value,

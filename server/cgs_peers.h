@@ -24,12 +24,12 @@
 #define CGS_PEER_IDLE_NS (60ull * 1000000000u)
 
 typedef struct cgs_peer {
-  char addr[64];        /* "127.0.0.1", "::1", or "unknown" */
-  unsigned calls;       /* live Compute calls */
-  double log_tokens;    /* failure lines it may still write now */
-  uint64_t suppressed;  /* failure lines not written since the last sweep */
-  uint64_t t_seen;      /* uv_hrtime of the last use */
-  uint64_t t_refill;    /* when log_tokens was last topped up */
+  char addr[64];       /* "127.0.0.1", "::1", or "unknown" */
+  unsigned calls;      /* live Compute calls */
+  double log_tokens;   /* failure lines it may still write now */
+  uint64_t suppressed; /* failure lines not written since the last sweep */
+  uint64_t t_seen;     /* uv_hrtime of the last use */
+  uint64_t t_refill;   /* when log_tokens was last topped up */
   struct cgs_peer *next;
 } cgs_peer;
 

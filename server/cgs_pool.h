@@ -31,11 +31,11 @@ typedef struct cgs_job {
   atomic_int discard; /* set by the loop: skip the run if not started,
                          and the rest of a sliced run */
   /* Filled by the pool before done_cb. */
-  int rc;              /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
-  char err[256];       /* message for rc */
-  cg_run_info info;    /* valid when rc == 0 */
-  double queue_ms;     /* submit -> a worker picked it up */
-  unsigned worker;     /* index of the worker that ran it */
+  int rc;           /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
+  char err[256];    /* message for rc */
+  cg_run_info info; /* valid when rc == 0 */
+  double queue_ms;  /* submit -> a worker picked it up */
+  unsigned worker;  /* index of the worker that ran it */
   /* Pool-private. */
   uint64_t t_submit;
   int queued;

@@ -55,9 +55,10 @@ static const opt_def opt_table[] = {
      "Sharing a core with a worker makes small calls faster (thread "
      "hand-offs stay on one core)"},
     {"queue-depth", OPT_UINT, offsetof(cgs_config, queue_depth), "64", 1,
-     1000000, "requests admitted beyond the workers (uploading or "
-              "waiting); more are refused with RESOURCE_EXHAUSTED at their "
-              "header"},
+     1000000,
+     "requests admitted beyond the workers (uploading or "
+     "waiting); more are refused with RESOURCE_EXHAUSTED at their "
+     "header"},
     {"max-request-bytes", OPT_SIZE, offsetof(cgs_config, max_request_bytes),
      "3G", 1, 64 * TIB, "largest total of one request's tensor bytes"},
     {"max-tensor-elements", OPT_COUNT,
@@ -74,8 +75,8 @@ static const opt_def opt_table[] = {
      "0 = half of physical memory"},
     {"chunk-bytes", OPT_SIZE, offsetof(cgs_config, chunk_bytes), "1M", 1 * KIB,
      3 * MIB, "default size of response data chunks"},
-    {"stream-window", OPT_SIZE, offsetof(cgs_config, stream_window_bytes),
-     "4M", 64 * KIB, 1 * GIB,
+    {"stream-window", OPT_SIZE, offsetof(cgs_config, stream_window_bytes), "4M",
+     64 * KIB, 1 * GIB,
      "HTTP/2 receive window of each stream: how far a client may upload "
      "ahead of the server's reads (more: faster uploads, more buffered "
      "bytes per stream)"},
@@ -91,8 +92,8 @@ static const opt_def opt_table[] = {
      "Compute calls one client address may hold at once, in any state; "
      "more are refused with RESOURCE_EXHAUSTED. 0 = half of --workers + "
      "--queue-depth, so one client cannot take every place"},
-    {"min-upload-rate", OPT_SIZE, offsetof(cgs_config, min_upload_rate),
-     "64K", 0, 1 * TIB,
+    {"min-upload-rate", OPT_SIZE, offsetof(cgs_config, min_upload_rate), "64K",
+     0, 1 * TIB,
      "bytes per second a request's upload must average over each "
      "--idle-timeout window, else DEADLINE_EXCEEDED: a trickle is not "
      "progress. 0 = no minimum"},
@@ -222,9 +223,8 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
   case OPT_LEVEL: {
     cgs_log_level lv;
     if (cgs_log_level_parse(value, &lv) != 0) {
-      snprintf(err, errlen,
-               "%s: expected error, warn, info or debug, got '%s'", origin,
-               value);
+      snprintf(err, errlen, "%s: expected error, warn, info or debug, got '%s'",
+               origin, value);
       return -1;
     }
     *(cgs_log_level *)(void *)field = lv;
@@ -287,8 +287,8 @@ int cgs_config_defaults(cgs_config *c, char *err, size_t errlen) {
   return 0;
 }
 
-int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out,
-                    char *err, size_t errlen) {
+int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
+                    size_t errlen) {
   /* Flags first, so that --help works and a flag overrides a variable
    * even when the variable would not parse. */
   const char *flag_value[OPT_COUNT_ALL] = {0};
@@ -428,9 +428,10 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
     /* In a container the limit that matters is the cgroup's, not the
      * host's RAM. */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    uint64_t mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page
-                                         : 8 * GIB;
-    uint64_t cg = cgs_config_cgroup_memory("/sys/fs/cgroup", "/proc/self/cgroup");
+    uint64_t mem =
+        pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 8 * GIB;
+    uint64_t cg =
+        cgs_config_cgroup_memory("/sys/fs/cgroup", "/proc/self/cgroup");
     if (cg && cg < mem)
       mem = cg;
     c->max_inflight_bytes = mem / 2 ? mem / 2 : 1;
@@ -476,8 +477,8 @@ void cgs_config_usage(FILE *out, const char *argv0) {
               : o->type == OPT_FLOPS ? " (suffixes K, M, G, T = 10^3..)"
                                      : "");
     else if (o->type == OPT_MS)
-      fprintf(out, "      bounds: %g .. %g seconds\n",
-              (double)o->min / 1000.0, (double)o->max / 1000.0);
+      fprintf(out, "      bounds: %g .. %g seconds\n", (double)o->min / 1000.0,
+              (double)o->max / 1000.0);
   }
   fprintf(out, "  -h, --help\n      print this help and exit\n\n"
                "On start the server prints one line to stdout:\n"

@@ -11,7 +11,8 @@
 #include "cgs_wire.h"
 #include "grpc/health/v1/health.pb-c.h"
 
-#define ST_SERVING GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+#define ST_SERVING                                                             \
+  GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
 #define ST_NOT_SERVING                                                         \
   GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
 #define ST_UNKNOWN_SERVICE                                                     \
@@ -55,9 +56,13 @@ int cgs_health_new(cgs_health **out, cgs_server *s) {
   return 0;
 }
 
-void cgs_health_free(cgs_health *h) { free(h); }
+void cgs_health_free(cgs_health *h) {
+  free(h);
+}
 
-unsigned cgs_health_watchers(const cgs_health *h) { return h->nwatchers; }
+unsigned cgs_health_watchers(const cgs_health *h) {
+  return h->nwatchers;
+}
 
 static int known_service(const char *name) {
   return name[0] == '\0' || strcmp(name, "convgrad.v1.ConvGrad") == 0;
@@ -99,7 +104,7 @@ static void check(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   char *service = parse_service(payload);
   if (!service) {
     cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
-                  "request: malformed HealthCheckRequest");
+                 "request: malformed HealthCheckRequest");
     return;
   }
   if (!known_service(service)) {
@@ -108,7 +113,7 @@ static void check(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_NOT_FOUND, msg);
   } else {
     cgs_cq_reply(&h->s->cq, call, pack_status(status_of(h, 1)), GRPC_STATUS_OK,
-                  NULL);
+                 NULL);
   }
   free(service);
 }
@@ -165,7 +170,8 @@ static void watcher_step(watcher *w) {
     return;
   }
   w->send_pending = 1;
-  if (cgs_cq_batch(&w->h->s->cq, w->call, ops, n, &w->tag_send) != GRPC_CALL_OK) {
+  if (cgs_cq_batch(&w->h->s->cq, w->call, ops, n, &w->tag_send) !=
+      GRPC_CALL_OK) {
     grpc_call_cancel(w->call, NULL);
     on_watch_send(&w->tag_send, 0);
   }
@@ -222,7 +228,7 @@ static void watch(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   watcher *w = calloc(1, sizeof *w);
   if (!w) {
     cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                  "server out of memory");
+                 "server out of memory");
     return;
   }
   w->tag_send.cb = on_watch_send;

@@ -19,7 +19,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   const cgs_config *cfg = s->cfg;
   if (!payload) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
-                  "request: missing ServerInfoRequest");
+                 "request: missing ServerInfoRequest");
     return;
   }
   ProtobufCMessage *req =
@@ -27,7 +27,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   grpc_byte_buffer_destroy(payload);
   if (!req) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
-                  "request: malformed ServerInfoRequest");
+                 "request: malformed ServerInfoRequest");
     return;
   }
   protobuf_c_message_free_unpacked(req, NULL);

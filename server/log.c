@@ -13,9 +13,13 @@ static cgs_log_level log_level = CGS_LOG_INFO;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
-void cgs_log_set_level(cgs_log_level level) { log_level = level; }
+void cgs_log_set_level(cgs_log_level level) {
+  log_level = level;
+}
 
-int cgs_log_enabled(cgs_log_level level) { return level <= log_level; }
+int cgs_log_enabled(cgs_log_level level) {
+  return level <= log_level;
+}
 
 int cgs_log_level_parse(const char *name, cgs_log_level *out) {
   for (int i = 0; i < 4; i++) {
@@ -72,11 +76,10 @@ void cgs_log(cgs_log_level level, const char *fmt, ...) {
   struct tm tm;
   clock_gettime(CLOCK_REALTIME, &ts);
   gmtime_r(&ts.tv_sec, &tm);
-  int n = snprintf(line, sizeof line,
-                   "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                   tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L,
-                   level_names[level]);
+  int n =
+      snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
+               tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+               tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, level_names[level]);
   char msg[sizeof line];
   va_list ap;
   va_start(ap, fmt);

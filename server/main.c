@@ -70,7 +70,9 @@ static void on_signal(uv_signal_t *h, int signum) {
   cgs_server_drain(&a->server);
 }
 
-static void on_signal_closed(uv_handle_t *h) { (void)h; }
+static void on_signal_closed(uv_handle_t *h) {
+  (void)h;
+}
 
 static void close_signals(app *a) {
   if (!a->signals_open)
@@ -95,8 +97,8 @@ static void print_ready(const app *a) {
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
          "cpus=%s io_cpus=%s isa=%s onednn=%s\n",
-         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
-         cpus, io_cpus, cg_backend_isa(), cg_backend_version());
+         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker, cpus,
+         io_cpus, cg_backend_isa(), cg_backend_version());
   fflush(stdout);
 }
 

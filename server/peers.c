@@ -126,4 +126,6 @@ void cgs_peers_sweep(cgs_peers *p, uint64_t now,
   flush_suppressed(&p->overflow, report);
 }
 
-size_t cgs_peers_count(const cgs_peers *p) { return p->n; }
+size_t cgs_peers_count(const cgs_peers *p) {
+  return p->n;
+}

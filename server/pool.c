@@ -20,8 +20,8 @@ typedef struct worker {
   unsigned index;
   pthread_t thread;
   int started;
-  char name[16]; /* pthread names are at most 15 characters */
-  cpu_set_t cpus; /* the cores it is pinned to */
+  char name[16];     /* pthread names are at most 15 characters */
+  cpu_set_t cpus;    /* the cores it is pinned to */
   pthread_cond_t cv; /* a job for it, or stop */
   int waiting;       /* asleep for want of work and not yet woken */
 } worker;
@@ -39,7 +39,7 @@ struct cgs_pool {
   unsigned admitted; /* places held: reserved, queued or running */
   int stop;
   unsigned ready, failed; /* start-up accounting */
-  char start_err[320]; /* worker name + engine message */
+  char start_err[320];    /* worker name + engine message */
 
   pthread_mutex_t done_mu;
   cgs_job *done_head, *done_tail;
@@ -145,8 +145,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
     snprintf(job->err, sizeof job->err, "discarded before it ran");
     return;
   }
-  cgs_debug("%s runs a job after %.3f ms in the queue", w->name,
-            job->queue_ms);
+  cgs_debug("%s runs a job after %.3f ms in the queue", w->name, job->queue_ms);
   job->rc = run_slices(engine, job, w->pool->cfg->threads_per_worker);
 }
 
@@ -166,8 +165,7 @@ static void *worker_main(void *arg) {
   pthread_mutex_lock(&p->mu);
   if (rc != 0) {
     p->failed++;
-    snprintf(p->start_err, sizeof p->start_err, "%s: engine: %s", w->name,
-             err);
+    snprintf(p->start_err, sizeof p->start_err, "%s: engine: %s", w->name, err);
   } else {
     p->ready++;
   }
@@ -198,8 +196,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&p->mu);
         size_t n = cg_engine_release(engine);
         malloc_trim(0); /* the heap keeps blocks under 32 MiB (main.c) */
-        cgs_debug("%s idle: released %zu bytes of engine buffers", w->name,
-                  n);
+        cgs_debug("%s idle: released %zu bytes of engine buffers", w->name, n);
         holding = 0;
         pthread_mutex_lock(&p->mu);
       }
@@ -251,7 +248,9 @@ static void pool_free(cgs_pool *p) {
   free(p);
 }
 
-static void on_async_closed(uv_handle_t *h) { pool_free(h->data); }
+static void on_async_closed(uv_handle_t *h) {
+  pool_free(h->data);
+}
 
 static void stop_and_join(cgs_pool *p) {
   pthread_mutex_lock(&p->mu);

@@ -187,8 +187,7 @@ static int cgc__graph_tensors(const cJSON *op, cgc_spec *s, const char *path,
                               char *err, size_t errlen) {
   const cJSON *ins = cJSON_GetObjectItemCaseSensitive(op, "inputs");
   if (cJSON_GetArraySize(ins) < 2)
-    return cg_errorf(err, errlen, CG_EINVAL, "%s: the op needs 2 inputs",
-                     path);
+    return cg_errorf(err, errlen, CG_EINVAL, "%s: the op needs 2 inputs", path);
   int rc;
   for (int i = 0; i < 2; i++) {
     cg_dtype dt = CG_DTYPE_F32;

@@ -196,7 +196,8 @@ static int cgc__run_load(cgc_spec *s, int i, const char *path, int take_dtype,
     s->rank[i] = n.rank;
     memcpy(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t));
   } else if (s->rank[i] != n.rank ||
-             memcmp(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t)) != 0) {
+             memcmp(s->dims[i], n.dims, (size_t)n.rank * sizeof(int64_t)) !=
+                 0) {
     fprintf(stderr,
             "convgrad run: %s: shape differs from the problem's %s shape\n",
             path, cg_op_input_name(s->op, i));

@@ -37,7 +37,6 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st);
 
-
 /* What one call's batches read from and write into. The function that
  * runs the call owns it: cgc__call_io_init, then cgc__call_end, which
  * frees whatever it still holds. */

@@ -786,11 +786,11 @@ static int fill_sizes(ctx *c) {
   }
   int64_t ic_per_group = g->ic / g->groups, oc_per_group = g->oc / g->groups;
   if (c->deconv)
-    g->flops = 2.0 * (double)g->mb * (double)g->ic * isp *
-               (double)oc_per_group * k;
+    g->flops =
+        2.0 * (double)g->mb * (double)g->ic * isp * (double)oc_per_group * k;
   else
-    g->flops = 2.0 * (double)g->mb * (double)g->oc * osp *
-               (double)ic_per_group * k;
+    g->flops =
+        2.0 * (double)g->mb * (double)g->oc * osp * (double)ic_per_group * k;
   return 0;
 }
 

@@ -136,8 +136,8 @@ static void next_line(const char **p, char *buf, size_t cap) {
   *p += n + ((*p)[n] == '\n');
 }
 
-/* client/README.md's `convgrad info` example had fallen behind the output (no io
- * cpus line, limits without idle timeout and stream window). */
+/* client/README.md's `convgrad info` example had fallen behind the output (no
+ * io cpus line, limits without idle timeout and stream window). */
 static void test_readme_info_example(void **state) {
   (void)state;
   static char readme[1 << 16];

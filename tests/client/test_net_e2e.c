@@ -6,8 +6,8 @@
  * each server's per-request log); calls in flight or retrying while the
  * server is killed and restarted on its port all succeed. */
 #include <pthread.h>
-#include <signal.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -56,9 +56,9 @@ static void test_malformed_responses(void **state) {
   cgc_request req;
   cgc_request_init(&req);
   req.op = CG_OP_CONV_BWD_DATA;
-  req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32, 4, {1, 1, 2, 2},
+  req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4, {1, 1, 2, 2},
                                     CGC_LAYOUT_DEFAULT, a, sizeof a};
-  req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32, 4, {1, 1, 2, 2},
+  req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4, {1, 1, 2, 2},
                                     CGC_LAYOUT_DEFAULT, b, sizeof b};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     cgc_tensor *out = NULL;

@@ -68,7 +68,9 @@ static double percentile(double *v, int n, double p) {
 
 /* ---- the bare echo server (child process) ---- */
 
-static gpr_timespec forever(void) { return gpr_inf_future(GPR_CLOCK_REALTIME); }
+static gpr_timespec forever(void) {
+  return gpr_inf_future(GPR_CLOCK_REALTIME);
+}
 
 static int echo_batch(grpc_call *call, grpc_completion_queue *cq, grpc_op *ops,
                       size_t n) {
@@ -313,8 +315,8 @@ static double echo_unary_us(grpc_channel *ch) {
 
 /* Seconds the bare server takes to swallow nbufs buffers sent in 1 MiB
  * messages over their own memory, as the client library sends tensors. */
-static double bare_up_s(grpc_channel *ch, void *const *bufs,
-                        const size_t *lens, int nbufs) {
+static double bare_up_s(grpc_channel *ch, void *const *bufs, const size_t *lens,
+                        int nbufs) {
   int n = 0;
   for (int b = 0; b < nbufs; b++)
     n += (int)((lens[b] + BARE_MSG - 1) / BARE_MSG);
@@ -510,9 +512,9 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
     fclose(f);
     return;
   }
-  printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %8s %6s %6s\n", "problem",
-         "op", "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms",
-         "bare ms", "bound ms", "ratio", "best");
+  printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %8s %6s %6s\n", "problem", "op",
+         "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms", "bare ms",
+         "bound ms", "ratio", "best");
   char line[512];
   double worst = 0, worst_best = 0;
   int rows = 0, rows_ok = 0, rows_ok_best = 0;
@@ -551,7 +553,8 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
         usleep(30 * 1000);
         ok = ok && e2e_once(ch, &p, p.out, &te[i]) == 0;
         tb[i] = (bare_up_s(b->ch, p.in, p.g.in_bytes, 2) +
-                 bare_down_s(b->ch, down)) * 1e3;
+                 bare_down_s(b->ch, down)) *
+                1e3;
       }
       if (ok) {
         srv_times st = server_side(srv, reps);
@@ -562,8 +565,9 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
         /* The same ratio from each column's fastest rep: on a shared VM,
          * interference only ever adds time, and it lands on the bare
          * transfer as much as on the call. */
-        double best = percentile(te, reps, 0) /
-                      (percentile(tk, reps, 0) + 1.25 * percentile(tb, reps, 0));
+        double best =
+            percentile(te, reps, 0) /
+            (percentile(tk, reps, 0) + 1.25 * percentile(tb, reps, 0));
         worst = ratio > worst ? ratio : worst;
         worst_best = best > worst_best ? best : worst_best;
         rows++;
@@ -609,7 +613,8 @@ static int pack_request(const ts_problem *tp, grpc_byte_buffer **msgs,
         r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
         r.chunk = &dc;
       }
-      grpc_slice sl = grpc_slice_malloc(protobuf_c_message_get_packed_size(&r.base));
+      grpc_slice sl =
+          grpc_slice_malloc(protobuf_c_message_get_packed_size(&r.base));
       protobuf_c_message_pack(&r.base, GRPC_SLICE_START_PTR(sl));
       msgs[n++] = grpc_raw_byte_buffer_create(&sl, 1);
       grpc_slice_unref(sl);
@@ -622,10 +627,20 @@ static int pack_request(const ts_problem *tp, grpc_byte_buffer **msgs,
  * sent by a client that only counts what comes back: how fast the server
  * itself streams, against the bare figures. */
 static void raw_rate(const ts_server *srv, const bare *b, int reps) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {1100, 1100}, .ks = {1, 1}, .stride = 1,
-               .pad = 0, .dil = 1, .seed = 5};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 1,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {1100, 1100},
+               .ks = {1, 1},
+               .stride = 1,
+               .pad = 0,
+               .dil = 1,
+               .seed = 5};
   ts_problem tp;
   if (ts_problem_init(&tp, &d) != 0)
     return;
@@ -689,9 +704,17 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
   char cpu[16];
   snprintf(cpu, sizeof cpu, "%d", server_cpu());
   int one = strcmp(server_args_workers, "1") == 0;
-  const char *args[] = {"--workers", server_args_workers,
-                        "--threads-per-worker", "1", "--log-level", "info",
-                        "--io-cpus", cpu, one ? "--cpus" : NULL, cpu, NULL};
+  const char *args[] = {"--workers",
+                        server_args_workers,
+                        "--threads-per-worker",
+                        "1",
+                        "--log-level",
+                        "info",
+                        "--io-cpus",
+                        cpu,
+                        one ? "--cpus" : NULL,
+                        cpu,
+                        NULL};
   ts_server srv;
   if (ts_server_start(&srv, args) != 0)
     return;
@@ -731,7 +754,9 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
     cgc_channel_new(&chans[i], srv.target, NULL, err, sizeof err);
   double t0 = ts_now_ms(), dur = 3000;
   for (int i = 0; i < CONC; i++) {
-    a[i] = (tput_arg){.ch = chans[i % 4], .p = &p, .until = t0 + dur,
+    a[i] = (tput_arg){.ch = chans[i % 4],
+                      .p = &p,
+                      .until = t0 + dur,
                       .out = malloc(p.g.out_bytes)};
     pthread_create(&th[i], NULL, tput_main, &a[i]);
   }
@@ -755,22 +780,32 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
 int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
   int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0;
-  static const struct option lo[] = {{"problems", required_argument, 0, 'p'},
-                                     {"reps", required_argument, 0, 'r'},
-                                     {"threads", required_argument, 0, 't'},
-                                     {"latency-calls", required_argument, 0,
-                                      'l'},
-                                     {"tiny-only", no_argument, 0, 's'},
-                                     {"help", no_argument, 0, 'h'},
-                                     {0, 0, 0, 0}};
+  static const struct option lo[] = {
+      {"problems", required_argument, 0, 'p'},
+      {"reps", required_argument, 0, 'r'},
+      {"threads", required_argument, 0, 't'},
+      {"latency-calls", required_argument, 0, 'l'},
+      {"tiny-only", no_argument, 0, 's'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     switch (ch) {
-    case 'p': problems = optarg; break;
-    case 'r': reps = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
-    case 't': threads = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
-    case 'l': lat_n = atoi(optarg) > 10 ? atoi(optarg) : 10; break;
-    case 's': skip_rows = 1; break;
+    case 'p':
+      problems = optarg;
+      break;
+    case 'r':
+      reps = atoi(optarg) > 0 ? atoi(optarg) : 1;
+      break;
+    case 't':
+      threads = atoi(optarg) > 0 ? atoi(optarg) : 1;
+      break;
+    case 'l':
+      lat_n = atoi(optarg) > 10 ? atoi(optarg) : 10;
+      break;
+    case 's':
+      skip_rows = 1;
+      break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
              "[--latency-calls N] [--tiny-only]\n"
@@ -797,8 +832,7 @@ int main(int argc, char **argv) {
   if (!skip_rows) {
     char tstr[16];
     snprintf(tstr, sizeof tstr, "%d", threads);
-    const char *args[] = {"--workers", "1", "--threads-per-worker", tstr,
-                          NULL};
+    const char *args[] = {"--workers", "1", "--threads-per-worker", tstr, NULL};
     ts_server srv;
     if (ts_server_start(&srv, args) == 0) {
       cgc_channel *cc = NULL;

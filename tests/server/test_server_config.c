@@ -92,8 +92,16 @@ static void test_env_then_flags(void **state) {
   setenv("CONVGRAD_QUEUE_DEPTH", "7", 1);
   setenv("CONVGRAD_MAX_REQUEST_BYTES", "2MiB", 1);
   setenv("CONVGRAD_LOG_LEVEL", "debug", 1);
-  char *argv[] = {"convgrad-server", "--queue-depth", "9", "--cpus", "0,2-3",
-                  "--grace=1.5", "--listen", "0.0.0.0:0", "--io-cpus", "1",
+  char *argv[] = {"convgrad-server",
+                  "--queue-depth",
+                  "9",
+                  "--cpus",
+                  "0,2-3",
+                  "--grace=1.5",
+                  "--listen",
+                  "0.0.0.0:0",
+                  "--io-cpus",
+                  "1",
                   NULL};
   assert_int_equal(cgs_config_load(&c, 10, argv, stdout, err, sizeof err), 0);
   unsetenv("CONVGRAD_QUEUE_DEPTH");
@@ -150,9 +158,8 @@ static void test_bounds(void **state) {
   assert_int_equal(cgs_config_set(&c, "chunk-bytes", "64K", err, sizeof err),
                    0);
   assert_int_equal(c.chunk_bytes, 65536);
-  assert_int_equal(cgs_config_set(&c, "max-inflight-bytes", "1GB", err,
-                                  sizeof err),
-                   0);
+  assert_int_equal(
+      cgs_config_set(&c, "max-inflight-bytes", "1GB", err, sizeof err), 0);
   assert_int_equal(c.max_inflight_bytes, 1ull << 30);
   /* flops take decimal suffixes, and no byte unit */
   assert_int_equal(
@@ -212,14 +219,26 @@ static void test_help_documents_every_option(void **state) {
   assert_int_equal(cgs_config_load(&c, 2, argv, f, err, sizeof err), 1);
   unsetenv("CONVGRAD_WORKERS");
   fclose(f);
-  static const char *const opts[] = {
-      "--listen",       "CONVGRAD_LISTEN",   "--workers",
-      "--threads-per-worker", "--cpus",      "--queue-depth",
-      "--max-request-bytes",  "--max-tensor-elements",
-      "--max-inflight-bytes", "--chunk-bytes", "--stream-window", "--grace", "--idle-timeout",
-      "--max-calls-per-peer", "--min-upload-rate", "--max-streams-per-connection",
-      "--peer-log-rate",
-      "--log-level",    "CONVGRAD_LOG_LEVEL", "ready listen="};
+  static const char *const opts[] = {"--listen",
+                                     "CONVGRAD_LISTEN",
+                                     "--workers",
+                                     "--threads-per-worker",
+                                     "--cpus",
+                                     "--queue-depth",
+                                     "--max-request-bytes",
+                                     "--max-tensor-elements",
+                                     "--max-inflight-bytes",
+                                     "--chunk-bytes",
+                                     "--stream-window",
+                                     "--grace",
+                                     "--idle-timeout",
+                                     "--max-calls-per-peer",
+                                     "--min-upload-rate",
+                                     "--max-streams-per-connection",
+                                     "--peer-log-rate",
+                                     "--log-level",
+                                     "CONVGRAD_LOG_LEVEL",
+                                     "ready listen="};
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
     assert_non_null(strstr(buf, opts[i]));
 }

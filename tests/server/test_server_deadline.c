@@ -1,18 +1,18 @@
 /* test_server_deadline.c - backpressure, deadlines and cancellation with a
  * single worker: a request whose deadline passes while it waits in the
  * queue leaves it with DEADLINE_EXCEEDED; a full queue answers
- * RESOURCE_EXHAUSTED at once, and calls still uploading count; a client cancelling mid-stream stops the
- * stream and releases its memory; a client that stalls its upload or stops
- * reading its result is cut off after --idle-timeout and its memory comes
- * back; bytes sent past the tensors while the result streams end the call
- * with INVALID_ARGUMENT, logged as such; the server stays healthy
- * throughout. */
+ * RESOURCE_EXHAUSTED at once, and calls still uploading count; a client
+ * cancelling mid-stream stops the stream and releases its memory; a client that
+ * stalls its upload or stops reading its result is cut off after --idle-timeout
+ * and its memory comes back; bytes sent past the tensors while the result
+ * streams end the call with INVALID_ARGUMENT, logged as such; the server stays
+ * healthy throughout. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdio.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,19 +27,35 @@ static ts_problem small; /* fast, checked */
 
 static int setup(void **state) {
   (void)state;
-  static const char *const args[] = {"--workers",           "1",
-                                     "--queue-depth",       "2",
-                                     "--max-inflight-bytes", "160M",
-                                     "--log-level",         "debug",
-                                     "--idle-timeout",      "2",
-                                     "--max-request-flops",  "0",
+  static const char *const args[] = {"--workers",
+                                     "1",
+                                     "--queue-depth",
+                                     "2",
+                                     "--max-inflight-bytes",
+                                     "160M",
+                                     "--log-level",
+                                     "debug",
+                                     "--idle-timeout",
+                                     "2",
+                                     "--max-request-flops",
+                                     "0",
                                      NULL};
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
-               .nsp = 2, .is = {6, 6}, .ks = {3, 3}, .stride = 1, .pad = 1,
-               .dil = 1, .seed = 31};
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 1,
+               .ic = 4,
+               .oc = 4,
+               .nsp = 2,
+               .is = {6, 6},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 31};
   if (ts_problem_init(&small, &d) != 0 || ts_problem_reference(&small) != 0)
     return -1;
   return 0;
@@ -116,10 +132,20 @@ static void test_deadline_while_queued_and_queue_full(void **state) {
 
 /* 52 MB in + 52 MB out: fits once in the fixture's 160M, not twice. */
 static void big_problem(ts_problem *big) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {900, 900}, .ks = {1, 1}, .stride = 1,
-               .pad = 0, .dil = 1, .seed = 33};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 1,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {900, 900},
+               .ks = {1, 1},
+               .stride = 1,
+               .pad = 0,
+               .dil = 1,
+               .seed = 33};
   assert_int_equal(ts_problem_init(big, &d), 0);
 }
 
@@ -128,8 +154,8 @@ static void big_problem(ts_problem *big) {
  * 1 MiB chunks. */
 static void send_request(ts_call *c, grpc_channel *on, const ts_problem *tp,
                          size_t upto) {
-  assert_int_equal(
-      ts_call_open(c, on, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+  assert_int_equal(ts_call_open(c, on, "/convgrad.v1.ConvGrad/Compute", 60000),
+                   0);
   Convgrad__V1__ComputeHeader h = tp->header;
   h.response_chunk_bytes = 64 * 1024;
   Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
@@ -352,8 +378,8 @@ static void test_cancel_while_uploading(void **state) {
   int cancelled = ts_server_log_count(&srv, "status=CANCELLED");
   int admitted = ts_server_log_count(&srv, "admitted");
   ts_call c;
-  assert_int_equal(
-      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 60000), 0);
+  assert_int_equal(ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 60000),
+                   0);
   Convgrad__V1__ComputeRequest req = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
   req.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   req.header = &small.header;

@@ -24,15 +24,33 @@ static ts_problem good; /* a valid small problem */
 static int setup(void **state) {
   (void)state;
   /* Small limits so that the limit paths are cheap to reach. */
-  static const char *const args[] = {
-      "--workers", "1", "--max-request-bytes", "4M", "--max-inflight-bytes",
-      "8M", "--max-tensor-elements", "2000000", "--log-level", "debug", NULL};
+  static const char *const args[] = {"--workers",
+                                     "1",
+                                     "--max-request-bytes",
+                                     "4M",
+                                     "--max-inflight-bytes",
+                                     "8M",
+                                     "--max-tensor-elements",
+                                     "2000000",
+                                     "--log-level",
+                                     "debug",
+                                     NULL};
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
-               .nsp = 2, .is = {8, 8}, .ks = {3, 3}, .stride = 1, .pad = 1,
-               .dil = 1, .seed = 11};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 1,
+               .ic = 4,
+               .oc = 4,
+               .nsp = 2,
+               .is = {8, 8},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 11};
   return ts_problem_init(&good, &d) == 0 ? 0 : -1;
 }
 
@@ -58,8 +76,8 @@ typedef struct raw {
 static grpc_status_code send_raw(const raw *msgs, int n, int close_send,
                                  const char *want) {
   ts_call c;
-  assert_int_equal(
-      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 10000), 0);
+  assert_int_equal(ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Compute", 10000),
+                   0);
   for (int i = 0; i < n; i++)
     if (ts_call_send(&c, msgs[i].bytes, msgs[i].len) != 0)
       break;
@@ -211,10 +229,20 @@ static void test_wrong_lengths(void **state) {
    * soon as it can, so the extra chunk must come while it computes: 8
    * GFLOP (tens of ms) within this server's small limits give it that
    * time. */
-  ts_desc sd = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-                .dfmt = CG_DATA_NXC, .groups = 1, .mb = 2, .ic = 128,
-                .oc = 128, .nsp = 2, .is = {28, 28}, .ks = {9, 9},
-                .stride = 1, .pad = 4, .dil = 1, .seed = 12};
+  ts_desc sd = {.op = CG_OP_CONV_BWD_WEIGHTS,
+                .dtype = CG_DTYPE_F32,
+                .dfmt = CG_DATA_NXC,
+                .groups = 1,
+                .mb = 2,
+                .ic = 128,
+                .oc = 128,
+                .nsp = 2,
+                .is = {28, 28},
+                .ks = {9, 9},
+                .stride = 1,
+                .pad = 4,
+                .dil = 1,
+                .seed = 12};
   ts_problem slow;
   assert_int_equal(ts_problem_init(&slow, &sd), 0);
   size_t s0 = slow.g.in_bytes[0], s1 = slow.g.in_bytes[1];
@@ -241,8 +269,7 @@ static void test_unknown_enums(void **state) {
   hdr x;
   hdr_init(&x);
   x.h.op = (Convgrad__V1__Op)9;
-  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT,
-                "header.op: unknown value 9");
+  expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value 9");
   hdr_init(&x);
   x.h.op = CONVGRAD__V1__OP__OP_UNSPECIFIED;
   expect_header(&x, GRPC_STATUS_INVALID_ARGUMENT, "header.op: not set");
@@ -316,10 +343,20 @@ static void test_overflowing_shapes(void **state) {
  * admitted again once the first is gone. */
 static void test_limits(void **state) {
   (void)state;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 4, .oc = 4,
-               .nsp = 2, .is = {600, 600}, .ks = {1, 1}, .stride = 1,
-               .pad = 0, .dil = 1, .seed = 12};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 1,
+               .ic = 4,
+               .oc = 4,
+               .nsp = 2,
+               .is = {600, 600},
+               .ks = {1, 1},
+               .stride = 1,
+               .pad = 0,
+               .dil = 1,
+               .seed = 12};
   ts_problem big; /* 5.8 MB in: over 4M */
   assert_int_equal(ts_problem_init(&big, &d), 0);
   raw m[1] = {header_msg(&big.header)};
@@ -426,8 +463,7 @@ static void test_flops_budget(void **state) {
 static void test_unknown_method(void **state) {
   (void)state;
   ts_call c;
-  assert_int_equal(ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Nope", 5000),
-                   0);
+  assert_int_equal(ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/Nope", 5000), 0);
   ts_call_send(&c, "", 0);
   ts_call_close_send(&c);
   char msg[256];

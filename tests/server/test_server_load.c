@@ -46,10 +46,20 @@ static void run_logged(ts_problem *tp, const ts_opts *o) {
 /* diff_dst 1x16x1100x1100 f32 (77 MB) in, 77 MB diff_src out. */
 static void test_big_input_and_output(void **state) {
   (void)state;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 1, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {1100, 1100}, .ks = {1, 1}, .stride = 1,
-               .pad = 0, .dil = 1, .seed = 21};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 1,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {1100, 1100},
+               .ks = {1, 1},
+               .stride = 1,
+               .pad = 0,
+               .dil = 1,
+               .seed = 21};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
   assert_true(tp.g.in_bytes[0] > 64 * MIB);
@@ -65,10 +75,20 @@ static void test_big_input_and_output(void **state) {
 /* src and diff_dst 77 MB each in, a tiny diff_weights out. */
 static void test_big_inputs_small_output(void **state) {
   (void)state;
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_BF16,
-               .dfmt = CG_DATA_NXC, .groups = 2, .mb = 1, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {1500, 1500}, .ks = {1, 1}, .stride = 1,
-               .pad = 0, .dil = 1, .seed = 22};
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
+               .dtype = CG_DTYPE_BF16,
+               .dfmt = CG_DATA_NXC,
+               .groups = 2,
+               .mb = 1,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {1500, 1500},
+               .ks = {1, 1},
+               .stride = 1,
+               .pad = 0,
+               .dil = 1,
+               .seed = 22};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
   assert_true(tp.g.in_bytes[0] > 64 * MIB);
@@ -111,9 +131,16 @@ static void *client_main(void *p) {
     ts_desc d = {.op = (cg_op)(1 + n % 4),
                  .dtype = n % 3 ? CG_DTYPE_F32 : CG_DTYPE_BF16,
                  .dfmt = n % 2 ? CG_DATA_NCX : CG_DATA_NXC,
-                 .groups = 1 + n % 2, .mb = 1 + n % 3, .ic = 4, .oc = 8,
-                 .nsp = 2, .is = {9 + n % 5, 7}, .ks = {3, 3},
-                 .stride = 1 + n % 2, .pad = 1, .dil = 1,
+                 .groups = 1 + n % 2,
+                 .mb = 1 + n % 3,
+                 .ic = 4,
+                 .oc = 8,
+                 .nsp = 2,
+                 .is = {9 + n % 5, 7},
+                 .ks = {3, 3},
+                 .stride = 1 + n % 2,
+                 .pad = 1,
+                 .dil = 1,
                  .seed = 1000 + (uint64_t)n};
     ts_problem tp;
     if (ts_problem_init(&tp, &d) != 0 || ts_problem_reference(&tp) != 0) {
@@ -132,8 +159,8 @@ static void *client_main(void *p) {
     cgc_status st;
     int rc = cgc_compute(cc, &req, &out, &res, &st);
     if (rc != 0) {
-      fprintf(stderr, "client %d call %d: %s: %s\n", a->id, k,
-              cgc_strerror(rc), st.message);
+      fprintf(stderr, "client %d call %d: %s: %s\n", a->id, k, cgc_strerror(rc),
+              st.message);
       a->failures++;
     } else if (out->nbytes != tp.g.out_bytes ||
                ts_problem_check(&tp, out->data) != 0) {

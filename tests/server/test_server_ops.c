@@ -63,19 +63,47 @@ static void run_matrix(ts_desc d) {
 
 static void run_op(cg_op op, cg_weights_format alt_wfmt) {
   /* 2D, groups, stride and padding */
-  ts_desc d = {.op = op, .groups = 2, .mb = 2, .ic = 4, .oc = 6, .nsp = 2,
-               .is = {7, 6}, .ks = {3, 3}, .stride = 2, .pad = 1, .dil = 1,
+  ts_desc d = {.op = op,
+               .groups = 2,
+               .mb = 2,
+               .ic = 4,
+               .oc = 6,
+               .nsp = 2,
+               .is = {7, 6},
+               .ks = {3, 3},
+               .stride = 2,
+               .pad = 1,
+               .dil = 1,
                .seed = 1};
   run_matrix(d);
   /* 1D with dilation, the other weights format */
-  ts_desc d1 = {.op = op, .wfmt = alt_wfmt, .groups = 1, .mb = 1, .ic = 3,
-                .oc = 5, .nsp = 1, .is = {11}, .ks = {3}, .stride = 1,
-                .pad = 2, .dil = 2, .seed = 2};
+  ts_desc d1 = {.op = op,
+                .wfmt = alt_wfmt,
+                .groups = 1,
+                .mb = 1,
+                .ic = 3,
+                .oc = 5,
+                .nsp = 1,
+                .is = {11},
+                .ks = {3},
+                .stride = 1,
+                .pad = 2,
+                .dil = 2,
+                .seed = 2};
   run_matrix(d1);
   /* 3D, depthwise */
-  ts_desc d3 = {.op = op, .groups = 4, .mb = 1, .ic = 4, .oc = 4, .nsp = 3,
-                .is = {4, 5, 3}, .ks = {2, 3, 1}, .stride = 1, .pad = 0,
-                .dil = 1, .seed = 3};
+  ts_desc d3 = {.op = op,
+                .groups = 4,
+                .mb = 1,
+                .ic = 4,
+                .oc = 4,
+                .nsp = 3,
+                .is = {4, 5, 3},
+                .ks = {2, 3, 1},
+                .stride = 1,
+                .pad = 0,
+                .dil = 1,
+                .seed = 3};
   run_matrix(d3);
 }
 
@@ -103,10 +131,20 @@ static void test_deconv_bwd_weights(void **state) {
  * attribute; the output layout can differ from the input's. */
 static void test_shape_tensor_and_output_layout(void **state) {
   (void)state;
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX, .groups = 1, .mb = 2, .ic = 3, .oc = 4,
-               .nsp = 2, .is = {5, 5}, .ks = {3, 3}, .stride = 1, .pad = 1,
-               .dil = 1, .seed = 9};
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NCX,
+               .groups = 1,
+               .mb = 2,
+               .ic = 3,
+               .oc = 4,
+               .nsp = 2,
+               .is = {5, 5},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 9};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
   /* Expected: OIX output. */
@@ -151,10 +189,20 @@ static void test_shape_tensor_and_output_layout(void **state) {
 /* Chunks never exceed response_chunk_bytes; header fields are filled. */
 static void test_chunking_and_header(void **state) {
   (void)state;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {32, 32}, .ks = {3, 3}, .stride = 1, .pad = 1,
-               .dil = 1, .seed = 5};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 4,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {32, 32},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 5};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
   assert_int_equal(ts_problem_reference(&tp), 0);
@@ -183,19 +231,29 @@ static void test_chunking_and_header(void **state) {
 static void test_inline_result(void **state) {
   (void)state;
   static const struct {
-    int64_t mb;                  /* out = mb x 16 x 32 x 32 f32 = mb x 64 KiB */
-    uint32_t response_chunk;     /* 0 = the server's 1 MiB */
+    int64_t mb;              /* out = mb x 16 x 32 x 32 f32 = mb x 64 KiB */
+    uint32_t response_chunk; /* 0 = the server's 1 MiB */
     size_t inline_len, nchunks;
   } cases[] = {
-      {1, 0, 65536, 0},     /* exactly 64 KiB: inline */
-      {1, 65535, 0, 2},     /* over the asked chunk size: chunked */
-      {2, 0, 0, 1},         /* over 64 KiB: one 128 KiB chunk */
+      {1, 0, 65536, 0}, /* exactly 64 KiB: inline */
+      {1, 65535, 0, 2}, /* over the asked chunk size: chunked */
+      {2, 0, 0, 1},     /* over 64 KiB: one 128 KiB chunk */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-                 .dfmt = CG_DATA_NCX, .groups = 1, .mb = cases[i].mb,
-                 .ic = 16, .oc = 8, .nsp = 2, .is = {32, 32}, .ks = {3, 3},
-                 .stride = 1, .pad = 1, .dil = 1, .seed = 11 + (int)i};
+    ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+                 .dtype = CG_DTYPE_F32,
+                 .dfmt = CG_DATA_NCX,
+                 .groups = 1,
+                 .mb = cases[i].mb,
+                 .ic = 16,
+                 .oc = 8,
+                 .nsp = 2,
+                 .is = {32, 32},
+                 .ks = {3, 3},
+                 .stride = 1,
+                 .pad = 1,
+                 .dil = 1,
+                 .seed = 11 + (int)i};
     ts_problem tp;
     assert_int_equal(ts_problem_init(&tp, &d), 0);
     assert_int_equal(tp.g.out_bytes, (size_t)cases[i].mb * 65536);
@@ -242,8 +300,8 @@ static void test_server_info(void **state) {
   assert_string_equal(info->ops[0]->names[0], "ConvolutionBackwardData");
   int found_alias = 0;
   for (size_t i = 0; i < info->ops[1]->n_names; i++)
-    found_alias |= strcmp(info->ops[1]->names[i],
-                          "ConvolutionBackpropFilters") == 0;
+    found_alias |=
+        strcmp(info->ops[1]->names[i], "ConvolutionBackpropFilters") == 0;
   assert_true(found_alias);
   assert_int_equal(info->n_dtypes, 3);
   assert_int_equal(info->dtypes[0]->dtype, CONVGRAD__V1__DTYPE__F32);

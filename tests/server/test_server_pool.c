@@ -69,10 +69,20 @@ static int setup(void **state) {
       cgs_config_set(&f.cfg, "queue-depth", "3", err, sizeof err) != 0 ||
       cgs_config_finish(&f.cfg, err, sizeof err) != 0)
     return -1;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 2, .ic = 8, .oc = 8,
-               .nsp = 2, .is = {10, 10}, .ks = {3, 3}, .stride = 1,
-               .pad = 1, .dil = 1, .seed = 5};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 2,
+               .ic = 8,
+               .oc = 8,
+               .nsp = 2,
+               .is = {10, 10},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 5};
   if (ts_problem_init(&f.tp, &d) != 0 || ts_problem_reference(&f.tp) != 0)
     return -1;
   for (int i = 0; i < NJOBS; i++)

@@ -77,10 +77,19 @@ static void check_policy(const char *policy, const char *spin,
   assert_string_equal(got, "convgrad-server"); /* a re-exec keeps it */
 
   /* A two-thread team computes the right answer under the policy. */
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 2, .ic = 16, .oc = 16,
-               .nsp = 2, .is = {20, 20}, .ks = {3, 3}, .stride = 1,
-               .pad = 1, .dil = 1};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 2,
+               .ic = 16,
+               .oc = 16,
+               .nsp = 2,
+               .is = {20, 20},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1};
   ts_problem tp;
   ts_opts o = {0};
   assert_int_equal(ts_problem_init(&tp, &d), 0);

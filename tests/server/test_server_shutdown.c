@@ -21,11 +21,9 @@ static void test_sigterm_during_load(void **state) {
   (void)state;
   ts_server srv;
   /* ts_problem_slow grows past any fixed compute budget on a fast core. */
-  static const char *const args[] = {"--workers",           "1",
-                                     "--grace",             "60",
-                                     "--log-level",         "debug",
-                                     "--max-request-flops", "0",
-                                     NULL};
+  static const char *const args[] = {
+      "--workers",           "1", "--grace", "60", "--log-level", "debug",
+      "--max-request-flops", "0", NULL};
   assert_int_equal(ts_server_start(&srv, args), 0);
   grpc_channel *ch = ts_channel(&srv);
 
@@ -47,10 +45,20 @@ static void test_sigterm_during_load(void **state) {
                    0);
   ts_problem tp[INFLIGHT];
   for (int i = 0; i < INFLIGHT; i++) {
-    ts_desc d = {.op = (cg_op)(1 + i % 4), .dtype = CG_DTYPE_F32,
-                 .dfmt = CG_DATA_NXC, .groups = 2, .mb = 2, .ic = 8, .oc = 8,
-                 .nsp = 2, .is = {12, 12}, .ks = {3, 3}, .stride = 1,
-                 .pad = 1, .dil = 1, .seed = 40 + (uint64_t)i};
+    ts_desc d = {.op = (cg_op)(1 + i % 4),
+                 .dtype = CG_DTYPE_F32,
+                 .dfmt = CG_DATA_NXC,
+                 .groups = 2,
+                 .mb = 2,
+                 .ic = 8,
+                 .oc = 8,
+                 .nsp = 2,
+                 .is = {12, 12},
+                 .ks = {3, 3},
+                 .stride = 1,
+                 .pad = 1,
+                 .dil = 1,
+                 .seed = 40 + (uint64_t)i};
     assert_int_equal(ts_problem_init(&tp[i], &d), 0);
     assert_int_equal(ts_problem_reference(&tp[i]), 0);
   }
@@ -108,11 +116,9 @@ static void test_sigterm_during_load(void **state) {
 /* One worker, --grace 0.2. The slow problems grow past any fixed compute
  * budget on a fast core: no --max-request-flops. */
 static void start_short_grace(ts_server *srv) {
-  static const char *const args[] = {"--workers",           "1",
-                                     "--grace",             "0.2",
-                                     "--log-level",         "debug",
-                                     "--max-request-flops", "0",
-                                     NULL};
+  static const char *const args[] = {
+      "--workers",           "1", "--grace", "0.2", "--log-level", "debug",
+      "--max-request-flops", "0", NULL};
   assert_int_equal(ts_server_start(srv, args), 0);
 }
 
@@ -130,7 +136,8 @@ static void test_grace_period_runs_out(void **state) {
   assert_int_equal(ts_bg_start(&a, ch, &slow, 60000), 0);
   assert_int_equal(ts_server_wait_log(&srv, "runs a job", runs + 1, 10000), 0);
   assert_int_equal(ts_bg_start(&b, ch, &slow, 60000), 0); /* queued */
-  assert_int_equal(ts_server_wait_log(&srv, "admitted", admitted + 2, 10000), 0);
+  assert_int_equal(ts_server_wait_log(&srv, "admitted", admitted + 2, 10000),
+                   0);
   double t0 = ts_now_ms();
   assert_int_equal(kill(srv.pid, SIGTERM), 0);
   ts_bg_join(&a);

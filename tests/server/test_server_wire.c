@@ -81,10 +81,12 @@ static void test_header_detected(void **state) {
   cgs_chunk_view v;
   assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, NULL, 0), 0);
   assert_int_equal(kind, CGS_MSG_HEADER);
-  Convgrad__V1__ComputeRequest *u = (Convgrad__V1__ComputeRequest *)
-      cgs_wire_unpack(&convgrad__v1__compute_request__descriptor, bb);
+  Convgrad__V1__ComputeRequest *u =
+      (Convgrad__V1__ComputeRequest *)cgs_wire_unpack(
+          &convgrad__v1__compute_request__descriptor, bb);
   assert_non_null(u);
-  assert_int_equal(u->header->op, CONVGRAD__V1__OP__CONVOLUTION_BACKWARD_WEIGHTS);
+  assert_int_equal(u->header->op,
+                   CONVGRAD__V1__OP__CONVOLUTION_BACKWARD_WEIGHTS);
   protobuf_c_message_free_unpacked(&u->base, NULL);
   grpc_byte_buffer_destroy(bb);
 }
@@ -96,7 +98,7 @@ static void test_unknown_fields_and_merge(void **state) {
   uint8_t msg[128];
   size_t n = 0;
   /* field 9 varint 300, field 10 fixed64, field 11 bytes "xy" */
-  static const uint8_t unknown[] = {0x48, 0xac, 0x02, 0x51, 1, 2, 3, 4,
+  static const uint8_t unknown[] = {0x48, 0xac, 0x02, 0x51, 1,    2, 3,   4,
                                     5,    6,    7,    8,    0x5a, 2, 'x', 'y'};
   memcpy(msg, unknown, sizeof unknown);
   n += sizeof unknown;
@@ -165,10 +167,13 @@ static void test_zero_copy_chunk(void **state) {
     unrefs = 0;
     grpc_byte_buffer *bb =
         cgs_wire_chunk_zero_copy(data, len, count_unref, data);
-    assert_int_equal(grpc_byte_buffer_length(bb), len + 1 + (len < 128 ? 1
-                                                  : len < 16384 ? 2 : 3));
-    Convgrad__V1__ComputeResponse *m = (Convgrad__V1__ComputeResponse *)
-        cgs_wire_unpack(&convgrad__v1__compute_response__descriptor, bb);
+    assert_int_equal(grpc_byte_buffer_length(bb), len + 1 +
+                                                      (len < 128     ? 1
+                                                       : len < 16384 ? 2
+                                                                     : 3));
+    Convgrad__V1__ComputeResponse *m =
+        (Convgrad__V1__ComputeResponse *)cgs_wire_unpack(
+            &convgrad__v1__compute_response__descriptor, bb);
     assert_non_null(m);
     assert_int_equal(m->kind_case, CONVGRAD__V1__COMPUTE_RESPONSE__KIND_CHUNK);
     assert_int_equal(m->chunk.len, len);
@@ -195,8 +200,9 @@ static void test_request_chunk_round_trip(void **state) {
       unrefs = 0;
       grpc_byte_buffer *bb =
           cgw_request_chunk(inputs[i], data, len, count_unref, NULL);
-      Convgrad__V1__ComputeRequest *m = (Convgrad__V1__ComputeRequest *)
-          cgw_unpack(&convgrad__v1__compute_request__descriptor, bb);
+      Convgrad__V1__ComputeRequest *m =
+          (Convgrad__V1__ComputeRequest *)cgw_unpack(
+              &convgrad__v1__compute_request__descriptor, bb);
       assert_non_null(m);
       assert_int_equal(m->kind_case, CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK);
       assert_int_equal(m->chunk->input, inputs[i]);

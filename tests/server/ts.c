@@ -158,7 +158,9 @@ static grpc_channel *channel_with(const ts_server *s,
   return ch;
 }
 
-grpc_channel *ts_channel(const ts_server *s) { return channel_with(s, NULL); }
+grpc_channel *ts_channel(const ts_server *s) {
+  return channel_with(s, NULL);
+}
 
 grpc_channel *ts_channel_small_window(const ts_server *s) {
   grpc_arg args[] = {
@@ -284,7 +286,9 @@ grpc_status_code ts_call_finish(ts_call *c, char *msg, size_t len) {
   return c->code;
 }
 
-void ts_call_cancel(ts_call *c) { grpc_call_cancel(c->call, NULL); }
+void ts_call_cancel(ts_call *c) {
+  grpc_call_cancel(c->call, NULL);
+}
 
 void ts_call_free(ts_call *c) {
   if (c->call) {
@@ -359,8 +363,9 @@ int ts_compute(grpc_channel *ch, const Convgrad__V1__ComputeHeader *h0,
     grpc_byte_buffer *bb;
     if (ts_call_recv(&c, &bb) != 0 || !bb)
       break;
-    Convgrad__V1__ComputeResponse *m = (Convgrad__V1__ComputeResponse *)
-        cgw_unpack(&convgrad__v1__compute_response__descriptor, bb);
+    Convgrad__V1__ComputeResponse *m =
+        (Convgrad__V1__ComputeResponse *)cgw_unpack(
+            &convgrad__v1__compute_response__descriptor, bb);
     grpc_byte_buffer_destroy(bb);
     if (!m) {
       snprintf(r->msg, sizeof r->msg, "test: malformed response");
@@ -452,8 +457,8 @@ static int data_dims(int64_t *out, cg_data_format fmt, int64_t n, int64_t c,
 }
 
 /* dims of weights: "O" and "I" as the format letters name them */
-static int weights_dims(int64_t *out, cg_weights_format f, int64_t o,
-                        int64_t i, const int64_t *ks, int nsp) {
+static int weights_dims(int64_t *out, cg_weights_format f, int64_t o, int64_t i,
+                        const int64_t *ks, int nsp) {
   int k = 0;
   if (f == CG_WEIGHTS_OIX || f == CG_WEIGHTS_IOX) {
     out[k++] = f == CG_WEIGHTS_OIX ? o : i;
@@ -471,9 +476,11 @@ static int weights_dims(int64_t *out, cg_weights_format f, int64_t o,
 
 int ts_problem_init(ts_problem *tp, const ts_desc *d) {
   memset(tp, 0, sizeof *tp);
-  int deconv = d->op == CG_OP_DECONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_WEIGHTS;
-  cg_weights_format wf = d->wfmt ? d->wfmt
-                                 : deconv ? CG_WEIGHTS_XOI : CG_WEIGHTS_XIO;
+  int deconv =
+      d->op == CG_OP_DECONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_WEIGHTS;
+  cg_weights_format wf = d->wfmt  ? d->wfmt
+                         : deconv ? CG_WEIGHTS_XOI
+                                  : CG_WEIGHTS_XIO;
   cg_data_format df = d->dfmt ? d->dfmt : CG_DATA_NXC;
   int64_t g = d->groups ? d->groups : 1;
   int64_t os[CG_MAX_SPATIAL];
@@ -524,9 +531,8 @@ int ts_problem_init(ts_problem *tp, const ts_desc *d) {
     p->attrs.weights_shape = (cg_ints){tp->shape_attr, (size_t)wr};
     break;
   }
-  int r1 = (d->op == CG_OP_CONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_DATA)
-               ? wr
-               : r;
+  int r1 =
+      (d->op == CG_OP_CONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_DATA) ? wr : r;
   p->input_dims[0] = (cg_ints){tp->dims[0], (size_t)r};
   p->input_dims[1] = (cg_ints){tp->dims[1], (size_t)r1};
   char err[256];
@@ -545,8 +551,7 @@ int ts_problem_init(ts_problem *tp, const ts_desc *d) {
 
   /* wire form */
   Convgrad__V1__Attributes a = CONVGRAD__V1__ATTRIBUTES__INIT;
-  a.n_strides = a.n_pads_begin = a.n_pads_end = a.n_dilations =
-      (size_t)d->nsp;
+  a.n_strides = a.n_pads_begin = a.n_pads_end = a.n_dilations = (size_t)d->nsp;
   a.strides = tp->strides;
   a.pads_begin = tp->pads_begin;
   a.pads_end = tp->pads_end;
@@ -584,8 +589,8 @@ int ts_problem_reference(ts_problem *tp) {
   tp->ref = malloc(tp->g.out_bytes);
   if (!tp->ref)
     return CG_ENOMEM;
-  int rc = cg_reference_run(&tp->g, tp->in[0], tp->in[1], tp->ref, err,
-                            sizeof err);
+  int rc =
+      cg_reference_run(&tp->g, tp->in[0], tp->in[1], tp->ref, err, sizeof err);
   if (rc != 0)
     fprintf(stderr, "reference: %s\n", err);
   return rc;
@@ -594,8 +599,12 @@ int ts_problem_reference(ts_problem *tp) {
 size_t ts_problem_check(const ts_problem *tp, const void *out) {
   size_t bad = 0;
   cg_dtype dt = tp->g.dtype;
-  double rel = dt == CG_DTYPE_F32 ? 1e-4 : dt == CG_DTYPE_BF16 ? 1.0 / 64 : 1.0 / 512;
-  double abs_tol = dt == CG_DTYPE_F32 ? 1e-3 : dt == CG_DTYPE_BF16 ? 2e-2 : 4e-3;
+  double rel = dt == CG_DTYPE_F32    ? 1e-4
+               : dt == CG_DTYPE_BF16 ? 1.0 / 64
+                                     : 1.0 / 512;
+  double abs_tol = dt == CG_DTYPE_F32    ? 1e-3
+                   : dt == CG_DTYPE_BF16 ? 2e-2
+                                         : 4e-3;
   for (size_t i = 0; i < tp->g.out_elems; i++) {
     double got = cg_load_f32(dt, out, i), want = cg_load_f32(dt, tp->ref, i);
     if (!(fabs(got - want) <= abs_tol + rel * fabs(want))) {
@@ -619,14 +628,15 @@ int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o) {
   }
   int rc = -1;
   if (r.code != GRPC_STATUS_OK) {
-    fprintf(stderr, "ts_problem_run %s: status %d: %s\n",
-            cg_op_name(tp->g.op), r.code, r.msg);
+    fprintf(stderr, "ts_problem_run %s: status %d: %s\n", cg_op_name(tp->g.op),
+            r.code, r.msg);
     goto out;
   }
   if (!r.hdr || r.hdr->total_bytes != tp->g.out_bytes ||
       r.nbytes != tp->g.out_bytes || r.hdr->n_shape != (size_t)tp->g.in_rank ||
       r.hdr->dtype != (Convgrad__V1__DType)tp->g.dtype) {
-    fprintf(stderr, "ts_problem_run: bad result header or length (%zu of %zu)\n",
+    fprintf(stderr,
+            "ts_problem_run: bad result header or length (%zu of %zu)\n",
             r.nbytes, tp->g.out_bytes);
     goto out;
   }
@@ -707,10 +717,20 @@ static int grow_weights_problem(ts_desc *d) {
 
 int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                     double *took) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 8, .ic = 256,
-               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {5, 5}, .stride = 1,
-               .pad = 2, .dil = 1, .seed = 32};
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 8,
+               .ic = 256,
+               .oc = 256,
+               .nsp = 2,
+               .is = {14, 14},
+               .ks = {5, 5},
+               .stride = 1,
+               .pad = 2,
+               .dil = 1,
+               .seed = 32};
   return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, took);
 }
 
@@ -724,10 +744,20 @@ static int grow_data_problem(ts_desc *d) {
 
 int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
                              double *took) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA, .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NXC, .groups = 1, .mb = 4, .ic = 256,
-               .oc = 256, .nsp = 2, .is = {14, 14}, .ks = {13, 13},
-               .stride = 1, .pad = 6, .dil = 1, .seed = 34};
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 4,
+               .ic = 256,
+               .oc = 256,
+               .nsp = 2,
+               .is = {14, 14},
+               .ks = {13, 13},
+               .stride = 1,
+               .pad = 6,
+               .dil = 1,
+               .seed = 34};
   return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, took);
 }
 
@@ -735,7 +765,7 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
 
 struct ts_bg_state {
   grpc_channel *ch;
-  ts_problem tp; /* by value: g, in[] and ref; its header points elsewhere */
+  ts_problem tp;   /* by value: g, in[] and ref; its header points elsewhere */
   uint8_t *header; /* tp's header, packed */
   size_t header_len;
   int64_t deadline_ms;
@@ -864,8 +894,8 @@ int ts_server_wait_log(const ts_server *s, const char *needle, int count,
   double t0 = ts_now_ms();
   while (ts_server_log_count(s, needle) < count) {
     if (ts_now_ms() - t0 > timeout_ms) {
-      fprintf(stderr, "timed out waiting for %d log lines with '%s'\n",
-              count, needle);
+      fprintf(stderr, "timed out waiting for %d log lines with '%s'\n", count,
+              needle);
       return -1;
     }
     usleep(5000);

@@ -6,9 +6,9 @@
 #ifndef TS_H
 #define TS_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <pthread.h>
 #include <sys/types.h>
 
 #include <grpc/grpc.h>
@@ -21,8 +21,8 @@
 typedef struct ts_server {
   pid_t pid;
   int port;
-  char target[64];   /* "127.0.0.1:PORT" */
-  char ready[512];   /* the readiness line */
+  char target[64];    /* "127.0.0.1:PORT" */
+  char ready[512];    /* the readiness line */
   char log_path[128]; /* the server's stderr */
   int stdout_fd;
 } ts_server;
@@ -84,9 +84,9 @@ void ts_call_free(ts_call *c);
 /* ---- Compute, the well-behaved way ---- */
 
 typedef struct ts_opts {
-  size_t inline_bytes;   /* tensor bytes put in the header's Tensor.data */
-  size_t chunk_bytes;    /* bytes per DataChunk message; 0 = 1 MiB */
-  int64_t deadline_ms;   /* 0 = 60 s */
+  size_t inline_bytes; /* tensor bytes put in the header's Tensor.data */
+  size_t chunk_bytes;  /* bytes per DataChunk message; 0 = 1 MiB */
+  int64_t deadline_ms; /* 0 = 60 s */
   uint32_t response_chunk_bytes;
 } ts_opts;
 
@@ -113,7 +113,7 @@ int ts_health(grpc_channel *ch, const char *service);
 /* ---- problems with reference results ---- */
 
 typedef struct ts_problem {
-  cg_problem p;  /* lists point into the arrays below */
+  cg_problem p; /* lists point into the arrays below */
   int64_t dims[2][CG_MAX_RANK];
   int64_t strides[CG_MAX_SPATIAL], pads_begin[CG_MAX_SPATIAL],
       pads_end[CG_MAX_SPATIAL], dilations[CG_MAX_SPATIAL];

@@ -308,8 +308,8 @@ typedef struct cgc_server_info {
   uint32_t queue_depth, default_chunk_bytes;
   uint64_t idle_timeout_ms, stream_window_bytes;
   uint64_t max_request_flops; /* 0: no limit */
-  const int32_t *io_cpus; /* cores of the server's loop and gRPC threads */
-  size_t n_io_cpus;       /* 0: not pinned */
+  const int32_t *io_cpus;     /* cores of the server's loop and gRPC threads */
+  size_t n_io_cpus;           /* 0: not pinned */
   void *priv_; /* library-owned storage behind the pointers above */
 } cgc_server_info;
 

@@ -57,8 +57,8 @@ typedef struct cg_bdesc_problem {
 CG_EXPORT int cg_bdesc_problem_init(cg_bdesc_problem *out, const cg_bdesc *d,
                                     cg_op op, cg_dtype dtype,
                                     cg_data_format data_format,
-                                    cg_weights_format weights_format,
-                                    char *err, size_t errlen);
+                                    cg_weights_format weights_format, char *err,
+                                    size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -31,11 +31,11 @@ typedef enum {
 
 typedef struct cg_run_info {
   cg_compute_path path;
-  int cache_hit;        /* 1 when the primitives came from the cache */
+  int cache_hit; /* 1 when the primitives came from the cache */
   /* oneDNN implementation name, "none:zero" when every product falls in
    * padding, "other" past 64 distinct names; static string. */
   const char *impl;
-  double compute_ms;    /* wall time of the run, reorders included */
+  double compute_ms; /* wall time of the run, reorders included */
 } cg_run_info;
 
 /* Creates an engine. Returns 0, CG_ENOMEM or CG_EBACKEND. *out is owned

@@ -153,8 +153,8 @@ CG_EXPORT void cg_problem_init(cg_problem *p);
 /* Validates p and fills geom. Returns 0, CG_EINVAL (message names the
  * field, e.g. "strides[1]: must be > 0, got 0") or CG_ERANGE (a dim or a
  * size overflows). Thread-safe; no allocation. */
-CG_EXPORT int cg_problem_resolve(const cg_problem *p, cg_geom *geom,
-                                 char *err, size_t errlen);
+CG_EXPORT int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
+                                 size_t errlen);
 
 /* Name <-> enum. Parsers return 0 or CG_EINVAL. Op names accept both spec
  * generations (ConvolutionBackpropData, ConvolutionBackpropFilters, ...)
