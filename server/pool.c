@@ -91,7 +91,7 @@ static int64_t slice_rows(const cgs_job *job, unsigned threads) {
   const cg_geom *g = job->geom;
   double per_slice = SLICE_FLOPS_PER_THREAD * threads;
   if (cg_op_outputs_weights(g->op) || g->flops < 2 * per_slice ||
-      g->mb < 2 * SLICE_MIN_ROWS)
+      g->mb < 2 * (int64_t)SLICE_MIN_ROWS)
     return g->mb;
   int64_t n = (int64_t)(per_slice / (g->flops / (double)g->mb)) + 1;
   if (n < SLICE_MIN_ROWS)

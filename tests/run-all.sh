@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds convgrad three times (release, ASan+UBSan, ThreadSanitizer) and
-# runs every ctest entry in the first two, the server's in the third.
+# Checks formatting and clang-tidy (tests/check-style.sh), then builds
+# convgrad three times (release, ASan+UBSan, ThreadSanitizer) and runs every
+# ctest entry in the first two, the server's in the third.
 # Usage: tests/run-all.sh [build-root]   (default: build-ci)
 set -euo pipefail
 
@@ -21,6 +22,8 @@ run_config() {
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "${ctest_args[@]}")
 }
 
+# Style first: formatting and clang-tidy take a minute and fail fast.
+bash "$root/tests/check-style.sh" "$out/tidy"
 run_config release -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \

@@ -8,7 +8,7 @@ packages=(
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler libuv1-dev libdnnl-dev libcmocka-dev libcjson-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch
-  python3-h2 python3-sklearn
+  python3-h2 clang-format clang-tidy python3-sklearn
 )
 
 missing=()

@@ -27,7 +27,7 @@ int cg__cache_init(cg__cache *c, size_t capacity,
   size_t n = 16;
   while (n < capacity * 2 && n < ((size_t)1 << 20))
     n *= 2;
-  c->buckets = calloc(n, sizeof *c->buckets);
+  c->buckets = calloc(n, sizeof(cg__cache_entry *));
   if (!c->buckets)
     return CG_ENOMEM;
   c->nbuckets = n;
