@@ -265,13 +265,10 @@ static int attr_list(ctx *c, const char *name, cg_ints l, int64_t min,
 }
 
 /* Enums, formats and which attributes the op has. */
-static int check_enums(ctx *c) {
+/* Every enum in range. */
+static int check_enum_ranges(const ctx *c) {
   const cg_problem *p = c->p;
   const cg_attrs *a = &p->attrs;
-  cg_geom *g = c->g;
-  const char *opn = cg_op_name(p->op);
-  int outw = cg_op_outputs_weights(p->op);
-
   if (p->op < 1 || p->op > CG_OP_COUNT)
     return cg_errorf(c->err, c->errlen, CG_EINVAL, "op: invalid value %d",
                      (int)p->op);
@@ -296,6 +293,15 @@ static int check_enums(ctx *c) {
     return cg_errorf(c->err, c->errlen, CG_EINVAL,
                      "out_weights_format: invalid value %d",
                      (int)p->out_weights_format);
+  return 0;
+}
+
+/* The layouts the op takes, and only the output format of its kind. */
+static int check_layouts_for_op(const ctx *c) {
+  const cg_problem *p = c->p;
+  const cg_attrs *a = &p->attrs;
+  const char *opn = cg_op_name(p->op);
+  int outw = cg_op_outputs_weights(p->op);
   if (!c->deconv) {
     if (a->weights_format == CG_WEIGHTS_IOX ||
         a->weights_format == CG_WEIGHTS_XOI)
@@ -320,6 +326,15 @@ static int check_enums(ctx *c) {
                      "out_weights_format: %s outputs a data tensor; set "
                      "out_data_format instead",
                      opn);
+  return 0;
+}
+
+/* groups, and only the attributes the op has. */
+static int check_op_attrs(const ctx *c) {
+  const cg_problem *p = c->p;
+  const cg_attrs *a = &p->attrs;
+  const char *opn = cg_op_name(p->op);
+  int outw = cg_op_outputs_weights(p->op);
   if (a->groups <= 0)
     return cg_errorf(c->err, c->errlen, CG_EINVAL,
                      "groups: must be > 0, got %" LLD, a->groups);
@@ -340,6 +355,20 @@ static int check_enums(ctx *c) {
     return cg_errorf(c->err, c->errlen, CG_EINVAL,
                      "shape input: %s takes only diff_dst and weights", opn);
 
+  return 0;
+}
+
+static int check_enums(ctx *c) {
+  const cg_problem *p = c->p;
+  const cg_attrs *a = &p->attrs;
+  cg_geom *g = c->g;
+  int rc = check_enum_ranges(c);
+  if (!rc)
+    rc = check_layouts_for_op(c);
+  if (!rc)
+    rc = check_op_attrs(c);
+  if (rc)
+    return rc;
   g->op = p->op;
   g->dtype = p->dtype;
   g->groups = a->groups;
