@@ -84,6 +84,7 @@ class PyBench:
     once, like `convgrad bench`."""
 
     def __init__(self, client, f, op):
+        self.client = client
         rng = np.random.default_rng(0)
         x = (f["mb"], f["ic"], f["ih"], f["iw"])
         y = (f["mb"], f["oc"], f["oh"], f["ow"])
@@ -107,29 +108,33 @@ class PyBench:
     def run(self, n, warmup):
         for _ in range(warmup):
             self.fn(*self.args, out=self.out, **self.attrs)
-        lat, comp = [], []
+        self.client.stats(reset=True)
+        lat = []
         for _ in range(n):
             t0 = time.perf_counter()
-            _, r = self.fn(*self.args, out=self.out, with_result=True,
-                           **self.attrs)
+            self.fn(*self.args, out=self.out, **self.attrs)
             lat.append((time.perf_counter() - t0) * 1e3)
-            comp.append(r.compute_ms)
-        return statistics.median(lat), statistics.fmean(comp)
+        s = self.client.stats(reset=True)
+        # total_ms is libcgclient's own time of the call: the rest is the
+        # package's.
+        return (statistics.median(lat), s["compute_ms"] / n,
+                statistics.fmean(lat) - s["total_ms"] / n)
 
 
 def bench_calls(args, target):
     client = convgrad.Client(target)
     print("calls: f32, NCX/OIX, %d rounds x %d requests (+%d warmup), "
-          "p50 ms; median over rounds" % (args.rounds, args.requests,
+          "p50 ms; median over rounds; compute: the server's; Python us: "
+          "the package's time around libcgclient's" % (args.rounds, args.requests,
                                           args.warmup))
-    print("%-44s %-27s %9s %9s %7s %10s" % ("problem", "op", "C", "Python",
-                                             "ratio", "compute"))
+    print("%-44s %-27s %9s %9s %7s %9s %10s" % (
+        "problem", "op", "C", "Python", "ratio", "compute", "Python us"))
     ratios = []
     for desc in resnet_rows(args.problems, args.rows):
         f = parse_desc(desc)
         for op in OPS:
             py = PyBench(client, f, op)
-            cs, ps, comp = [], [], []
+            cs, ps, comp, over = [], [], [], []
             for r in range(args.rounds):
                 order = (0, 1) if r % 2 == 0 else (1, 0)
                 for side in order:
@@ -138,14 +143,16 @@ def bench_calls(args, target):
                                          args.requests, args.warmup)
                         cs.append(p50)
                     else:
-                        p50, c = py.run(args.requests, args.warmup)
+                        p50, c, o = py.run(args.requests, args.warmup)
                         ps.append(p50)
+                        over.append(o)
                     comp.append(c)
             c50, p50 = statistics.median(cs), statistics.median(ps)
             ratios.append(p50 / c50)
-            print("%-44s %-27s %9.2f %9.2f %7.3f %10.2f" % (
+            print("%-44s %-27s %9.2f %9.2f %7.3f %9.2f %10.0f" % (
                 f["name"][:44], op, c50, p50, p50 / c50,
-                statistics.median(comp)), flush=True)
+                statistics.median(comp), 1e3 * statistics.median(over)),
+                flush=True)
     print("calls: geometric mean of the ratios %.3f" %
           statistics.geometric_mean(ratios))
     client.close()
