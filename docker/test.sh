@@ -3,10 +3,12 @@
 # Docker engine or a container registry: builds a Debian 12 base image with
 # debootstrap from the host's apt mirror, builds docker/Dockerfile on it
 # with podman, runs docker/compose.yaml with podman-compose (server
-# replicas + the smoke client, whose exit code decides), then checks on
-# each replica the image's HEALTHCHECK, the non-root user, that round_robin
-# sent it calls and that SIGTERM drains it to exit 0, and that a one-core
-# cpuset sizes the server to one worker. Tears it all down (the base image
+# replicas + the smoke client, whose exit code decides), then its trainer
+# service (examples/train_digits.py, 2 processes, --compare: its exit code
+# decides, and every replica must have served some of its calls), then
+# checks on each replica the image's HEALTHCHECK, the non-root user, that
+# round_robin sent it calls and that SIGTERM drains it to exit 0, and that
+# a one-core cpuset sizes the server to one worker. Tears it all down (the base image
 # and the layer cache stay, for the next run). Exits 0 only if every step
 # passed.
 #
@@ -20,6 +22,10 @@
 #   CONVGRAD_REPLICAS     server replicas (default 2)
 #   CONVGRAD_DEBIAN_MIRROR  override the mirror taken from apt's sources
 #   CONVGRAD_TEST_TIMEOUT seconds the compose run may take (default 180)
+#   CONVGRAD_TEST_TRAINER 0 skips the trainer (its image adds ~100 s to a
+#                         cold run and 2.1 GB of torch); default 1
+#   CONVGRAD_TRAINER_IMAGE  trainer image tag (default convgrad-trainer:latest)
+#   CONVGRAD_TRAINER_TIMEOUT  seconds the trainer may take (default 300)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -28,6 +34,9 @@ compose_file="$here/compose.yaml"
 base_image=${CONVGRAD_BASE_IMAGE:-localhost/debian-bookworm-base}
 export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
 export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
+export CONVGRAD_TRAINER_IMAGE=${CONVGRAD_TRAINER_IMAGE:-convgrad-trainer:latest}
+trainer=${CONVGRAD_TEST_TRAINER:-1}
+trainer_timeout=${CONVGRAD_TRAINER_TIMEOUT:-300}
 export BASE_IMAGE=$base_image
 run_timeout=${CONVGRAD_TEST_TIMEOUT:-180}
 # One compose project per run (named after this shell's PID), so two runs
@@ -92,7 +101,7 @@ compose() {
 # Removes everything of compose project $1.
 remove_project() {
   podman-compose -p "$1" -f "$compose_file" down >/dev/null 2>&1
-  podman rm -f -t 1 "${1}_cpuset" >/dev/null 2>&1
+  podman rm -f -t 1 "${1}_cpuset" "${1}_trainer" >/dev/null 2>&1
   podman network rm -f "${1}_default" >/dev/null 2>&1
 }
 rootfs=
@@ -168,6 +177,13 @@ podman build --format docker --layers --jobs 2 --build-arg "BASE_IMAGE=$base_ima
   -f "$here/Dockerfile" -t "$CONVGRAD_IMAGE" "$root" ||
   die "podman build failed"
 step_time "image build"
+if [ "$trainer" = 1 ]; then
+  # Its torch layer comes from the base alone: built once, then cached.
+  podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+    --target trainer -f "$here/Dockerfile" -t "$CONVGRAD_TRAINER_IMAGE" "$root" ||
+    die "podman build --target trainer failed"
+  step_time "trainer image build"
+fi
 
 # --- 3. compose stack ------------------------------------------------------------
 # Leftovers of runs killed before their trap ran: projects whose shell is
@@ -181,14 +197,46 @@ for p in $({ podman ps -a --format '{{.Names}}'; podman network ls --format '{{.
 done
 # --exit-code-from implies --abort-on-container-exit: the run ends with the
 # client and returns its exit code (-1, i.e. 255, if a server exits first).
+# The services are named: podman-compose 1.0.3 ignores the trainer's
+# profile and would start it too.
 set +e
 timeout "$run_timeout" podman-compose -p "$project" -f "$compose_file" \
-  up --no-build --exit-code-from client
+  up --no-build --exit-code-from client server client
 client_rc=$?
 set -e
 [ "$client_rc" = 124 ] && die "compose run exceeded ${run_timeout} s"
 [ "$client_rc" = 0 ] || die "client exited with $client_rc"
 step_time "compose run"
+
+# The server logs one "compute ... status=OK" line per op call served.
+served() { podman logs "$1" 2>&1 | grep -c ' compute id=.* status=OK' || true; }
+
+# --- 3b. trainer -------------------------------------------------------------------
+# After the smoke run, against the replicas it left up. `compose run` gives
+# no exit code back, so the container is detached and waited for.
+if [ "$trainer" = 1 ]; then
+  before=()
+  for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
+    before[n]=$(served "${project}_server_$n")
+  done
+  t="${project}_trainer"
+  compose run -d -T --no-deps --name "$t" trainer >/dev/null ||
+    die "podman-compose run trainer failed"
+  set +e
+  trainer_rc=$(timeout "$trainer_timeout" podman wait "$t")
+  wait_rc=$?
+  set -e
+  podman logs "$t" 2>&1 | sed 's/^/trainer: /' >&2
+  [ "$wait_rc" = 124 ] && die "the trainer exceeded ${trainer_timeout} s"
+  [ "$trainer_rc" = 0 ] || die "the trainer exited with ${trainer_rc:-no code}"
+  for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
+    c="${project}_server_$n"
+    calls=$(($(served "$c") - before[n]))
+    log "$c: served $calls trainer calls"
+    [ "$calls" -gt 0 ] || die "$c served no trainer calls: round_robin did not reach it"
+  done
+  step_time "trainer run"
+fi
 
 # --- 4. what the run left to check -------------------------------------------------
 # The servers are still up (compose down runs in the trap). The image's
@@ -200,7 +248,7 @@ for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
   podman healthcheck run "$c" >/dev/null || die "$c: image HEALTHCHECK failed"
   uid=$(podman exec "$c" id -u) || die "$c: podman exec failed"
   [ "$uid" != 0 ] || die "$c runs as root"
-  calls=$(podman logs "$c" 2>&1 | grep -c ' compute id=.* status=OK' || true)
+  calls=$(served "$c")
   log "$c: healthy, uid $uid, served $calls calls"
   [ "$calls" -gt 0 ] || die "$c served no calls: round_robin did not reach it"
 done

@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
-# Installs, from Debian 12's packages, everything convgrad builds and tests
-# with. Idempotent: only missing packages are installed. Needs root.
+# Installs, from Debian 12's packages, what convgrad needs. Idempotent: only
+# missing packages are installed. Needs root (or sudo).
+#
+# Usage: tests/setup-debian.sh [--tests]
+#   (none)   the main job: build and serve (server/serve.sh), the C client,
+#            and the Python package's core (python3-numpy)
+#   --tests  adds what only the tests use: torch (convgrad.torch, the
+#            torch_* and python_* groups), sklearn (the digits example),
+#            grpcio/protobuf/h2 (the server's wire tests). torch alone is
+#            ~1 GB installed, so the main job does not pull it in.
 set -euo pipefail
 
-packages=(
+main_packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler libuv1-dev libdnnl-dev libcmocka-dev libcjson-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-torch
-  python3-h2 clang-format clang-tidy python3-sklearn
+  python3 python3-numpy
 )
+test_packages=(
+  python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
+  clang-format clang-tidy
+)
+
+packages=("${main_packages[@]}")
+case "${1:-}" in
+  "") ;;
+  --tests) packages+=("${test_packages[@]}") ;;
+  *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -26,4 +44,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
     --no-install-recommends "${missing[@]}"
 fi
-echo "setup: all packages present"
+echo "setup: all packages present${1:+ ($1)}"
