@@ -103,15 +103,16 @@ class _Owned:
         self.lib, self.t = lib, t
 
     def __deepcopy__(self, memo):
-        # A deep copy of a model shares its client (and the channel).
+        # One owner per buffer: a copy would free it twice. Copies of the
+        # arrays copy their data (numpy), never this object.
         return self
 
     def __copy__(self):
         return self
 
     def __reduce__(self):
-        target, deadline, retries, options = self._args
-        return (_new_client, (target, deadline, retries, options))
+        raise TypeError("a result buffer's owner cannot be pickled; "
+                        "pickle the array, which carries its data")
 
     def __del__(self):
         self.lib.cgc_tensor_free(self.t)
