@@ -678,14 +678,17 @@ static int grow_until_slow(grpc_channel *ch, ts_desc *d,
     size_t len[2] = {tp->g.in_bytes[0], tp->g.in_bytes[1]};
     ts_result r;
     double t0 = ts_now_ms();
-    if (ts_compute(ch, &tp->header, data, len, NULL, &r) != 0)
+    if (ts_compute(ch, &tp->header, data, len, NULL, &r) != 0) {
+      ts_problem_free(tp);
       return -1;
+    }
     *took = ts_now_ms() - t0;
     grpc_status_code code = r.code;
     ts_result_free(&r);
     if (code != GRPC_STATUS_OK) {
       fprintf(stderr, "slow problem: mb %lld: status %d: %s\n",
               (long long)d->mb, code, r.msg);
+      ts_problem_free(tp);
       return -1;
     }
     if (*took >= min_ms)
