@@ -94,9 +94,10 @@ static void print_ready(const app *a) {
     *colon = '\0';
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
-         "cpus=%s io_cpus=%s isa=%s onednn=%s\n",
+         "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",
          host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
-         cpus, io_cpus, cg_backend_isa(), cg_backend_version());
+         cgs_threads_policy_name(a->cfg.threads_policy), cpus, io_cpus,
+         cg_backend_isa(), cg_backend_version());
   fflush(stdout);
 }
 
