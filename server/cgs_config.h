@@ -19,10 +19,20 @@ typedef struct cgs_cpu_list {
   unsigned n;
 } cgs_cpu_list;
 
+/* How many OpenMP threads a job runs with. */
+typedef enum {
+  CGS_THREADS_AUTO = 0, /* until cgs_config_finish: adaptive unless
+                           --workers or --threads-per-worker is given */
+  CGS_THREADS_ADAPTIVE, /* a job also takes the cores of idle workers */
+  CGS_THREADS_STATIC    /* threads_per_worker, always */
+} cgs_threads_policy;
+
 typedef struct cgs_config {
-  char listen[256];             /* HOST:PORT; port 0 = ephemeral */
-  unsigned workers;             /* 0 until cgs_config_finish: auto */
-  unsigned threads_per_worker;  /* OpenMP threads of each worker's engine */
+  char listen[256];            /* HOST:PORT; port 0 = ephemeral */
+  unsigned workers;            /* 0 until cgs_config_finish: auto */
+  unsigned threads_per_worker; /* cores each worker owns; 0 until
+                                  cgs_config_finish: auto (1) */
+  cgs_threads_policy threads_policy;
   cgs_cpu_list cpus;            /* cores workers are pinned to, in order; empty
                                    until cgs_config_finish: all allowed */
   cgs_cpu_list io_cpus;         /* cores of the loop and gRPC threads; empty =
@@ -68,6 +78,8 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
 uint64_t cgs_config_cgroup_memory(const char *root, const char *self);
 /* Prints --help: every option, its variable, default and bounds. */
 void cgs_config_usage(FILE *out, const char *argv0);
+/* "adaptive", "static" or "auto"; static string. */
+const char *cgs_threads_policy_name(cgs_threads_policy tp);
 /* Writes the cpu list as "0,1,2" into buf ("any" when empty). */
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len);
 

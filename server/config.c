@@ -20,7 +20,8 @@ typedef enum {
   OPT_FLOPS,  /* uint64_t field, accepts K/M/G/T decimal suffixes */
   OPT_MS,     /* uint64_t field of milliseconds, given in seconds */
   OPT_CPUS,   /* cgs_cpu_list */
-  OPT_LEVEL   /* cgs_log_level */
+  OPT_LEVEL,  /* cgs_log_level */
+  OPT_POLICY  /* cgs_threads_policy */
 } opt_type;
 
 typedef struct opt_def {
@@ -45,7 +46,15 @@ static const opt_def opt_table[] = {
     {"workers", OPT_UINT, offsetof(cgs_config, workers), "0", 0, 256,
      "compute worker threads; 0 = one per --cpus entry / threads-per-worker"},
     {"threads-per-worker", OPT_UINT, offsetof(cgs_config, threads_per_worker),
-     "1", 1, 256, "OpenMP threads each worker's oneDNN engine uses"},
+     "0", 0, 256,
+     "cores (OpenMP threads) each worker owns; 0 = 1. Under the static "
+     "policy every job runs with exactly these"},
+    {"threads-policy", OPT_POLICY, offsetof(cgs_config, threads_policy), "",
+     0, 0,
+     "adaptive: a job also runs on the cores of workers idle when it "
+     "starts (a lone call gets every core, under load each job keeps its "
+     "own); static: every job runs with --threads-per-worker threads. "
+     "Empty = adaptive unless --workers or --threads-per-worker is given"},
     {"cpus", OPT_CPUS, offsetof(cgs_config, cpus), "", 0, CGS_MAX_CPUS - 1,
      "cores to pin workers to, e.g. 0,1 or 0-3 (worker i takes the next "
      "threads-per-worker entries); empty = every core this process may use"},
@@ -228,6 +237,19 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
       return -1;
     }
     *(cgs_log_level *)(void *)field = lv;
+    return 0;
+  }
+  case OPT_POLICY: {
+    cgs_threads_policy tp = !*value                     ? CGS_THREADS_AUTO
+                            : !strcmp(value, "adaptive") ? CGS_THREADS_ADAPTIVE
+                            : !strcmp(value, "static")   ? CGS_THREADS_STATIC
+                                                         : (cgs_threads_policy)-1;
+    if (tp == (cgs_threads_policy)-1) {
+      snprintf(err, errlen, "%s: expected adaptive or static, got '%s'",
+               origin, value);
+      return -1;
+    }
+    *(cgs_threads_policy *)(void *)field = tp;
     return 0;
   }
   case OPT_MS:
@@ -414,6 +436,12 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
       if (CPU_ISSET(cpu, &set))
         c->cpus.cpu[c->cpus.n++] = cpu;
   }
+  if (c->threads_policy == CGS_THREADS_AUTO)
+    c->threads_policy = c->workers || c->threads_per_worker
+                            ? CGS_THREADS_STATIC
+                            : CGS_THREADS_ADAPTIVE;
+  if (c->threads_per_worker == 0)
+    c->threads_per_worker = 1;
   if (c->workers == 0) {
     c->workers = c->cpus.n / c->threads_per_worker;
     if (c->workers == 0)
@@ -445,6 +473,12 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
     c->max_request_bytes = c->max_inflight_bytes;
   }
   return 0;
+}
+
+const char *cgs_threads_policy_name(cgs_threads_policy tp) {
+  return tp == CGS_THREADS_ADAPTIVE ? "adaptive"
+         : tp == CGS_THREADS_STATIC ? "static"
+                                    : "auto";
 }
 
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len) {
@@ -483,6 +517,6 @@ void cgs_config_usage(FILE *out, const char *argv0) {
   fprintf(out, "  -h, --help\n      print this help and exit\n\n"
                "On start the server prints one line to stdout:\n"
                "  convgrad-server ready listen=HOST:PORT workers=N "
-               "threads_per_worker=T cpus=LIST io_cpus=LIST isa=ISA "
-               "onednn=VERSION\n");
+               "threads_per_worker=T threads_policy=POLICY cpus=LIST "
+               "io_cpus=LIST isa=ISA onednn=VERSION\n");
 }

@@ -98,6 +98,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   info.cpu_isa = (char *)cg_backend_isa();
   info.workers = cfg->workers;
   info.threads_per_worker = cfg->threads_per_worker;
+  info.threads_policy = (char *)cgs_threads_policy_name(cfg->threads_policy);
   info.n_cpus = cfg->cpus.n;
   info.cpus = cpus;
   info.n_io_cpus = cfg->io_cpus.n;

@@ -1,5 +1,5 @@
 /* main.c - convgrad-server entry point: configuration, process-wide
- * tuning (OpenMP wait policy, malloc), the libuv loop, signal handling,
+ * tuning (OpenMP spin bound, malloc), the libuv loop, signal handling,
  * the readiness line and the exit status. The only place that exits the
  * process. */
 #include <malloc.h>
@@ -29,28 +29,32 @@ typedef struct app {
 } app;
 
 /* oneDNN runs on libgomp, whose idle team threads spin for 300,000 rounds
- * after every parallel region unless OMP_WAIT_POLICY says otherwise: 7-20
- * ms of a core after each job, taken from the loop and gRPC threads that
- * are moving the result out and the next request in (tests/README.md,
- * "Design figures"). libgomp reads the variable
- * once, in its own constructor, before main, and libc's start-up resets
- * the environment an earlier hook could have changed; so the server
- * re-executes itself once with the variable set. Either variable already
- * in the environment wins. Returns only when no exec was needed or it
- * failed (then the spinning default stays). */
-static void exec_with_passive_omp(char **argv) {
+ * after every parallel region unless told otherwise: milliseconds of a
+ * core after each job, taken from the loop and gRPC threads that are
+ * moving the result out and the next request in. Sleeping at once
+ * (OMP_WAIT_POLICY=passive) costs a futex wake-up in each of the many
+ * parallel regions of a multi-threaded job instead. 10,000 rounds of
+ * pause are some tens of microseconds: a job's team hands its cores back
+ * to transfers almost at once (figures: tests/README.md, "Design
+ * figures"). libgomp reads the variables once, in its own constructor,
+ * before main, and libc's start-up resets the environment an earlier hook
+ * could have changed; so the server re-executes itself once with the
+ * variable set. Either variable already in the environment wins.
+ * Returns only when no exec was needed or it failed (then the spinning
+ * default stays). */
+static void exec_with_bounded_spin(char **argv) {
   if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
     return;
   /* The real path, not /proc/self/exe, so that the process keeps its
    * name (comm) for ps, top and pkill. */
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0 || setenv("OMP_WAIT_POLICY", "passive", 1) != 0)
+  if (n <= 0 || setenv("GOMP_SPINCOUNT", "10000", 1) != 0)
     return;
   self[n] = '\0';
   execv(self, argv);
   fprintf(stderr, "convgrad-server: warning: cannot re-execute with "
-                  "OMP_WAIT_POLICY=passive; idle OpenMP threads will spin\n");
+                  "GOMP_SPINCOUNT=10000; idle OpenMP threads will spin\n");
 }
 
 /* gRPC receives each message into fresh buffers of up to a few MiB and
@@ -96,16 +100,17 @@ static void print_ready(const app *a) {
     *colon = '\0';
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
-         "cpus=%s io_cpus=%s isa=%s onednn=%s\n",
-         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker, cpus,
-         io_cpus, cg_backend_isa(), cg_backend_version());
+         "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",
+         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
+         cgs_threads_policy_name(a->cfg.threads_policy), cpus, io_cpus,
+         cg_backend_isa(), cg_backend_version());
   fflush(stdout);
 }
 
 int main(int argc, char **argv) {
   static app a; /* large; lives for the whole run */
   char err[512];
-  exec_with_passive_omp(argv);
+  exec_with_bounded_spin(argv);
   tune_malloc();
   int rc = cgs_config_defaults(&a.cfg, err, sizeof err);
   if (rc == 0)

@@ -24,6 +24,11 @@ typedef struct worker {
   cpu_set_t cpus;    /* the cores it is pinned to */
   pthread_cond_t cv; /* a job for it, or stop */
   int waiting;       /* asleep for want of work and not yet woken */
+  unsigned lent_to;  /* 1 + index of the worker running on its cores, or
+                        0: a lent worker starts no job */
+  int *team;         /* cores of the running job's threads, in order */
+  int *pinned;       /* cores the engine's team is pinned to */
+  int team_threads;  /* threads it is pinned for; 0 = not pinned */
 } worker;
 
 struct cgs_pool {
@@ -54,6 +59,51 @@ static void pin_and_name(worker *w) {
   if (rc != 0)
     cgs_warn("%s: cannot pin to its cores: %s", w->name, strerror(rc));
   pthread_setname_np(pthread_self(), w->name);
+}
+
+/* Core k of worker i's own cores. */
+static int own_core(const cgs_pool *p, unsigned i, unsigned k) {
+  unsigned tpw = p->cfg->threads_per_worker;
+  return p->cfg->cpus.cpu[(i * tpw + k) % p->cfg->cpus.n];
+}
+
+/* Adaptive policy, with p->mu held, once w has taken a job: when no
+ * other job waits, w borrows every idle worker, and its job runs on their
+ * cores too. Fills w->team and returns the thread count. A borrowed worker
+ * stays asleep until give_back(): a running OpenMP team cannot shrink, so
+ * a job started on a lent core would share it with a team thread, and
+ * both jobs would run at the pace of that shared core. */
+static int borrow(cgs_pool *p, worker *w) {
+  unsigned tpw = p->cfg->threads_per_worker;
+  int n = 0;
+  for (unsigned k = 0; k < tpw; k++)
+    w->team[n++] = own_core(p, w->index, k);
+  if (p->cfg->threads_policy != CGS_THREADS_ADAPTIVE || p->head)
+    return n;
+  for (unsigned i = 0; i < p->nworkers; i++) {
+    worker *o = &p->workers[i];
+    if (o == w || !o->waiting || o->lent_to)
+      continue;
+    o->lent_to = w->index + 1;
+    for (unsigned k = 0; k < tpw; k++)
+      w->team[n++] = own_core(p, i, k);
+  }
+  return n;
+}
+
+static void wake_one(cgs_pool *p);
+
+/* With p->mu held: the workers w borrowed are free again, and wake for
+ * the jobs that queued meanwhile (w takes the first itself). */
+static void give_back(cgs_pool *p, worker *w) {
+  unsigned lent = 0;
+  for (unsigned i = 0; i < p->nworkers; i++)
+    if (p->workers[i].lent_to == w->index + 1) {
+      p->workers[i].lent_to = 0;
+      lent++;
+    }
+  for (unsigned q = 1; q < p->queued && lent; q++, lent--)
+    wake_one(p);
 }
 
 static void deliver(cgs_pool *p, cgs_job *job) {
@@ -133,7 +183,21 @@ static int run_slices(cg_engine *engine, cgs_job *job, unsigned threads) {
   return 0;
 }
 
-static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
+/* Points the engine's team at w->team unless it already is: pinning costs
+ * a parallel region. */
+static int pin_team(worker *w, cg_engine *engine, int threads, char *err,
+                    size_t errlen) {
+  size_t bytes = (size_t)threads * sizeof *w->team;
+  if (threads == w->team_threads && memcmp(w->team, w->pinned, bytes) == 0)
+    return 0;
+  int rc = cg_engine_set_threads(engine, threads, w->team, err, errlen);
+  w->team_threads = rc == 0 ? threads : 0;
+  if (rc == 0)
+    memcpy(w->pinned, w->team, bytes);
+  return rc;
+}
+
+static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   uint64_t t0 = uv_hrtime();
   job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
   job->worker = w->index;
@@ -145,8 +209,11 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job) {
     snprintf(job->err, sizeof job->err, "discarded before it ran");
     return;
   }
-  cgs_debug("%s runs a job after %.3f ms in the queue", w->name, job->queue_ms);
-  job->rc = run_slices(engine, job, w->pool->cfg->threads_per_worker);
+  cgs_debug("%s runs a job with %d threads after %.3f ms in the queue", w->name,
+            threads, job->queue_ms);
+  job->rc = pin_team(w, engine, threads, job->err, sizeof job->err);
+  if (job->rc == 0)
+    job->rc = run_slices(engine, job, (unsigned)threads);
 }
 
 static void *worker_main(void *arg) {
@@ -177,7 +244,7 @@ static void *worker_main(void *arg) {
   int holding = 0; /* the engine keeps buffers from the last job */
   for (;;) {
     pthread_mutex_lock(&p->mu);
-    while (!p->stop && !p->head) {
+    while (!p->stop && (!p->head || w->lent_to)) {
       w->waiting = 1;
       if (!holding) {
         pthread_cond_wait(&w->cv, &p->mu);
@@ -202,7 +269,7 @@ static void *worker_main(void *arg) {
       }
     }
     w->waiting = 0;
-    cgs_job *job = p->head;
+    cgs_job *job = w->lent_to ? NULL : p->head;
     if (!job) { /* stop requested and nothing queued */
       pthread_mutex_unlock(&p->mu);
       break;
@@ -212,11 +279,15 @@ static void *worker_main(void *arg) {
       p->tail = NULL;
     p->queued--;
     job->queued = 0;
+    int threads = borrow(p, w);
     pthread_mutex_unlock(&p->mu);
 
-    run_job(w, engine, job);
+    run_job(w, engine, job, threads);
     holding = 1;
-    cgs_pool_unreserve(p); /* the job's place */
+    pthread_mutex_lock(&p->mu);
+    give_back(p, w);
+    p->admitted--; /* the job's place */
+    pthread_mutex_unlock(&p->mu);
     deliver(p, job);
   }
   cg_engine_free(engine);
@@ -242,8 +313,10 @@ static void pool_free(cgs_pool *p) {
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->done_mu);
   pthread_cond_destroy(&p->ready_cv);
-  for (unsigned i = 0; p->workers && i < p->nworkers; i++)
+  for (unsigned i = 0; p->workers && i < p->nworkers; i++) {
     pthread_cond_destroy(&p->workers[i].cv);
+    free(p->workers[i].team);
+  }
   free(p->workers);
   free(p);
 }
@@ -286,6 +359,13 @@ int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
   for (unsigned i = 0; i < p->nworkers; i++) {
     worker *w = &p->workers[i];
     pthread_cond_init(&w->cv, NULL);
+    size_t most = (size_t)p->nworkers * cfg->threads_per_worker;
+    w->team = malloc(2 * most * sizeof *w->team);
+    w->pinned = w->team + most;
+    if (!w->team) {
+      rc = cg_errorf(err, errlen, CG_ENOMEM, "pool: out of memory");
+      goto fail_workers;
+    }
     CPU_ZERO(&w->cpus);
     for (unsigned k = 0; k < cfg->threads_per_worker; k++) {
       unsigned slot = (i * cfg->threads_per_worker + k) % cfg->cpus.n;
@@ -341,7 +421,7 @@ static void wake_one(cgs_pool *p) {
   worker *pick = NULL;
   for (unsigned i = 0; i < p->nworkers; i++) {
     worker *w = &p->workers[i];
-    if (!w->waiting)
+    if (!w->waiting || w->lent_to)
       continue;
     if (!pick)
       pick = w;
@@ -415,7 +495,7 @@ unsigned cgs_pool_idle(cgs_pool *p) {
   unsigned n = 0;
   pthread_mutex_lock(&p->mu);
   for (unsigned i = 0; i < p->nworkers; i++)
-    n += (unsigned)p->workers[i].waiting;
+    n += p->workers[i].waiting && !p->workers[i].lent_to;
   pthread_mutex_unlock(&p->mu);
   return n;
 }

@@ -63,6 +63,8 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
   for (size_t i = 0; i < in->n_cpus; i++)
     printf("%s%d", i ? "," : " ", in->cpus[i]);
   printf("%s\n", in->n_cpus ? "" : " any");
+  printf("threads     %s\n", *in->threads_policy ? in->threads_policy
+                                                  : "(not reported)");
   printf("io cpus    ");
   for (size_t i = 0; i < in->n_io_cpus; i++)
     printf("%s%d", i ? "," : " ", in->io_cpus[i]);
@@ -105,6 +107,7 @@ static int cgc__info_json(const cgc_server_info *in) {
   cJSON_AddStringToObject(root, "cpu_isa", in->cpu_isa);
   cJSON_AddNumberToObject(root, "workers", in->workers);
   cJSON_AddNumberToObject(root, "threads_per_worker", in->threads_per_worker);
+  cJSON_AddStringToObject(root, "threads_policy", in->threads_policy);
   cpus = cJSON_AddArrayToObject(root, "cpus");
   for (size_t i = 0; cpus && i < in->n_cpus; i++)
     cJSON_AddItemToArray(cpus, cJSON_CreateNumber(in->cpus[i]));

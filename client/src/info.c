@@ -117,6 +117,7 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
   info->cpu_isa = m->cpu_isa;
   info->workers = m->workers;
   info->threads_per_worker = m->threads_per_worker;
+  info->threads_policy = m->threads_policy;
   info->cpus = m->cpus;
   info->n_cpus = m->n_cpus;
   info->io_cpus = m->io_cpus;

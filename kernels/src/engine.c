@@ -23,6 +23,7 @@
  * impl_usable). */
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -749,6 +750,35 @@ fail:
   return rc;
 }
 
+int cg_engine_set_threads(cg_engine *e, int threads, const int *cpus,
+                          char *err, size_t errlen) {
+  if (threads < 1)
+    return cg_errorf(err, errlen, CG_EINVAL, "threads: must be >= 1, got %d",
+                     threads);
+  e->threads = threads;
+  if (!cpus)
+    return 0;
+  /* libgomp hands team slot i to the same pool thread in every region of
+   * this calling thread, so pinning each slot once holds for the regions
+   * oneDNN opens with this count or fewer. */
+  int failed = -1;
+#pragma omp parallel num_threads(threads)
+  {
+    int t = omp_get_thread_num();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpus[t], &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+#pragma omp atomic write
+      failed = cpus[t];
+    }
+  }
+  if (failed >= 0)
+    return cg_errorf(err, errlen, CG_EBACKEND,
+                     "threads: cannot pin a thread to core %d", failed);
+  return 0;
+}
+
 size_t cg_engine_release(cg_engine *e) {
   size_t n = e->scratch.size;
   free(e->scratch.p);
@@ -909,6 +939,7 @@ done:
     info->cache_hit = hit;
     info->impl = en->impl;
     info->compute_ms = now_ms() - t0;
+    info->threads = e->threads;
   }
 out:
   if (prev_threads)

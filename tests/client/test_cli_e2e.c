@@ -110,6 +110,10 @@ static void test_info(void **state) {
   assert_non_null(root);
   assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "ops")), 4);
   assert_non_null(cJSON_GetObjectItem(root, "limits"));
+  /* The harness's server is started with no --workers: adaptive. */
+  assert_string_equal(
+      cJSON_GetStringValue(cJSON_GetObjectItem(root, "threads_policy")),
+      "adaptive");
   cJSON_Delete(root);
 }
 

@@ -229,6 +229,43 @@ static void test_thread_count_restored(void **state) {
   fixture_free(&f);
 }
 
+/* Primitives oneDNN made for one thread count are never run with
+ * another: a new count is a new cache entry, an old one a hit, and every
+ * run reports the threads it had and computes the right result. */
+static void test_keyed_on_thread_count(void **state) {
+  (void)state;
+  et_rng r = {9};
+  fixture f;
+  cg_engine *e;
+  cg_engine_config cfg = {1, 0};
+  cg_run_info info;
+  char err[256];
+  fixture_init(&f, &r, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32);
+  void *out = et_alloc(f.g.out_bytes);
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  static const struct {
+    int threads, hit;
+    size_t cached;
+  } steps[] = {{1, 0, 1}, {1, 1, 1}, {2, 0, 2}, {2, 1, 2}, {1, 1, 2}, {3, 0, 3}};
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    assert_int_equal(
+        cg_engine_set_threads(e, steps[i].threads, NULL, err, sizeof err), 0);
+    memset(out, 0, f.g.out_bytes);
+    assert_int_equal(
+        cg_engine_run(e, &f.g, f.in0, f.in1, out, &info, err, sizeof err), 0);
+    assert_int_equal(info.threads, steps[i].threads);
+    assert_int_equal(info.cache_hit, steps[i].hit);
+    assert_int_equal(cg_engine_cache_size(e), steps[i].cached);
+    assert_true(correct(&f, out));
+  }
+  assert_int_equal(cg_engine_set_threads(e, 0, NULL, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "threads"));
+  cg_engine_free(e);
+  free(out);
+  fixture_free(&f);
+}
+
 /* Released buffers come back on the next run, with the same result and
  * the problem still cached. f16 in NCX needs reorders, so there are
  * buffers to free. */
@@ -262,6 +299,7 @@ int main(void) {
       cmocka_unit_test(test_hits_and_lru_eviction),
       cmocka_unit_test(test_concurrent_engines),
       cmocka_unit_test(test_thread_count_restored),
+      cmocka_unit_test(test_keyed_on_thread_count),
       cmocka_unit_test(test_release_buffers),
   };
   return cmocka_run_group_tests_name("engine_cache", tests, NULL, NULL);

@@ -18,7 +18,8 @@ static void test_defaults(void **state) {
   char err[256];
   assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
   assert_string_equal(c.listen, "127.0.0.1:50051");
-  assert_int_equal(c.threads_per_worker, 1);
+  assert_int_equal(c.threads_per_worker, 0); /* auto */
+  assert_int_equal(c.threads_policy, CGS_THREADS_AUTO);
   assert_int_equal(c.queue_depth, 64);
   assert_int_equal(c.chunk_bytes, 1 << 20);
   assert_int_equal(c.stream_window_bytes, 4 << 20);
@@ -33,6 +34,10 @@ static void test_defaults(void **state) {
   assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
   assert_true(c.cpus.n >= 1);
   assert_true(c.workers >= 1);
+  /* No static flag: one worker a core, a job takes the idle ones' too. */
+  assert_int_equal(c.threads_policy, CGS_THREADS_ADAPTIVE);
+  assert_int_equal(c.threads_per_worker, 1);
+  assert_int_equal(c.workers, c.cpus.n);
   assert_true(c.max_inflight_bytes > 0);
   assert_true(c.max_request_bytes <= c.max_inflight_bytes);
   /* One client address gets half of the places at most. */
@@ -123,6 +128,37 @@ static void test_env_then_flags(void **state) {
   assert_int_equal(c.workers, 1); /* 3 cpus / 2 threads */
 }
 
+/* --workers or --threads-per-worker ask for the static policy unless
+ * --threads-policy says otherwise. */
+static void test_threads_policy(void **state) {
+  (void)state;
+  static const struct {
+    const char *name, *value, *policy;
+    cgs_threads_policy want;
+  } cases[] = {
+      {"workers", "1", NULL, CGS_THREADS_STATIC},
+      {"threads-per-worker", "2", NULL, CGS_THREADS_STATIC},
+      {"workers", "2", "adaptive", CGS_THREADS_ADAPTIVE},
+      {"listen", "127.0.0.1:0", "static", CGS_THREADS_STATIC},
+      {"listen", "127.0.0.1:0", NULL, CGS_THREADS_ADAPTIVE},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    cgs_config c;
+    char err[256];
+    assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+    assert_int_equal(cgs_config_set(&c, "cpus", "0", err, sizeof err), 0);
+    assert_int_equal(
+        cgs_config_set(&c, cases[i].name, cases[i].value, err, sizeof err), 0);
+    if (cases[i].policy)
+      assert_int_equal(cgs_config_set(&c, "threads-policy", cases[i].policy,
+                                      err, sizeof err),
+                       0);
+    assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
+    assert_int_equal(c.threads_policy, cases[i].want);
+    assert_true(c.threads_per_worker >= 1);
+  }
+}
+
 static void expect_bad(const char *name, const char *value, const char *want) {
   cgs_config c;
   char err[256] = "";
@@ -137,7 +173,9 @@ static void expect_bad(const char *name, const char *value, const char *want) {
 static void test_bounds(void **state) {
   (void)state;
   expect_bad("workers", "257", "--workers: expected a number in [0, 256]");
-  expect_bad("threads-per-worker", "0", "--threads-per-worker");
+  expect_bad("threads-per-worker", "257", "--threads-per-worker");
+  expect_bad("threads-policy", "dynamic",
+             "--threads-policy: expected adaptive or static, got 'dynamic'");
   expect_bad("queue-depth", "-1", "--queue-depth");
   expect_bad("queue-depth", "12abc", "got '12abc'");
   expect_bad("chunk-bytes", "8M", "--chunk-bytes");
@@ -236,6 +274,8 @@ static void test_help_documents_every_option(void **state) {
                                      "--min-upload-rate",
                                      "--max-streams-per-connection",
                                      "--peer-log-rate",
+                                     "--threads-policy",
+                                     "threads_policy=",
                                      "--log-level",
                                      "CONVGRAD_LOG_LEVEL",
                                      "ready listen="};
@@ -249,6 +289,7 @@ int main(void) {
       cmocka_unit_test(test_cgroup_memory_limit),
       cmocka_unit_test(test_env_then_flags),
       cmocka_unit_test(test_bounds),
+      cmocka_unit_test(test_threads_policy),
       cmocka_unit_test(test_bad_env_and_args),
       cmocka_unit_test(test_help_documents_every_option),
   };

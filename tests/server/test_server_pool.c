@@ -2,7 +2,10 @@
  * job submitted from a core wakes the idle worker pinned to that core; at
  * most workers + queue-depth places are held, and a finished job gives its
  * place back; a burst of jobs through a small queue all run correctly and
- * come back. */
+ * come back. Under the adaptive policy a lone job runs on every core, one
+ * team thread on each; two jobs at once get a core each; a job never
+ * starts on a core lent to another. */
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -27,6 +30,7 @@ typedef struct fixture {
   uv_loop_t loop;
   cgs_pool *pool;
   ts_problem tp;
+  ts_problem big; /* some milliseconds of work */
   cgs_job jobs[NJOBS];
   void *out[NJOBS];
   int done;
@@ -67,6 +71,8 @@ static int setup(void **state) {
       cgs_config_set(&f.cfg, "workers", "2", err, sizeof err) != 0 ||
       cgs_config_set(&f.cfg, "cpus", "0,1", err, sizeof err) != 0 ||
       cgs_config_set(&f.cfg, "queue-depth", "3", err, sizeof err) != 0 ||
+      cgs_config_set(&f.cfg, "threads-policy", "adaptive", err, sizeof err) !=
+          0 ||
       cgs_config_finish(&f.cfg, err, sizeof err) != 0)
     return -1;
   ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
@@ -85,8 +91,13 @@ static int setup(void **state) {
                .seed = 5};
   if (ts_problem_init(&f.tp, &d) != 0 || ts_problem_reference(&f.tp) != 0)
     return -1;
+  d.mb = 8, d.ic = d.oc = 64, d.is[0] = d.is[1] = 28;
+  if (ts_problem_init(&f.big, &d) != 0 || ts_problem_reference(&f.big) != 0)
+    return -1;
+  size_t most = f.big.g.out_bytes > f.tp.g.out_bytes ? f.big.g.out_bytes
+                                                     : f.tp.g.out_bytes;
   for (int i = 0; i < NJOBS; i++)
-    if (!(f.out[i] = calloc(1, f.tp.g.out_bytes)))
+    if (!(f.out[i] = calloc(1, most)))
       return -1;
   uv_loop_init(&f.loop);
   if (cgs_pool_new(&f.pool, &f.loop, &f.cfg, on_done, &f, err, sizeof err))
@@ -103,6 +114,7 @@ static int teardown(void **state) {
   for (int i = 0; i < NJOBS; i++)
     free(f->out[i]);
   ts_problem_free(&f->tp);
+  ts_problem_free(&f->big);
   return 0;
 }
 
@@ -168,10 +180,151 @@ static void test_burst_runs_every_job(void **state) {
   }
 }
 
+static int have_two_cores(void) {
+  cpu_set_t allowed;
+  sched_getaffinity(0, sizeof allowed, &allowed);
+  return CPU_ISSET(0, &allowed) && CPU_ISSET(1, &allowed);
+}
+
+static void big_job(fixture *f, int i) {
+  job_init(f, i);
+  f->jobs[i].geom = &f->big.g;
+  f->jobs[i].in0 = f->big.in[0];
+  f->jobs[i].in1 = f->big.in[1];
+}
+
+/* When job ran, in ms of uv_hrtime. */
+static double started(const cgs_job *job) {
+  return (double)job->t_submit / 1e6 + job->queue_ms;
+}
+static double ended(const cgs_job *job) {
+  return started(job) + job->info.compute_ms;
+}
+
+/* The core the only thread named name, pinned to a single core, is pinned
+ * to, other than not_cpu; -1 when there is none. Team threads take the
+ * name of the worker that started them. */
+static int team_core(const char *name, int not_cpu) {
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *de;
+  int found = -1;
+  while (d && (de = readdir(d))) {
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", de->d_name);
+    FILE *fp = fopen(path, "r");
+    if (!fp)
+      continue;
+    if (!fgets(comm, sizeof comm, fp))
+      comm[0] = '\0';
+    fclose(fp);
+    comm[strcspn(comm, "\n")] = '\0';
+    cpu_set_t set;
+    if (strcmp(comm, name) != 0 ||
+        sched_getaffinity(atoi(de->d_name), sizeof set, &set) != 0 ||
+        CPU_COUNT(&set) != 1)
+      continue;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+      if (CPU_ISSET(c, &set) && c != not_cpu)
+        found = c;
+  }
+  if (d)
+    closedir(d);
+  return found;
+}
+
+/* An idle pool gives a lone job every core, and its second OpenMP thread
+ * really runs on the other core, not beside the first. */
+static void test_lone_job_takes_every_core(void **state) {
+  fixture *f = *state;
+  if (!have_two_cores())
+    skip();
+  for (int round = 0; round < 2; round++) {
+    wait_idle(f);
+    big_job(f, 0);
+    int done = f->done;
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+    cgs_pool_submit(f->pool, &f->jobs[0]);
+    wait_done(f, done + 1);
+    assert_int_equal(f->jobs[0].rc, 0);
+    assert_int_equal(f->jobs[0].info.threads, 2);
+    unsigned w = f->jobs[0].worker;
+    int other = f->cfg.cpus.cpu[1 - w];
+    assert_int_equal(
+        team_core(cgs_pool_worker_name(f->pool, w), f->cfg.cpus.cpu[w]), other);
+    assert_int_equal(ts_problem_check(&f->big, f->out[0]), 0);
+  }
+}
+
+/* Jobs that find the other worker busy run side by side, a core each:
+ * whenever two jobs overlap, each has one thread. A burst of four makes
+ * that happen whatever the first does (on a wake-up that preempts this
+ * thread it takes both cores before the others arrive, then they queue). */
+static void test_jobs_at_once_get_a_core_each(void **state) {
+  fixture *f = *state;
+  if (!have_two_cores())
+    skip();
+  wait_idle(f);
+  int done = f->done, overlaps = 0;
+  for (int i = 0; i < 4; i++) {
+    big_job(f, i);
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  }
+  for (int i = 0; i < 4; i++)
+    cgs_pool_submit(f->pool, &f->jobs[i]);
+  wait_done(f, done + 4);
+  for (int i = 0; i < 4; i++) {
+    const cgs_job *a = &f->jobs[i];
+    assert_int_equal(a->rc, 0);
+    assert_int_equal(ts_problem_check(&f->big, f->out[i]), 0);
+    assert_true(a->info.threads >= 1 && a->info.threads <= 2);
+    for (int k = i + 1; k < 4; k++) {
+      const cgs_job *b = &f->jobs[k];
+      if (started(b) < ended(a) && started(a) < ended(b)) {
+        overlaps++;
+        assert_int_equal(a->info.threads, 1);
+        assert_int_equal(b->info.threads, 1);
+        assert_int_not_equal(a->worker, b->worker);
+      }
+    }
+  }
+  assert_true(overlaps >= 1);
+}
+
+/* A job arriving while a lone job has borrowed every core waits for them
+ * rather than start on a lent one, and then gets them all. */
+static void test_no_job_starts_on_a_lent_core(void **state) {
+  fixture *f = *state;
+  if (!have_two_cores())
+    skip();
+  wait_idle(f);
+  int done = f->done;
+  for (int i = 0; i < 2; i++) {
+    big_job(f, i);
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  }
+  cgs_pool_submit(f->pool, &f->jobs[0]);
+  /* Running, with the other worker lent: no worker is idle. */
+  for (int i = 0; i < 100000 && cgs_pool_idle(f->pool) != 0; i++)
+    usleep(20);
+  assert_int_equal(cgs_pool_idle(f->pool), 0);
+  cgs_pool_submit(f->pool, &f->jobs[1]);
+  wait_done(f, done + 2);
+  const cgs_job *a = &f->jobs[0], *b = &f->jobs[1];
+  assert_int_equal(a->rc, 0);
+  assert_int_equal(b->rc, 0);
+  assert_int_equal(a->info.threads, 2);
+  assert_int_equal(b->info.threads, 2);
+  assert_true(started(b) >= ended(a) - 0.05);
+  assert_int_equal(ts_problem_check(&f->big, f->out[1]), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wakes_the_worker_on_this_core),
       cmocka_unit_test(test_burst_runs_every_job),
+      cmocka_unit_test(test_lone_job_takes_every_core),
+      cmocka_unit_test(test_jobs_at_once_get_a_core_each),
+      cmocka_unit_test(test_no_job_starts_on_a_lent_core),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,5 +1,5 @@
 /* test_server_process.c - process-wide settings of convgrad-server: it
- * re-executes itself with OMP_WAIT_POLICY=passive (same pid and name, so
+ * re-executes itself with GOMP_SPINCOUNT=10000 (same pid and name, so
  * scripts that signal it are unaffected) unless the environment already chose a
  * wait policy or spin count, and serves correct results either way. */
 #include <setjmp.h>
@@ -56,7 +56,7 @@ static void env_put(const char *name, const char *value) {
  * and checks what its environment holds and that it computes correctly;
  * then puts the test's own environment back. */
 static void check_policy(const char *policy, const char *spin,
-                         const char *want_policy) {
+                         const char *want_policy, const char *want_spin) {
   static const char *const names[2] = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"};
   const char *want[2] = {policy, spin};
   char *saved[2];
@@ -73,6 +73,8 @@ static void check_policy(const char *policy, const char *spin,
   char got[64];
   server_env(&srv, "OMP_WAIT_POLICY", got, sizeof got);
   assert_string_equal(got, want_policy);
+  server_env(&srv, "GOMP_SPINCOUNT", got, sizeof got);
+  assert_string_equal(got, want_spin);
   server_comm(&srv, got, sizeof got);
   assert_string_equal(got, "convgrad-server"); /* a re-exec keeps it */
 
@@ -103,24 +105,25 @@ static void check_policy(const char *policy, const char *spin,
   }
 }
 
-static void test_default_policy_is_passive(void **state) {
+/* A bounded spin: see exec_with_bounded_spin in server/main.c. */
+static void test_default_spin_is_bounded(void **state) {
   (void)state;
-  check_policy(NULL, NULL, "passive");
+  check_policy(NULL, NULL, "", "10000");
 }
 
 static void test_explicit_policy_is_kept(void **state) {
   (void)state;
-  check_policy("active", NULL, "active");
+  check_policy("active", NULL, "active", "");
 }
 
 static void test_spin_count_is_left_alone(void **state) {
   (void)state;
-  check_policy(NULL, "10000", "");
+  check_policy(NULL, "300", "", "300");
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_default_policy_is_passive),
+      cmocka_unit_test(test_default_spin_is_bounded),
       cmocka_unit_test(test_explicit_policy_is_kept),
       cmocka_unit_test(test_spin_count_is_left_alone),
   };

@@ -310,6 +310,9 @@ typedef struct cgc_server_info {
   uint64_t max_request_flops; /* 0: no limit */
   const int32_t *io_cpus;     /* cores of the server's loop and gRPC threads */
   size_t n_io_cpus;           /* 0: not pinned */
+  /* "adaptive" or "static" (ServerInfo.threads_policy); "" from older
+   * servers. */
+  const char *threads_policy;
   void *priv_; /* library-owned storage behind the pointers above */
 } cgc_server_info;
 

@@ -36,6 +36,7 @@ typedef struct cg_run_info {
    * padding, "other" past 64 distinct names; static string. */
   const char *impl;
   double compute_ms; /* wall time of the run, reorders included */
+  int threads;       /* OpenMP threads it ran with */
 } cg_run_info;
 
 /* Creates an engine. Returns 0, CG_ENOMEM or CG_EBACKEND. *out is owned
@@ -54,6 +55,17 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
+
+/* Sets the OpenMP threads of the runs that follow (>= 1) and, when cpus
+ * is not NULL, pins thread i of their team to core cpus[i] (thread 0 is
+ * the calling thread): team threads are created once per calling thread
+ * and keep the affinity they were created with, so a thread pinned to one
+ * core would otherwise get a team crowded onto that core. Primitives are
+ * cached per thread count, as oneDNN sizes them for it. Returns 0,
+ * CG_EINVAL (threads < 1) or CG_EBACKEND (a core cannot be used). Not
+ * thread-safe for one e. */
+CG_EXPORT int cg_engine_set_threads(cg_engine *e, int threads, const int *cpus,
+                                    char *err, size_t errlen);
 
 /* Frees the buffers runs share (tensors in oneDNN's layouts, the
  * scratchpad), which otherwise stay at the largest size any run needed;
