@@ -49,8 +49,8 @@ static const opt_def opt_table[] = {
      "0", 0, 256,
      "cores (OpenMP threads) each worker owns; 0 = 1. Under the static "
      "policy every job runs with exactly these"},
-    {"threads-policy", OPT_POLICY, offsetof(cgs_config, threads_policy), "",
-     0, 0,
+    {"threads-policy", OPT_POLICY, offsetof(cgs_config, threads_policy), "", 0,
+     0,
      "adaptive: a job also runs on the cores of workers idle when it "
      "starts (a lone call gets every core, under load each job keeps its "
      "own); static: every job runs with --threads-per-worker threads. "
@@ -240,13 +240,13 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
     return 0;
   }
   case OPT_POLICY: {
-    cgs_threads_policy tp = !*value                     ? CGS_THREADS_AUTO
+    cgs_threads_policy tp = !*value                      ? CGS_THREADS_AUTO
                             : !strcmp(value, "adaptive") ? CGS_THREADS_ADAPTIVE
                             : !strcmp(value, "static")   ? CGS_THREADS_STATIC
-                                                         : (cgs_threads_policy)-1;
+                                                       : (cgs_threads_policy)-1;
     if (tp == (cgs_threads_policy)-1) {
-      snprintf(err, errlen, "%s: expected adaptive or static, got '%s'",
-               origin, value);
+      snprintf(err, errlen, "%s: expected adaptive or static, got '%s'", origin,
+               value);
       return -1;
     }
     *(cgs_threads_policy *)(void *)field = tp;

@@ -63,8 +63,8 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
   for (size_t i = 0; i < in->n_cpus; i++)
     printf("%s%d", i ? "," : " ", in->cpus[i]);
   printf("%s\n", in->n_cpus ? "" : " any");
-  printf("threads     %s\n", *in->threads_policy ? in->threads_policy
-                                                  : "(not reported)");
+  printf("threads     %s\n",
+         *in->threads_policy ? in->threads_policy : "(not reported)");
   printf("io cpus    ");
   for (size_t i = 0; i < in->n_io_cpus; i++)
     printf("%s%d", i ? "," : " ", in->io_cpus[i]);

@@ -750,8 +750,8 @@ fail:
   return rc;
 }
 
-int cg_engine_set_threads(cg_engine *e, int threads, const int *cpus,
-                          char *err, size_t errlen) {
+int cg_engine_set_threads(cg_engine *e, int threads, const int *cpus, char *err,
+                          size_t errlen) {
   if (threads < 1)
     return cg_errorf(err, errlen, CG_EINVAL, "threads: must be >= 1, got %d",
                      threads);

@@ -246,7 +246,8 @@ static void test_keyed_on_thread_count(void **state) {
   static const struct {
     int threads, hit;
     size_t cached;
-  } steps[] = {{1, 0, 1}, {1, 1, 1}, {2, 0, 2}, {2, 1, 2}, {1, 1, 2}, {3, 0, 3}};
+  } steps[] = {{1, 0, 1}, {1, 1, 1}, {2, 0, 2},
+               {2, 1, 2}, {1, 1, 2}, {3, 0, 3}};
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
     assert_int_equal(
         cg_engine_set_threads(e, steps[i].threads, NULL, err, sizeof err), 0);

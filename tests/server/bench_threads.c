@@ -322,12 +322,24 @@ int main(int argc, char **argv) {
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     switch (c) {
-    case 'p': problems = optarg; break;
-    case 'r': reps = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
-    case 'R': reps_b = atoi(optarg) > 0 ? atoi(optarg) : 1; break;
-    case 's': secs = atof(optarg) > 0 ? atof(optarg) : 1; break;
-    case 'S': spin = optarg; break;
-    case 'o': only = optarg[0]; break;
+    case 'p':
+      problems = optarg;
+      break;
+    case 'r':
+      reps = atoi(optarg) > 0 ? atoi(optarg) : 1;
+      break;
+    case 'R':
+      reps_b = atoi(optarg) > 0 ? atoi(optarg) : 1;
+      break;
+    case 's':
+      secs = atof(optarg) > 0 ? atof(optarg) : 1;
+      break;
+    case 'S':
+      spin = optarg;
+      break;
+    case 'o':
+      only = optarg[0];
+      break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--reps-b N] "
              "[--seconds S] [--spin GOMP_SPINCOUNT] [--only a|b]\n",
@@ -349,10 +361,10 @@ int main(int argc, char **argv) {
          cg_backend_isa(), cg_backend_version(), omp_get_num_procs());
   server sv[3] = {
       {.name = "default", .args = {NULL}},
-      {.name = "2x1 static", .args = {"--workers", "2", "--threads-per-worker",
-                                      "1", NULL}},
-      {.name = "1x2 static", .args = {"--workers", "1", "--threads-per-worker",
-                                      "2", NULL}},
+      {.name = "2x1 static",
+       .args = {"--workers", "2", "--threads-per-worker", "1", NULL}},
+      {.name = "1x2 static",
+       .args = {"--workers", "1", "--threads-per-worker", "2", NULL}},
   };
   int nsv = only == 'a' ? 1 : 3, rc = 0;
   for (int i = 0; i < nsv && rc == 0; i++) {
