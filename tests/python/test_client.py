@@ -236,6 +236,10 @@ class Ops(unittest.TestCase):
         self.assertEqual(self.c.health(), "SERVING")
         info = self.c.info()
         self.assertEqual(info["workers"], 2)
+        # The field after io_cpus: a layout out of step with client.h
+        # reads something else here.
+        self.assertEqual(info["threads_policy"], "static")  # --workers 2
+        self.assertGreater(info["max_request_flops"], 0)
         self.assertEqual([o["names"][0] for o in info["ops"]],
                          ["ConvolutionBackwardData",
                           "ConvolutionBackwardWeights",

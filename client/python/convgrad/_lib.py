@@ -113,6 +113,7 @@ class ServerInfo(C.Structure):
                 ("stream_window_bytes", C.c_uint64),
                 ("max_request_flops", C.c_uint64),
                 ("io_cpus", C.POINTER(C.c_int32)), ("n_io_cpus", C.c_size_t),
+                ("threads_policy", C.c_char_p),
                 ("priv_", C.c_void_p)]
 
 

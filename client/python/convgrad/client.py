@@ -261,7 +261,8 @@ class Client:
             d = {f: getattr(i, f) for f, _ in L.ServerInfo._fields_
                  if f not in ("ops", "n_ops", "dtypes", "n_dtypes", "cpus",
                               "n_cpus", "io_cpus", "n_io_cpus", "priv_")}
-            for k in ("version", "onednn_version", "cpu_isa"):
+            for k in ("version", "onednn_version", "cpu_isa",
+                      "threads_policy"):
                 d[k] = (d[k] or b"").decode()
             d["ops"] = [{"names": [o.names[j].decode()
                                    for j in range(o.n_names)],
