@@ -381,8 +381,8 @@ static void send_failed(cgs_call *c) {
 static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
   atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
   cgs_cq_release(c->out);
-  c->send_bb = cgs_wire_chunk_zero_copy((char *)c->out->data + c->sent, len,
-                                        outbuf_unref, c->out);
+  c->send_bb = cgw_response_chunk((char *)c->out->data + c->sent, len,
+                                  outbuf_unref, c->out);
   c->sent += len;
   op->op = GRPC_OP_SEND_MESSAGE;
   op->data.send_message.send_message = c->send_bb;
@@ -433,7 +433,7 @@ static void send_header(cgs_call *c) {
   Convgrad__V1__ComputeResponse r = CONVGRAD__V1__COMPUTE_RESPONSE__INIT;
   r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER;
   r.header = &h;
-  c->send_bb = cgs_wire_pack(&r.base);
+  c->send_bb = cgw_pack(&r.base);
 
   grpc_op ops[3];
   memset(ops, 0, sizeof ops);
@@ -656,7 +656,8 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
   cg_text shapes;
   cg_text_init(&shapes, c->shapes, sizeof c->shapes);
   for (size_t i = 0; i < 2 && i < h->n_inputs; i++) {
-    cg_text_appendf(&shapes, "%s", i ? "," : "");
+    if (i)
+      cg_text_append(&shapes, ",", 1);
     cg_text_dims(&shapes, h->inputs[i]->shape, h->inputs[i]->n_shape);
   }
   if (cgs_header_check(h, c->s->cfg, &info, &code, msg, sizeof msg) != 0) {
@@ -673,7 +674,7 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
 }
 
 static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
-  c->req = (Convgrad__V1__ComputeRequest *)cgs_wire_unpack(
+  c->req = (Convgrad__V1__ComputeRequest *)cgw_unpack(
       &convgrad__v1__compute_request__descriptor, bb);
   if (!c->req ||
       c->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
@@ -758,8 +759,8 @@ static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
            i, v->data_len, left, c->in_len[i]);
     return;
   }
-  if (cgs_wire_copy(bb, v->data_off, v->data_len,
-                    c->in_buf[i] + c->in_fill[i]) != 0) {
+  if (cgw_copy(bb, v->data_off, v->data_len, c->in_buf[i] + c->in_fill[i]) !=
+      0) {
     finish(c, GRPC_STATUS_INVALID_ARGUMENT,
            "request: malformed ComputeRequest message");
     return;
@@ -883,8 +884,8 @@ static cgs_tag *on_recv_fast(cgs_tag *t, int ok) {
       kind != CGS_MSG_CHUNK || v.input != (uint32_t)c->cur ||
       v.data_len > c->in_len[c->cur] - c->in_fill[c->cur] ||
       v.data_len >= bytes_missing(c) ||
-      cgs_wire_copy(bb, v.data_off, v.data_len,
-                    c->in_buf[c->cur] + c->in_fill[c->cur]) != 0)
+      cgw_copy(bb, v.data_off, v.data_len,
+               c->in_buf[c->cur] + c->in_fill[c->cur]) != 0)
     goto out;
   add_input_bytes(c, v.data_len);
   c->recv_bb = NULL;

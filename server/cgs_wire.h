@@ -32,10 +32,7 @@ typedef struct cgs_chunk_view {
 int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
                           cgs_chunk_view *chunk, char *err, size_t errlen);
 
-/* The rest of the codec under the server's names, which call.c uses. */
-#define cgs_wire_copy cgw_copy
-#define cgs_wire_unpack cgw_unpack
-#define cgs_wire_pack cgw_pack
-#define cgs_wire_chunk_zero_copy cgw_response_chunk
+/* The rest of the codec (copy, pack, unpack, response chunks) is called by
+ * its own names, from cgw.h. */
 
 #endif

@@ -484,7 +484,8 @@ const char *cgs_threads_policy_name(cgs_threads_policy tp) {
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len) {
   cg_text t;
   cg_text_init(&t, buf, len);
-  cg_text_appendf(&t, "%s", l->n ? "" : "any");
+  if (!l->n)
+    cg_text_append(&t, "any", 3);
   for (unsigned i = 0; i < l->n; i++)
     cg_text_appendf(&t, "%s%d", i ? "," : "", l->cpu[i]);
 }

@@ -78,7 +78,7 @@ static grpc_byte_buffer *pack_status(int status) {
   Grpc__Health__V1__HealthCheckResponse r =
       GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
   r.status = (Grpc__Health__V1__HealthCheckResponse__ServingStatus)status;
-  return cgs_wire_pack(&r.base);
+  return cgw_pack(&r.base);
 }
 
 /* Returns the requested service name (malloc'd) or NULL when the request
@@ -87,7 +87,7 @@ static char *parse_service(grpc_byte_buffer *payload) {
   if (!payload)
     return NULL;
   Grpc__Health__V1__HealthCheckRequest *req =
-      (Grpc__Health__V1__HealthCheckRequest *)cgs_wire_unpack(
+      (Grpc__Health__V1__HealthCheckRequest *)cgw_unpack(
           &grpc__health__v1__health_check_request__descriptor, payload);
   grpc_byte_buffer_destroy(payload);
   if (!req)

@@ -23,7 +23,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     return;
   }
   ProtobufCMessage *req =
-      cgs_wire_unpack(&convgrad__v1__server_info_request__descriptor, payload);
+      cgw_unpack(&convgrad__v1__server_info_request__descriptor, payload);
   grpc_byte_buffer_destroy(payload);
   if (!req) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
@@ -104,7 +104,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   info.n_io_cpus = cfg->io_cpus.n;
   info.io_cpus = io_cpus;
   info.limits = &limits;
-  cgs_cq_reply(&s->cq, call, cgs_wire_pack(&info.base), GRPC_STATUS_OK, NULL);
+  cgs_cq_reply(&s->cq, call, cgw_pack(&info.base), GRPC_STATUS_OK, NULL);
 }
 
 const cgs_method_def cgs_info_method = {

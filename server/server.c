@@ -85,8 +85,9 @@ static void answer_unknown(cgs_server *s, slot *sl) {
   char *method = grpc_slice_to_c_string(sl->details.method);
   char *peer = grpc_call_get_peer(sl->call);
   snprintf(msg, sizeof msg, "unknown method %s", method);
-  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, uv_hrtime()),
-                           uv_hrtime(), s->cfg->peer_log_rate)) {
+  uint64_t now = uv_hrtime();
+  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, now), now,
+                           s->cfg->peer_log_rate)) {
     char logged[300], from[128];
     cgs_log_value(logged, sizeof logged, method);
     cgs_log_value(from, sizeof from, peer);

@@ -60,9 +60,9 @@ static void test_chunk_any_split(void **state) {
     assert_int_equal(v.input, 3);
     assert_int_equal(v.data_len, sizeof data);
     memset(got, 0, sizeof got);
-    assert_int_equal(cgs_wire_copy(bb, v.data_off, v.data_len, got), 0);
+    assert_int_equal(cgw_copy(bb, v.data_off, v.data_len, got), 0);
     assert_memory_equal(got, data, sizeof data);
-    assert_int_equal(cgs_wire_copy(bb, v.data_off, n, got), -1);
+    assert_int_equal(cgw_copy(bb, v.data_off, n, got), -1);
     grpc_byte_buffer_destroy(bb);
   }
 }
@@ -81,9 +81,8 @@ static void test_header_detected(void **state) {
   cgs_chunk_view v;
   assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, NULL, 0), 0);
   assert_int_equal(kind, CGS_MSG_HEADER);
-  Convgrad__V1__ComputeRequest *u =
-      (Convgrad__V1__ComputeRequest *)cgs_wire_unpack(
-          &convgrad__v1__compute_request__descriptor, bb);
+  Convgrad__V1__ComputeRequest *u = (Convgrad__V1__ComputeRequest *)cgw_unpack(
+      &convgrad__v1__compute_request__descriptor, bb);
   assert_non_null(u);
   assert_int_equal(u->header->op,
                    CONVGRAD__V1__OP__CONVOLUTION_BACKWARD_WEIGHTS);
@@ -113,7 +112,7 @@ static void test_unknown_fields_and_merge(void **state) {
   assert_int_equal(v.input, 1);
   assert_int_equal(v.data_len, 7);
   char got[8] = {0};
-  assert_int_equal(cgs_wire_copy(bb, v.data_off, v.data_len, got), 0);
+  assert_int_equal(cgw_copy(bb, v.data_off, v.data_len, got), 0);
   assert_string_equal(got, "second!");
   grpc_byte_buffer_destroy(bb);
 }
@@ -165,14 +164,13 @@ static void test_zero_copy_chunk(void **state) {
     for (size_t i = 0; i < len; i++)
       data[i] = (uint8_t)(i * 31);
     unrefs = 0;
-    grpc_byte_buffer *bb =
-        cgs_wire_chunk_zero_copy(data, len, count_unref, data);
+    grpc_byte_buffer *bb = cgw_response_chunk(data, len, count_unref, data);
     assert_int_equal(grpc_byte_buffer_length(bb), len + 1 +
                                                       (len < 128     ? 1
                                                        : len < 16384 ? 2
                                                                      : 3));
     Convgrad__V1__ComputeResponse *m =
-        (Convgrad__V1__ComputeResponse *)cgs_wire_unpack(
+        (Convgrad__V1__ComputeResponse *)cgw_unpack(
             &convgrad__v1__compute_response__descriptor, bb);
     assert_non_null(m);
     assert_int_equal(m->kind_case, CONVGRAD__V1__COMPUTE_RESPONSE__KIND_CHUNK);
