@@ -111,9 +111,10 @@ static int direct_init(direct *d, const cg_geom *g, const void *in0,
   dnnl_data_type_t udt = g->dtype == CG_DTYPE_BF16  ? dnnl_bf16
                          : g->dtype == CG_DTYPE_F16 ? dnnl_f16
                                                     : dnnl_f32;
-  /* oneDNN 2.6 has no f16 convolution on CPU: compute in f32, convert in
-   * the reorders. */
-  dnnl_data_type_t cdt = g->dtype == CG_DTYPE_F16 ? dnnl_f32 : udt;
+  /* oneDNN 2.6 has no f16 convolution on CPU, and no bf16 one below
+   * avx512_core: compute in f32 there, converting in the reorders, as the
+   * engine does. */
+  dnnl_data_type_t cdt = cg_backend_dtype_native(g->dtype) ? udt : dnnl_f32;
   int grouped = g->groups > 1, nd = 2 + g->nsp, wnd = nd + grouped;
   dnnl_dims_t src = {g->mb, g->ic}, dst = {g->mb, g->oc}, wei = {0};
   dnnl_dims_t strides, dil, pl, pr;
