@@ -805,6 +805,10 @@ void cg_engine_free(cg_engine *e) {
   free(e);
 }
 
+int cg_engine_threads(const cg_engine *e) {
+  return e->threads;
+}
+
 size_t cg_engine_cache_size(const cg_engine *e) {
   return e ? e->cache.count : 0;
 }

@@ -9,7 +9,7 @@
 /* Every accepted spelling, canonical first. The older spec generation
  * names the ops ...BackpropData / ...BackpropFilters; both generations may
  * carry a "-1" version suffix. */
-static const char *const op_names[CG_OP_COUNT + 1][5] = {
+static const char *const op_names[CG_OP_ALL_COUNT + 1][5] = {
     {NULL},
     {"ConvolutionBackwardData", "ConvolutionBackwardData-1",
      "ConvolutionBackpropData", "ConvolutionBackpropData-1", NULL},
@@ -19,6 +19,8 @@ static const char *const op_names[CG_OP_COUNT + 1][5] = {
      "ConvTransposeBackpropData", "ConvTransposeBackpropData-1", NULL},
     {"ConvTransposeBackwardWeights", "ConvTransposeBackwardWeights-1",
      "ConvTransposeBackpropFilters", "ConvTransposeBackpropFilters-1", NULL},
+    {"ConvolutionBackward", NULL},
+    {"ConvTransposeBackward", NULL},
 };
 
 static const char *const dtype_names[] = {NULL, "f32", "bf16", "f16"};
@@ -27,6 +29,8 @@ static const char *const weights_format_names[] = {NULL, "OIX", "XIO", "IOX",
                                                    "XOI"};
 static const char *const auto_pad_names[] = {"none", "same_upper", "same_lower",
                                              "valid"};
+static const char *const grad_names[] = {"diff_src", "diff_weights",
+                                         "diff_bias"};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -46,7 +50,7 @@ static int lookup(const char *const *table, int first, int n, const char *name,
 int cg_op_parse(const char *name, cg_op *out) {
   if (name == NULL)
     return CG_EINVAL;
-  for (int op = 1; op <= CG_OP_COUNT; op++) {
+  for (int op = 1; op <= CG_OP_ALL_COUNT; op++) {
     for (const char *const *a = op_names[op]; *a != NULL; a++) {
       if (strcmp(*a, name) == 0) {
         *out = (cg_op)op;
@@ -91,7 +95,7 @@ int cg_auto_pad_parse(const char *name, cg_auto_pad *out) {
 }
 
 const char *cg_op_name(cg_op op) {
-  return op >= 1 && op <= CG_OP_COUNT ? op_names[op][0] : "?";
+  return op >= 1 && op <= CG_OP_ALL_COUNT ? op_names[op][0] : "?";
 }
 
 const char *cg_dtype_name(cg_dtype dt) {
@@ -116,7 +120,19 @@ const char *cg_auto_pad_name(cg_auto_pad a) {
 
 const char *const *cg_op_aliases(cg_op op) {
   static const char *const none[] = {NULL};
-  return op >= 1 && op <= CG_OP_COUNT ? op_names[op] : none;
+  return op >= 1 && op <= CG_OP_ALL_COUNT ? op_names[op] : none;
+}
+
+const char *cg_grad_name(cg_grad g) {
+  return (int)g >= 0 && (int)g < COUNT(grad_names) ? grad_names[g] : NULL;
+}
+
+int cg_grad_parse(const char *name, cg_grad *out) {
+  int i = lookup(grad_names, 0, COUNT(grad_names), name, 0);
+  if (i < 0)
+    return CG_EINVAL;
+  *out = (cg_grad)i;
+  return 0;
 }
 
 size_t cg_dtype_size(cg_dtype dt) {
@@ -146,6 +162,12 @@ const char *cg_op_input_name(cg_op op, int index) {
            : index == 1 ? "diff_dst"
            : index == 2 ? "weights_shape"
                         : NULL;
+  case CG_OP_CONV_BWD:
+  case CG_OP_DECONV_BWD:
+    return index == 0   ? "src"
+           : index == 1 ? "diff_dst"
+           : index == 2 ? "weights"
+                        : NULL;
   default:
     return NULL;
   }
@@ -155,6 +177,10 @@ const char *cg_op_output_name(cg_op op) {
   if (op < 1 || op > CG_OP_COUNT)
     return NULL;
   return cg_op_outputs_weights(op) ? "diff_weights" : "diff_src";
+}
+
+int cg_op_is_layer(cg_op op) {
+  return op == CG_OP_CONV_BWD || op == CG_OP_DECONV_BWD;
 }
 
 int cg_op_outputs_weights(cg_op op) {

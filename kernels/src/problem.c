@@ -31,6 +31,9 @@ typedef struct {
   /* The dst_shape / weights_shape in effect (input beats attribute). */
   cg_ints shape;
   const char *shape_name;
+  /* The op messages name: the problem's, or the layer op it is part of. */
+  cg_op layer_op;
+  const char *opn;
 } ctx;
 
 void cg_attrs_init(cg_attrs *a) {
@@ -71,7 +74,8 @@ static void weights_positions(cg_weights_format f, int nsp, int *o, int *i,
 }
 
 static int is_deconv(cg_op op) {
-  return op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
+  return op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
+         op == CG_OP_DECONV_BWD;
 }
 
 static cg_weights_format default_weights_format(cg_op op) {
@@ -269,9 +273,21 @@ static int attr_list(ctx *c, const char *name, cg_ints l, int64_t min,
 static int check_enum_ranges(const ctx *c) {
   const cg_problem *p = c->p;
   const cg_attrs *a = &p->attrs;
+  if (cg_op_is_layer(p->op))
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "op: %s has several outputs (cg_layer_resolve)",
+                     cg_op_name(p->op));
   if (p->op < 1 || p->op > CG_OP_COUNT)
     return cg_errorf(c->err, c->errlen, CG_EINVAL, "op: invalid value %d",
                      (int)p->op);
+  if (p->grads != 0)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "outputs: %s has one output; only ConvolutionBackward "
+                     "and ConvTransposeBackward take a choice",
+                     c->opn);
+  if (p->input_dims[2].len != 0)
+    return cg_errorf(c->err, c->errlen, CG_EINVAL,
+                     "inputs: %s takes two data tensors, got a third", c->opn);
   if (cg_dtype_size(p->dtype) == 0)
     return cg_errorf(c->err, c->errlen, CG_EINVAL, "dtype: invalid value %d",
                      (int)p->dtype);
@@ -300,7 +316,7 @@ static int check_enum_ranges(const ctx *c) {
 static int check_layouts_for_op(const ctx *c) {
   const cg_problem *p = c->p;
   const cg_attrs *a = &p->attrs;
-  const char *opn = cg_op_name(p->op);
+  const char *opn = c->opn;
   int outw = cg_op_outputs_weights(p->op);
   if (!c->deconv) {
     if (a->weights_format == CG_WEIGHTS_IOX ||
@@ -333,7 +349,7 @@ static int check_layouts_for_op(const ctx *c) {
 static int check_op_attrs(const ctx *c) {
   const cg_problem *p = c->p;
   const cg_attrs *a = &p->attrs;
-  const char *opn = cg_op_name(p->op);
+  const char *opn = c->opn;
   int outw = cg_op_outputs_weights(p->op);
   if (a->groups <= 0)
     return cg_errorf(c->err, c->errlen, CG_EINVAL,
@@ -411,7 +427,11 @@ static int check_attr_lists(ctx *c) {
 static int pick_shape(ctx *c) {
   const cg_problem *p = c->p;
   int wshape = cg_op_outputs_weights(p->op);
-  c->shape_name = wshape ? "weights_shape" : "dst_shape";
+  /* Inside a layer's backward the shape comes from an input tensor. */
+  if (c->layer_op)
+    c->shape_name = wshape ? "weights" : "src";
+  else
+    c->shape_name = wshape ? "weights_shape" : "dst_shape";
   if (p->has_shape_input && p->shape_input.len > 0)
     c->shape = p->shape_input;
   else
@@ -690,7 +710,7 @@ static int read_src_diff_dst(ctx *c) {
     return cg_errorf(c->err, c->errlen, CG_EINVAL,
                      "weights_shape: required for %s (as the shape input or "
                      "the attribute)",
-                     cg_op_name(p->op));
+                     c->opn);
   int rc;
   if ((rc = check_divisible(c, "IC", "src", g->ic)) ||
       (rc = check_divisible(c, "OC", "diff_dst", g->oc)))
@@ -705,11 +725,11 @@ static int resolve_conv_bwd_weights(ctx *c) {
   if ((rc = read_src_diff_dst(c)))
     return rc;
   read_weights(c, c->shape.v, &wo, &wi);
-  if ((rc = check_weights_i(c, "weights_shape", wi)) ||
-      (rc = check_weights_o(c, "weights_shape", wo)))
+  if ((rc = check_weights_i(c, c->shape_name, wi)) ||
+      (rc = check_weights_o(c, c->shape_name, wo)))
     return rc;
   auto_pads(c, g->in_sp);
-  return check_conv_relation(c, "src", "weights_shape");
+  return check_conv_relation(c, "src", c->shape_name);
 }
 
 static int resolve_deconv_bwd_data(ctx *c) {
@@ -757,9 +777,8 @@ static int resolve_deconv_bwd_weights(ctx *c) {
   if ((rc = read_src_diff_dst(c)))
     return rc;
   read_weights(c, c->shape.v, &wo, &wi);
-  if ((rc = check_weights_i(c, "weights_shape", wi)) ||
-      (rc = check_weights_o(c, "weights_shape", wo)) ||
-      (rc = check_op_range(c)))
+  if ((rc = check_weights_i(c, c->shape_name, wi)) ||
+      (rc = check_weights_o(c, c->shape_name, wo)) || (rc = check_op_range(c)))
     return rc;
   auto_pads(c, NULL);
   return check_deconv_relation(c, "src");
@@ -861,13 +880,15 @@ int cg_geom_slice_mb(const cg_geom *g, int64_t n, cg_geom *slice) {
   return 0;
 }
 
-int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
-                       size_t errlen) {
+int cg__problem_resolve_in(const cg_problem *p, cg_op layer_op, cg_geom *geom,
+                           char *err, size_t errlen) {
   cg_geom g;
   ctx c;
   int rc;
   memset(&g, 0, sizeof(g));
   memset(&c, 0, sizeof(c));
+  c.layer_op = layer_op;
+  c.opn = cg_op_name(layer_op ? layer_op : p->op);
   c.p = p;
   c.g = &g;
   c.err = err;
@@ -911,4 +932,9 @@ int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
   *geom = g;
 out:
   return rc;
+}
+
+int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
+                       size_t errlen) {
+  return cg__problem_resolve_in(p, CG_OP_INVALID, geom, err, errlen);
 }

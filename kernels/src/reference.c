@@ -227,6 +227,54 @@ int cg_reference_run(const cg_geom *geom, const void *in0, const void *in1,
   return rc;
 }
 
+int cg_reference_bias(const cg_geom *geom, const void *diff_dst,
+                      void *diff_bias, char *err, size_t errlen) {
+  int rc = check_geom(geom, err, errlen);
+  if (rc)
+    return rc;
+  if (!diff_dst || !diff_bias)
+    return cg_errorf(err, errlen, CG_EINVAL, "reference: NULL buffer");
+  int64_t st[CG_MAX_RANK], sp = 1;
+  cg_geom_data_strides(geom, geom->data_format, geom->oc, geom->out_sp, st);
+  for (int a = 0; a < geom->nsp; a++)
+    sp *= geom->out_sp[a];
+  for (int64_t c = 0; c < geom->oc; c++) {
+    double acc = 0;
+    for (int64_t n = 0; n < geom->mb; n++)
+      for (int64_t i = 0; i < sp; i++) {
+        /* Spatial position i in row-major order over out_sp. */
+        int64_t off = n * st[0] + c * st[1], rest = i;
+        for (int a = geom->nsp - 1; a >= 0; a--) {
+          off += (rest % geom->out_sp[a]) * st[2 + a];
+          rest /= geom->out_sp[a];
+        }
+        acc += cg_load_f32(geom->dtype, diff_dst, (size_t)off);
+      }
+    cg_store_f32(geom->dtype, diff_bias, (size_t)c, (float)acc);
+  }
+  return 0;
+}
+
+int cg_reference_layer(const cg_layer *l, const void *const in[3],
+                       void *const out[CG_GRAD_COUNT], char *err,
+                       size_t errlen) {
+  int rc = 0;
+  for (int g = 0; g < CG_GRAD_COUNT && !rc; g++) {
+    if (!(l->grads & CG_GRAD_BIT(g)))
+      continue;
+    if (g == CG_GRAD_DIFF_SRC)
+      rc = cg_reference_run(&l->data, in[l->data_in[0]], in[l->data_in[1]],
+                            out[g], err, errlen);
+    else if (g == CG_GRAD_DIFF_WEIGHTS)
+      rc = cg_reference_run(&l->weights, in[l->weights_in[0]],
+                            in[l->weights_in[1]], out[g], err, errlen);
+    else
+      rc = cg_reference_bias(&l->weights, in[l->weights_in[1]], out[g], err,
+                             errlen);
+  }
+  return rc;
+}
+
 int cg_reference_forward(const cg_geom *geom, const void *src,
                          const void *weights, void *dst, char *err,
                          size_t errlen) {

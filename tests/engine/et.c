@@ -265,6 +265,15 @@ void et_problem_build(et_problem *ep, const et_case *c, cg_op op) {
       shape_len = (size_t)rank;
     }
     break;
+  case CG_OP_CONV_BWD:
+  case CG_OP_DECONV_BWD:
+    et_data_dims(n, c->df, c->mb, c->ic, c->in_sp, ep->dims[0]);
+    et_data_dims(n, c->df, c->mb, c->oc, c->out_sp, ep->dims[1]);
+    et_weights_dims(c, c->wf, ep->dims[2]);
+    p->input_dims[2] = ints(ep->dims[2], (size_t)rank);
+    p->out_data_format = c->odf;
+    p->out_weights_format = c->owf;
+    break;
   default:
     et_data_dims(n, c->df, c->mb, c->ic, c->in_sp, ep->dims[0]);
     et_data_dims(n, c->df, c->mb, c->oc, c->out_sp, ep->dims[1]);

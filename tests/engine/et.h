@@ -34,7 +34,7 @@ typedef struct et_case {
 /* A cg_problem together with the storage its lists point into. */
 typedef struct et_problem {
   cg_problem p;
-  int64_t dims[2][CG_MAX_RANK];
+  int64_t dims[3][CG_MAX_RANK];
   int64_t strides[3], dil[3], pb[3], pe[3], opad[3];
   int64_t shape[CG_MAX_RANK];
 } et_problem;
@@ -52,8 +52,8 @@ void et_case_random(et_rng *r, et_case *c, int deconv, cg_dtype dt);
 /* The same with 9 to 64 channels (several of oneDNN's 16-channel blocks
  * plus tails) on smaller spatial sizes. */
 void et_case_random_wide(et_rng *r, et_case *c, int deconv, cg_dtype dt);
-/* Builds the problem of op (which must belong to c's family) into *ep. *ep
- * must not move while ep->p is used. */
+/* Builds the problem of op (which must belong to c's family, the layer
+ * ops included) into *ep. *ep must not move while ep->p is used. */
 void et_problem_build(et_problem *ep, const et_case *c, cg_op op);
 /* Resolves the problem of op for c and checks the geometry matches what
  * the case describes; fails the test otherwise. */

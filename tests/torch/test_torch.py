@@ -6,7 +6,11 @@ problems it builds a cg_problem through ctypes, resolves it, runs it on the
 oneDNN engine (cg_engine_run) and on the plain-C reference
 (cg_reference_run), and compares both with the gradient PyTorch's autograd
 computes for the forward Convolution / ConvTranspose with the same
-attributes. The expected geometry (auto_pad pads, inferred shapes, implied
+attributes. Every backward-weights case is also run as the layer op
+(ConvolutionBackward / ConvTransposeBackward) with a random subset of
+outputs, through cg_layer_resolve, cg_engine_run_layer and
+cg_reference_layer, against torch's gradients of the input, the weights and
+a bias. The expected geometry (auto_pad pads, inferred shapes, implied
 output_padding, output dims) is derived here from SEMANTICS.md, not read
 back from the library, and checked against the cg_geom.
 
@@ -22,6 +26,7 @@ exits 1 when anything failed. Run with /usr/bin/python3 (Debian's, which has
 torch and numpy)."""
 
 import argparse
+import copy
 import ctypes as C
 import sys
 import time
@@ -34,8 +39,11 @@ import torch.nn.functional as F
 
 OP_CONV_BWD_DATA, OP_CONV_BWD_WEIGHTS = 1, 2
 OP_DECONV_BWD_DATA, OP_DECONV_BWD_WEIGHTS = 3, 4
+OP_CONV_BWD, OP_DECONV_BWD = 5, 6
 OP_NAMES = {1: "ConvolutionBackwardData", 2: "ConvolutionBackwardWeights",
-            3: "ConvTransposeBackwardData", 4: "ConvTransposeBackwardWeights"}
+            3: "ConvTransposeBackwardData", 4: "ConvTransposeBackwardWeights",
+            5: "ConvolutionBackward", 6: "ConvTransposeBackward"}
+GRADS = ("diff_src", "diff_weights", "diff_bias")
 DT_F32, DT_BF16, DT_F16 = 1, 2, 3
 DT_NAMES = {DT_F32: "f32", DT_BF16: "bf16", DT_F16: "f16"}
 DATA_DEFAULT, NCX, NXC = 0, 1, 2
@@ -61,9 +69,9 @@ class Attrs(C.Structure):
 
 class Problem(C.Structure):
     _fields_ = [("op", C.c_int), ("dtype", C.c_int), ("attrs", Attrs),
-                ("input_dims", Ints * 2), ("has_shape_input", C.c_int),
+                ("input_dims", Ints * 3), ("has_shape_input", C.c_int),
                 ("shape_input", Ints), ("out_data_format", C.c_int),
-                ("out_weights_format", C.c_int)]
+                ("out_weights_format", C.c_int), ("grads", C.c_uint)]
 
 
 class Geom(C.Structure):
@@ -88,13 +96,24 @@ class Geom(C.Structure):
                 ("flops", C.c_double)]
 
 
+class Layer(C.Structure):
+    _fields_ = [("op", C.c_int), ("dtype", C.c_int), ("grads", C.c_uint),
+                ("ninputs", C.c_int), ("in_bytes", C.c_size_t * 3),
+                ("data", Geom), ("weights", Geom),
+                ("data_in", C.c_int * 2), ("weights_in", C.c_int * 2),
+                ("out_rank", C.c_int * 3),
+                ("out_dims", (C.c_int64 * MAX_RANK) * 3),
+                ("out_elems", C.c_size_t * 3), ("out_bytes", C.c_size_t * 3)]
+
+
 class EngineConfig(C.Structure):
     _fields_ = [("threads", C.c_int), ("cache_capacity", C.c_size_t)]
 
 
 class RunInfo(C.Structure):
     _fields_ = [("path", C.c_int), ("cache_hit", C.c_int),
-                ("impl", C.c_char_p), ("compute_ms", C.c_double)]
+                ("impl", C.c_char_p), ("compute_ms", C.c_double),
+                ("threads", C.c_int)]
 
 
 def load_library(path):
@@ -113,6 +132,12 @@ def load_library(path):
                                        C.c_void_p] + err),
         "cg_reference_forward": (C.c_int, [G, C.c_void_p, C.c_void_p,
                                            C.c_void_p] + err),
+        "cg_layer_resolve": (C.c_int, [P, C.POINTER(Layer)] + err),
+        "cg_engine_run_layer": (C.c_int, [C.c_void_p, C.POINTER(Layer),
+                                          C.c_void_p * 3, C.c_void_p * 3,
+                                          RunInfo * 3] + err),
+        "cg_reference_layer": (C.c_int, [C.POINTER(Layer), C.c_void_p * 3,
+                                         C.c_void_p * 3] + err),
         "cg_backend_version": (C.c_char_p, []),
         "cg_backend_isa": (C.c_char_p, []),
         "cg_backend_dtype_native": (C.c_int, [C.c_int]),
@@ -657,6 +682,71 @@ def run_case(lib, eng, rng, c):
     return res
 
 
+def run_layer_case(lib, eng, rng, c):
+    """c (a backward-weights case) as its layer op with a random subset of
+    outputs: each output of the engine and of the reference against torch's
+    gradient of the input, the weights and a bias of the forward op."""
+    res = Result()
+    x, xbuf = random_input(rng, [c.n, c.ic] + c.in_sp,
+                           data_perm(c.dfmt, c.nsp), c.dt)
+    dy, dybuf = random_input(rng, [c.n, c.oc] + c.out_sp,
+                             data_perm(c.dfmt, c.nsp), c.dt)
+    w, wbuf = random_input(rng, torch_weights_shape(c),
+                           weights_perm(c.deconv, c.wfmt, c.nsp), c.dt)
+    bufs = (xbuf, dybuf, wbuf)
+    keep = []
+    lc = copy.copy(c)
+    lc.shape_mode = "none"
+    p = build_problem(lib, rng, lc, [list(b.shape) for b in bufs[:2]], keep)
+    p.op = OP_DECONV_BWD if c.deconv else OP_CONV_BWD
+    p.input_dims[2] = c_ints(list(wbuf.shape), keep)
+    p.grads = int(rng.randint(1, 8))
+    lay = Layer()
+    err = C.create_string_buffer(512)
+    rc = lib.cg_layer_resolve(C.byref(p), C.byref(lay), err, len(err))
+    if rc != 0:
+        res.fail("cg_layer_resolve: %d %s" % (rc, err.value.decode()))
+        return res, p.grads
+    data_c = copy.copy(c)
+    data_c.op = OP_DECONV_BWD_DATA if c.deconv else OP_CONV_BWD_DATA
+    axes = (0,) + tuple(range(2, 2 + c.nsp))
+    want = {"diff_src": (torch_grad(data_c, dy, w),
+                         torch_grad(data_c, np.abs(dy), np.abs(w)),
+                         reduction_length(data_c),
+                         data_perm(c.dfmt, c.nsp)),
+            "diff_weights": (torch_grad(c, x, dy),
+                             torch_grad(c, np.abs(x), np.abs(dy)),
+                             reduction_length(c),
+                             weights_perm(c.deconv, c.out_wfmt, c.nsp)),
+            "diff_bias": (dy.sum(axis=axes), np.abs(dy).sum(axis=axes),
+                          c.n * int(np.prod(c.out_sp)), [0])}
+    ins = (C.c_void_p * 3)(*[b.ctypes.data for b in bufs])
+    for name in ("engine", "reference"):
+        outs, ptrs = {}, (C.c_void_p * 3)()
+        for i, g in enumerate(GRADS):
+            if p.grads & (1 << i):
+                o = np.empty(list(lay.out_dims[i])[:lay.out_rank[i]],
+                             np_dtype(c.dt))
+                o.fill(np.nan if c.dt == DT_F32 else 0xFFFF)
+                outs[g], ptrs[i] = o, o.ctypes.data
+        if name == "engine":
+            infos = (RunInfo * 3)()
+            rc = lib.cg_engine_run_layer(eng, C.byref(lay), ins, ptrs, infos,
+                                         err, len(err))
+        else:
+            rc = lib.cg_reference_layer(C.byref(lay), ins, ptrs, err,
+                                        len(err))
+        if rc != 0:
+            res.fail("layer %s: rc %d %s" % (name, rc, err.value.decode()))
+            continue
+        for g, o in outs.items():
+            wv, ab, length, perm = want[g]
+            compare("%s %s" % (name, g), from_layout(from_bits(o, c.dt), perm),
+                    wv, ab, c, length,
+                    F32_UNIT if name == "engine" else F64_UNIT, res)
+    return res, p.grads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("library", help="path of libcgkernels.so")
@@ -711,13 +801,37 @@ def main():
                 print("FAIL %s" % c.describe())
                 for m in res.msgs:
                     print("  %s" % m)
+            if op not in (OP_CONV_BWD_WEIGHTS, OP_DECONV_BWD_WEIGHTS):
+                continue
+            lres, grads = run_layer_case(lib, eng, rng, c)
+            lop = OP_DECONV_BWD if c.deconv else OP_CONV_BWD
+            lst = stats.setdefault((lop, dt), {"n": 0, "fail": 0, "rel": {},
+                                               "ratio": {}})
+            lst["n"] += 1
+            for k, v in lres.rel.items():
+                if k not in CHECKS:
+                    lst["rel"][k] = max(lst["rel"].get(k, 0.0), v)
+                    lst["ratio"][k] = max(lst["ratio"].get(k, 0.0),
+                                          lres.ratio[k])
+            for i, g in enumerate(GRADS):
+                if grads & (1 << i):
+                    cover["layer:" + g] = cover.get("layer:" + g, 0) + 1
+            if lres.ok:
+                passed += 1
+            else:
+                failed += 1
+                lst["fail"] += 1
+                print("FAIL %s as %s, outputs 0x%x" % (
+                    c.describe(), OP_NAMES[lop], grads))
+                for m in lres.msgs:
+                    print("  %s" % m)
     finally:
         lib.cg_engine_free(eng)
     for (op, dt), st in sorted(stats.items()):
         print("%-28s %-4s %3d cases, %d failed; max rel err / err:bound: %s"
               % (OP_NAMES[op], DT_NAMES[dt], st["n"], st["fail"], ", ".join(
                   "%s %.2e / %.3f" % (k, st["rel"][k], st["ratio"][k])
-                  for k in CHECKS)))
+                  for k in sorted(st["rel"]))))
     print("coverage: " +
           ", ".join("%s %d" % kv for kv in sorted(cover.items())))
     print("oneDNN implementations: " +

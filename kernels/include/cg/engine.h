@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "cg/layer.h"
 #include "cg/problem.h"
 
 #ifdef __cplusplus
@@ -55,6 +56,35 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
+
+/* diff_bias of geom's layer (see cg_reference_bias) with the engine's
+ * threads, in one pass over diff_dst summed in f32 blocks into doubles and
+ * rounded once to geom->dtype. oneDNN has no fit for it here: its 2.6
+ * reduction has no f16 and the fused bias of a backward-weights primitive
+ * misses the diff_dst tail the engine cuts off for a ConvTranspose
+ * output_padding (see shape_init), and would make a request for diff_bias
+ * alone pay for diff_weights. info->impl is "bias". Returns 0, CG_EINVAL
+ * or CG_ENOMEM. Not thread-safe for one e. */
+CG_EXPORT int cg_engine_bias(cg_engine *e, const cg_geom *geom,
+                             const void *diff_dst, void *diff_bias,
+                             cg_run_info *info, char *err, size_t errlen);
+
+/* Computes output g of l: in[] are the request's data inputs in order,
+ * out receives l->out_bytes[g]. Returns as cg_engine_run. */
+CG_EXPORT int cg_engine_run_output(cg_engine *e, const cg_layer *l, cg_grad g,
+                                   const void *const in[3], void *out,
+                                   cg_run_info *info, char *err, size_t errlen);
+
+/* Every output of l into out[g] (unused where l does not answer g), with
+ * info[g] filled for each. Stops at the first failure. */
+CG_EXPORT int cg_engine_run_layer(cg_engine *e, const cg_layer *l,
+                                  const void *const in[3],
+                                  void *const out[CG_GRAD_COUNT],
+                                  cg_run_info info[CG_GRAD_COUNT], char *err,
+                                  size_t errlen);
+
+/* The OpenMP threads runs use (see cg_engine_set_threads). */
+CG_EXPORT int cg_engine_threads(const cg_engine *e);
 
 /* Sets the OpenMP threads of the runs that follow (>= 1) and, when cpus
  * is not NULL, pins thread i of their team to core cpus[i] (thread 0 is

@@ -36,12 +36,28 @@ extern "C" {
 
 typedef enum {
   CG_OP_INVALID = 0,
-  CG_OP_CONV_BWD_DATA = 1,     /* ConvolutionBackwardData */
-  CG_OP_CONV_BWD_WEIGHTS = 2,  /* ConvolutionBackwardWeights */
-  CG_OP_DECONV_BWD_DATA = 3,   /* ConvTransposeBackwardData */
-  CG_OP_DECONV_BWD_WEIGHTS = 4 /* ConvTransposeBackwardWeights */
+  CG_OP_CONV_BWD_DATA = 1,      /* ConvolutionBackwardData */
+  CG_OP_CONV_BWD_WEIGHTS = 2,   /* ConvolutionBackwardWeights */
+  CG_OP_DECONV_BWD_DATA = 3,    /* ConvTransposeBackwardData */
+  CG_OP_DECONV_BWD_WEIGHTS = 4, /* ConvTransposeBackwardWeights */
+  /* A layer's whole backward: several outputs, resolved by
+   * cg_layer_resolve (cg/layer.h), not cg_problem_resolve. */
+  CG_OP_CONV_BWD = 5,  /* ConvolutionBackward */
+  CG_OP_DECONV_BWD = 6 /* ConvTransposeBackward */
 } cg_op;
+/* The single-output ops are 1..CG_OP_COUNT; every op 1..CG_OP_ALL_COUNT. */
 #define CG_OP_COUNT 4
+#define CG_OP_ALL_COUNT 6
+
+/* The outputs of a layer's backward, in the order they are answered. */
+typedef enum {
+  CG_GRAD_DIFF_SRC = 0,
+  CG_GRAD_DIFF_WEIGHTS = 1,
+  CG_GRAD_DIFF_BIAS = 2
+} cg_grad;
+#define CG_GRAD_COUNT 3
+#define CG_GRAD_BIT(g) (1u << (g))
+#define CG_GRADS_ALL 7u
 
 typedef enum {
   CG_DTYPE_INVALID = 0,
@@ -95,7 +111,7 @@ typedef struct cg_attrs {
 } cg_attrs;
 
 typedef struct cg_problem {
-  cg_op op;
+  cg_op op;       /* any of the six (cg_problem_resolve takes the first four) */
   cg_dtype dtype; /* of every data tensor */
   cg_attrs attrs;
   /* Dims of the two data inputs, in the op's input order, each in its own
@@ -103,8 +119,9 @@ typedef struct cg_problem {
    *   CONV_BWD_DATA:      diff_dst, weights
    *   CONV_BWD_WEIGHTS:   src, diff_dst
    *   DECONV_BWD_DATA:    diff_dst, weights
-   *   DECONV_BWD_WEIGHTS: src, diff_dst */
-  cg_ints input_dims[2];
+   *   DECONV_BWD_WEIGHTS: src, diff_dst
+   *   CONV_BWD, DECONV_BWD: src, diff_dst, weights (the third) */
+  cg_ints input_dims[3];
   /* The optional shape input (dst_shape or weights_shape), already widened
    * to int64 by the caller; it wins over the attribute. */
   int has_shape_input;
@@ -114,6 +131,9 @@ typedef struct cg_problem {
    * layout as the corresponding input. */
   cg_data_format out_data_format;
   cg_weights_format out_weights_format;
+  /* CONV_BWD and DECONV_BWD: the outputs wanted, CG_GRAD_BIT()s; 0 means
+   * all three. Must be 0 for the other ops. */
+  unsigned grads;
 } cg_problem;
 
 /* Fully resolved geometry. Channel and spatial names are those of the
@@ -150,9 +170,9 @@ CG_EXPORT void cg_attrs_init(cg_attrs *a);
 /* Zeroes p and initialises its attributes. */
 CG_EXPORT void cg_problem_init(cg_problem *p);
 
-/* Validates p and fills geom. Returns 0, CG_EINVAL (message names the
- * field, e.g. "strides[1]: must be > 0, got 0") or CG_ERANGE (a dim or a
- * size overflows). Thread-safe; no allocation. */
+/* Validates p, a single-output op, and fills geom. Returns 0, CG_EINVAL
+ * (message names the field, e.g. "strides[1]: must be > 0, got 0") or CG_ERANGE
+ * (a dim or a size overflows). Thread-safe; no allocation. */
 CG_EXPORT int cg_problem_resolve(const cg_problem *p, cg_geom *geom, char *err,
                                  size_t errlen);
 
@@ -177,11 +197,18 @@ CG_EXPORT const char *const *cg_op_aliases(cg_op op);
 CG_EXPORT size_t cg_dtype_size(cg_dtype dt);
 
 /* The op's input names in order ("diff_dst", "weights"); index 2 names the
- * optional shape input ("dst_shape", "weights_shape"). NULL for an index
- * the op does not have. The output name is "diff_src" or "diff_weights"
- * (NULL for an invalid op). */
+ * optional shape input ("dst_shape", "weights_shape") or, for CONV_BWD and
+ * DECONV_BWD, "weights". NULL for an index the op does not have. The
+ * output name of a single-output op is "diff_src" or "diff_weights" (NULL
+ * for any other op). */
 CG_EXPORT const char *cg_op_input_name(cg_op op, int index);
 CG_EXPORT const char *cg_op_output_name(cg_op op);
+/* 1 for CONV_BWD and DECONV_BWD. */
+CG_EXPORT int cg_op_is_layer(cg_op op);
+/* "diff_src", "diff_weights", "diff_bias"; NULL out of range. */
+CG_EXPORT const char *cg_grad_name(cg_grad g);
+/* Parses one of those names; 0 or CG_EINVAL. */
+CG_EXPORT int cg_grad_parse(const char *name, cg_grad *out);
 /* 1 when the op's output is a weights tensor. */
 CG_EXPORT int cg_op_outputs_weights(cg_op op);
 

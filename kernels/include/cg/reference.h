@@ -9,6 +9,7 @@
 #ifndef CG_REFERENCE_H
 #define CG_REFERENCE_H
 
+#include "cg/layer.h"
 #include "cg/problem.h"
 
 #ifdef __cplusplus
@@ -21,6 +22,18 @@ extern "C" {
 CG_EXPORT int cg_reference_run(const cg_geom *geom, const void *in0,
                                const void *in1, void *out, char *err,
                                size_t errlen);
+
+/* diff_bias: the sum of diff_dst over the minibatch and every spatial
+ * position, geom->oc values. diff_dst is geom's (mb, oc, out_sp) tensor
+ * in geom->data_format, for any of the four ops' geometries. */
+CG_EXPORT int cg_reference_bias(const cg_geom *geom, const void *diff_dst,
+                                void *diff_bias, char *err, size_t errlen);
+
+/* Every output of l: in[] are the request's data inputs in order, out[g]
+ * receives output g (unused where l does not answer it). */
+CG_EXPORT int cg_reference_layer(const cg_layer *l, const void *const in[3],
+                                 void *const out[CG_GRAD_COUNT], char *err,
+                                 size_t errlen);
 
 /* The forward op of geom (Convolution for CONV_* ops, ConvTranspose for
  * DECONV_* ops): src has the forward input shape (mb, ic, in_sp) in
