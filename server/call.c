@@ -23,7 +23,7 @@
 #include <grpc/support/time.h>
 
 #include "cg/error.h"
-#include "cg/problem.h"
+#include "cg/layer.h"
 #include "cg/text.h"
 #include "cgs_buf.h"
 #include "cgs_header.h"
@@ -49,7 +49,7 @@ typedef enum {
 static const char *const state_names[] = {
     "receiving the header", "receiving data", "queued", "sending", "done"};
 
-/* The output tensor, shared with grpc slices that reference it. */
+/* An output tensor, shared with grpc slices that reference it. */
 typedef struct outbuf {
   atomic_int refs;
   void *data;
@@ -104,15 +104,17 @@ struct cgs_call {
   unsigned char *in_buf[3];
   int cur; /* input being filled */
   int resolved;
-  cg_geom geom;
+  cg_layer layer;
   uint64_t reserved; /* bytes counted in s->inflight_bytes */
   size_t chunk_bytes;
   uint64_t bytes_in;
 
-  /* result */
+  /* result: the outputs of layer, sent one after another in cg_grad order */
   cgs_job job;
-  outbuf *out;
-  size_t sent;
+  outbuf *out[CG_GRAD_COUNT];
+  int cur_out;     /* the output being sent */
+  size_t sent;     /* bytes of it sent */
+  size_t sent_all; /* bytes of every output sent */
   char shapes[160];
 };
 
@@ -157,17 +159,29 @@ static void log_call(cgs_call *c) {
       !cgs_peer_log_allowed(c->from, uv_hrtime(), c->s->cfg->peer_log_rate))
     return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
-  char out[64] = "-", peer[128], msg[2 * sizeof c->msg];
+  char out[96] = "-", peer[128], msg[2 * sizeof c->msg];
   if (c->resolved) {
     cg_text t;
     cg_text_init(&t, out, sizeof out);
-    cg_text_dims(&t, c->geom.out_dims, (size_t)c->geom.in_rank);
+    for (int g = 0, n = 0; g < CG_GRAD_COUNT; g++)
+      if (c->layer.grads & CG_GRAD_BIT(g)) {
+        if (n++)
+          cg_text_append(&t, ",", 1);
+        cg_text_dims(&t, c->layer.out_dims[g], (size_t)c->layer.out_rank[g]);
+      }
   }
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
   cgs_log_value(msg, sizeof msg, c->msg);
   /* A job can have run for a call that then failed (a cancel while
    * sending, say): its figures are still true. */
   int computed = c->job_picked && c->job.rc == 0;
+  double compute_ms = 0;
+  cg_compute_path path = CG_PATH_NATIVE;
+  for (int g = 0; computed && g < CG_GRAD_COUNT; g++) {
+    compute_ms += c->job.info[g].compute_ms;
+    if (c->job.info[g].path != CG_PATH_NATIVE)
+      path = c->job.info[g].path;
+  }
   cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
           "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
           "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
@@ -175,14 +189,11 @@ static void log_call(cgs_call *c) {
           "status=%s%s%s",
           c->id, peer, c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
-          c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent,
+          c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent_all,
           ms_between(c->t_start, c->job.t_submit),
-          c->job_picked ? c->job.queue_ms : 0.0,
-          computed ? c->job.info.compute_ms : 0.0,
+          c->job_picked ? c->job.queue_ms : 0.0, compute_ms,
           ms_between(c->t_send, c->t_sent), total_ms,
-          computed
-              ? (c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert")
-              : "-",
+          computed ? (path == CG_PATH_NATIVE ? "native" : "f32_convert") : "-",
           c->job_picked ? c->worker : "-", cgw_status_name(c->status),
           c->msg[0] ? " msg=" : "", c->msg[0] ? msg : "");
 }
@@ -194,8 +205,9 @@ static void on_timer_closed(uv_handle_t *h) {
   s->inflight_bytes -= c->reserved;
   for (int i = 0; i < 3; i++)
     cgs_buf_free(c->in_buf[i]);
-  if (c->out)
-    outbuf_unref(c->out);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (c->out[g])
+      outbuf_unref(c->out[g]);
   if (c->req)
     protobuf_c_message_free_unpacked(&c->req->base, NULL);
   if (c->status_slice_set)
@@ -379,56 +391,90 @@ static void send_failed(cgs_call *c) {
 /* Fills op with the next result chunk of len bytes (c->send_bb, a slice
  * over the output memory). */
 static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
-  atomic_fetch_add(&c->out->refs, 1); /* dropped by the slice */
-  cgs_cq_release(c->out);
-  c->send_bb = cgw_response_chunk((char *)c->out->data + c->sent, len,
-                                  outbuf_unref, c->out);
+  outbuf *o = c->out[c->cur_out];
+  atomic_fetch_add(&o->refs, 1); /* dropped by the slice */
+  cgs_cq_release(o);
+  c->send_bb =
+      cgw_response_chunk((char *)o->data + c->sent, len, outbuf_unref, o);
   c->sent += len;
+  c->sent_all += len;
   op->op = GRPC_OP_SEND_MESSAGE;
   op->data.send_message.send_message = c->send_bb;
 }
 
+/* The output after g, or -1 after the last. */
+static int next_output(const cgs_call *c, int g) {
+  for (g++; g < CG_GRAD_COUNT; g++)
+    if (c->layer.grads & CG_GRAD_BIT(g))
+      return g;
+  return -1;
+}
+
+/* Bytes of the output being sent that are still to go. */
+static size_t left_to_send(const cgs_call *c) {
+  return c->layer.out_bytes[c->cur_out] - c->sent;
+}
+
+static void send_header(cgs_call *c, int out);
+
+/* The next result batch: a chunk of the output being sent, the last one
+ * with the OK status when no output follows, or the next output's
+ * header. */
 static void send_next(cgs_call *c) {
-  size_t total = c->geom.out_bytes, left = total - c->sent;
+  size_t left = left_to_send(c);
+  int next = next_output(c, c->cur_out);
+  if (left == 0 && next >= 0) {
+    send_header(c, next);
+    return;
+  }
   size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
   grpc_op ops[2];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
   if (len)
     chunk_op(c, len, &ops[n++]);
-  if (c->sent == total)
+  if (left == len && next < 0)
     add_ok_status(c, &ops[n++]); /* the last chunk carries it */
   start_send(c, ops, n);
 }
 
-static void send_header(cgs_call *c) {
-  const cg_geom *g = &c->geom;
+static Convgrad__V1__Layout output_layout(const cgs_call *c, int out) {
+  if (out == CG_GRAD_DIFF_SRC)
+    return (Convgrad__V1__Layout)c->layer.data.out_data_format;
+  if (out == CG_GRAD_DIFF_WEIGHTS)
+    return (Convgrad__V1__Layout)(c->layer.weights.out_weights_format + 2);
+  return CONVGRAD__V1__LAYOUT__LAYOUT_UNSPECIFIED;
+}
+
+/* Starts output out with its header, which carries the whole output when
+ * it is small, and the OK status too when it is also the last. */
+static void send_header(cgs_call *c, int out) {
+  const cg_geom *g = cg_layer_geom(&c->layer, (cg_grad)out);
+  const cg_run_info *info = &c->job.info[out];
+  size_t bytes = c->layer.out_bytes[out];
   Convgrad__V1__ResultHeader h = CONVGRAD__V1__RESULT_HEADER__INIT;
   int64_t pb[CG_MAX_SPATIAL], pe[CG_MAX_SPATIAL];
   for (int i = 0; i < g->nsp; i++) {
     pb[i] = g->pad_begin[i];
     pe[i] = g->pad_end[i];
   }
+  h.output = (Convgrad__V1__Output)(out + CONVGRAD__V1__OUTPUT__DIFF_SRC);
   h.dtype = (Convgrad__V1__DType)g->dtype;
-  h.n_shape = (size_t)g->in_rank;
-  h.shape = (int64_t *)g->out_dims;
-  h.layout = cg_op_outputs_weights(g->op)
-                 ? (Convgrad__V1__Layout)(g->out_weights_format + 2)
-                 : (Convgrad__V1__Layout)g->out_data_format;
-  h.total_bytes = g->out_bytes;
+  h.n_shape = (size_t)c->layer.out_rank[out];
+  h.shape = c->layer.out_dims[out];
+  h.layout = output_layout(c, out);
+  h.total_bytes = bytes;
   h.queue_ms = c->job.queue_ms;
-  h.compute_ms = c->job.info.compute_ms;
-  h.compute_path =
-      c->job.info.path == CG_PATH_NATIVE ? "native" : "f32_convert";
+  h.compute_ms = info->compute_ms;
+  h.compute_path = info->path == CG_PATH_NATIVE ? "native" : "f32_convert";
   h.n_pads_begin = h.n_pads_end = (size_t)g->nsp;
   h.pads_begin = pb;
   h.pads_end = pe;
   h.worker = c->worker;
-  int whole =
-      g->out_bytes <= INLINE_RESULT_MAX && g->out_bytes <= c->chunk_bytes;
+  int whole = bytes <= INLINE_RESULT_MAX && bytes <= c->chunk_bytes;
   if (whole) {
-    h.data.data = c->out->data; /* packed by copy: at most 64 KiB */
-    h.data.len = g->out_bytes;
+    h.data.data = c->out[out]->data; /* packed by copy: at most 64 KiB */
+    h.data.len = bytes;
   }
   Convgrad__V1__ComputeResponse r = CONVGRAD__V1__COMPUTE_RESPONSE__INIT;
   r.kind_case = CONVGRAD__V1__COMPUTE_RESPONSE__KIND_HEADER;
@@ -436,19 +482,25 @@ static void send_header(cgs_call *c) {
   c->send_bb = cgw_pack(&r.base);
 
   grpc_op ops[3];
+  size_t n = 0;
   memset(ops, 0, sizeof ops);
-  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[1].op = GRPC_OP_SEND_MESSAGE;
-  ops[1].data.send_message.send_message = c->send_bb;
-  c->md_sent = 1;
+  if (!c->md_sent) {
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+    c->md_sent = 1;
+    c->t_send = uv_hrtime();
+  }
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = c->send_bb;
   c->st = ST_SENDING;
-  c->t_send = uv_hrtime();
-  size_t n = 2;
+  c->cur_out = out;
+  c->sent = 0;
   if (whole) {
+    c->sent = bytes;
+    c->sent_all += bytes;
     /* Waiting for the client's half-close here would cost a second
      * send batch on most calls: its notification trails the compute. */
-    c->sent = g->out_bytes;
-    add_ok_status(c, &ops[n++]);
+    if (next_output(c, out) < 0)
+      add_ok_status(c, &ops[n++]);
   }
   start_send(c, ops, n);
 }
@@ -494,7 +546,7 @@ static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
   pthread_mutex_lock(&c->mu);
   cgs_tag *loop_tag = t;
   if (ok && !c->finished && c->st == ST_SENDING &&
-      c->geom.out_bytes - c->sent > c->chunk_bytes) {
+      left_to_send(c) > c->chunk_bytes) {
     grpc_byte_buffer_destroy(c->send_bb);
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -532,7 +584,7 @@ void cgs_call_job_done(cgs_job *job, void *data) {
     if (job->rc != 0)
       finish(c, status_of_cg(job->rc), "%s", job->err);
     else
-      send_header(c);
+      send_header(c, next_output(c, -1));
   }
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
@@ -569,7 +621,7 @@ static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
  * output. Frees the header message, which the problem borrowed from. */
 static int resolve(cgs_call *c) {
   char err[512];
-  if (c->ninputs == 3) {
+  if (c->ninputs == 3 && !cg_op_is_layer(c->prob.op)) {
     /* The shape tensor: little-endian s32 or s64 values. */
     const Convgrad__V1__Tensor *t = c->req->header->inputs[2];
     size_t k = (size_t)t->shape[0],
@@ -584,21 +636,22 @@ static int resolve(cgs_call *c) {
     c->prob.has_shape_input = 1;
     c->prob.shape_input = (cg_ints){c->shape_in, k};
   }
-  int rc = cg_problem_resolve(&c->prob, &c->geom, err, sizeof err);
+  cg_layer *l = &c->layer;
+  int rc = cg_layer_resolve(&c->prob, l, err, sizeof err);
   if (rc != 0) {
     finish(c, status_of_cg(rc), "%s", err);
     return -1;
   }
   protobuf_c_message_free_unpacked(&c->req->base, NULL);
   c->req = NULL;
-  if (c->geom.in_bytes[0] != c->in_len[0] ||
-      c->geom.in_bytes[1] != c->in_len[1]) {
-    finish(c, GRPC_STATUS_INTERNAL, "input sizes disagree with the geometry");
-    return -1;
-  }
+  for (int i = 0; i < l->ninputs; i++)
+    if (l->in_bytes[i] != c->in_len[i]) {
+      finish(c, GRPC_STATUS_INTERNAL, "input sizes disagree with the geometry");
+      return -1;
+    }
   /* A running oneDNN primitive cannot be interrupted: this bounds how
    * long one request can hold a worker. */
-  uint64_t flops = cg_geom_flops(&c->geom);
+  uint64_t flops = cg_layer_flops(l);
   uint64_t max_flops = c->s->cfg->max_request_flops;
   if (max_flops && flops > max_flops) {
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -607,15 +660,20 @@ static int resolve(cgs_call *c) {
            flops, max_flops);
     return -1;
   }
-  uint64_t max = c->s->cfg->max_tensor_elements;
-  if (c->geom.out_elems > max) {
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "%s: %zu elements exceed the limit %" PRIu64
-           " (--max-tensor-elements); it cannot run on this server",
-           cg_op_output_name(c->geom.op), c->geom.out_elems, max);
-    return -1;
+  uint64_t max = c->s->cfg->max_tensor_elements, out_bytes = 0;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l->grads & CG_GRAD_BIT(g)))
+      continue;
+    if (l->out_elems[g] > max) {
+      finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+             "%s: %zu elements exceed the limit %" PRIu64
+             " (--max-tensor-elements); it cannot run on this server",
+             cg_grad_name((cg_grad)g), l->out_elems[g], max);
+      return -1;
+    }
+    out_bytes += l->out_bytes[g]; /* each below 2^48 * 8 */
   }
-  if (reserve(c, c->geom.out_bytes, cg_op_output_name(c->geom.op)) != 0)
+  if (reserve(c, out_bytes, "outputs") != 0)
     return -1;
   c->resolved = 1;
   return 0;
@@ -624,21 +682,26 @@ static int resolve(cgs_call *c) {
 static void inputs_complete(cgs_call *c) {
   if (!c->resolved && resolve(c) != 0)
     return;
-  outbuf *o = calloc(1, sizeof *o);
-  void *data = o ? cgs_buf_alloc(c->geom.out_bytes) : NULL;
-  if (!data) {
-    free(o);
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: cannot allocate %zu bytes",
-           cg_op_output_name(c->geom.op), c->geom.out_bytes);
-    return;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(c->layer.grads & CG_GRAD_BIT(g)))
+      continue;
+    size_t bytes = c->layer.out_bytes[g];
+    outbuf *o = calloc(1, sizeof *o);
+    void *data = o ? cgs_buf_alloc(bytes) : NULL;
+    if (!data) {
+      free(o);
+      finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: cannot allocate %zu bytes",
+             cg_grad_name((cg_grad)g), bytes);
+      return;
+    }
+    atomic_init(&o->refs, 1);
+    o->data = data;
+    c->out[g] = o;
+    c->job.out[g] = data;
   }
-  atomic_init(&o->refs, 1);
-  o->data = data;
-  c->out = o;
-  c->job.geom = &c->geom;
-  c->job.in0 = c->in_buf[0];
-  c->job.in1 = c->in_buf[1];
-  c->job.out = o->data;
+  c->job.layer = &c->layer;
+  for (int i = 0; i < 3; i++)
+    c->job.in[i] = c->in_buf[i];
   atomic_init(&c->job.discard, 0);
   cgs_pool_submit(c->s->pool, &c->job);
   c->place_held = 0;
@@ -655,7 +718,8 @@ static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
    * not checked yet and may be of any length. */
   cg_text shapes;
   cg_text_init(&shapes, c->shapes, sizeof c->shapes);
-  for (size_t i = 0; i < 2 && i < h->n_inputs; i++) {
+  size_t data_inputs = cg_op_is_layer((cg_op)h->op) ? 3 : 2;
+  for (size_t i = 0; i < data_inputs && i < h->n_inputs; i++) {
     if (i)
       cg_text_append(&shapes, ",", 1);
     cg_text_dims(&shapes, h->inputs[i]->shape, h->inputs[i]->n_shape);
@@ -715,7 +779,9 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
             " bytes, %" PRIu64 " in flight",
             c->id, c->reserved, c->s->inflight_bytes);
   /* Without a shape tensor still to come, validate before the upload. */
-  if ((c->ninputs < 3 || c->in_fill[2] == c->in_len[2]) && resolve(c) != 0)
+  int shape_to_come = c->ninputs == 3 && !cg_op_is_layer(c->prob.op) &&
+                      c->in_fill[2] < c->in_len[2];
+  if (!shape_to_come && resolve(c) != 0)
     return;
   c->st = ST_RECV_DATA;
   c->rate_from = uv_hrtime();
@@ -971,8 +1037,9 @@ static void stalled(cgs_call *c) {
   else
     snprintf(why, sizeof why,
              "the client took no result data for %g s (%zu of %zu bytes "
-             "sent) (--idle-timeout)",
-             secs, c->sent, c->geom.out_bytes);
+             "of %s sent) (--idle-timeout)",
+             secs, c->sent, c->layer.out_bytes[c->cur_out],
+             cg_grad_name((cg_grad)c->cur_out));
   if (!c->finished) {
     finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s", why);
   } else if (c->send_pending && !c->close_received) {

@@ -27,7 +27,7 @@
 
 typedef struct cgs_header_info {
   cg_problem prob;    /* its lists point into the header: keep it alive */
-  int ninputs;        /* 2, or 3 with a shape tensor */
+  int ninputs;        /* 2, 3 with a shape tensor, 3 for the layer ops */
   size_t in_len[3];   /* bytes of each input */
   size_t chunk_bytes; /* response chunk size: asked for, or cfg's default */
 } cgs_header_info;

@@ -15,7 +15,7 @@
 #include <uv.h>
 
 #include "cg/engine.h"
-#include "cg/problem.h"
+#include "cg/layer.h"
 #include "cgs_config.h"
 
 typedef struct cgs_pool cgs_pool;
@@ -24,18 +24,19 @@ typedef struct cgs_pool cgs_pool;
  * to; the pool borrows them from cgs_pool_submit() until done_cb runs or
  * cgs_pool_cancel() returns 1. */
 typedef struct cgs_job {
-  /* Filled by the submitter. */
-  const cg_geom *geom;
-  const void *in0, *in1;
-  void *out;
+  /* Filled by the submitter: the outputs of layer, computed in cg_grad
+   * order from the request's data inputs in[] into out[g]. */
+  const cg_layer *layer;
+  const void *in[3];
+  void *out[CG_GRAD_COUNT];
   atomic_int discard; /* set by the loop: skip the run if not started,
                          and the rest of a sliced run */
   /* Filled by the pool before done_cb. */
-  int rc;           /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
-  char err[256];    /* message for rc */
-  cg_run_info info; /* valid when rc == 0 */
-  double queue_ms;  /* submit -> a worker picked it up */
-  unsigned worker;  /* index of the worker that ran it */
+  int rc;        /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
+  char err[256]; /* message for rc */
+  cg_run_info info[CG_GRAD_COUNT]; /* of each output, valid when rc == 0 */
+  double queue_ms;                 /* submit -> a worker picked it up */
+  unsigned worker;                 /* index of the worker that ran it */
   /* Pool-private. */
   uint64_t t_submit;
   int queued;

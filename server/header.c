@@ -118,10 +118,10 @@ static cg_ints ints(const int64_t *v, size_t n) {
 /* header.op and the number of inputs it takes. */
 static int check_op(refusal *r, const Convgrad__V1__ComputeHeader *h,
                     cgs_header_info *info) {
-  if (h->op < 1 || h->op > CG_OP_COUNT) {
+  if (h->op < 1 || h->op > CG_OP_ALL_COUNT) {
     if (h->op == 0)
       refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
-             "header.op: not set (OP_UNSPECIFIED); name one of the four ops");
+             "header.op: not set (OP_UNSPECIFIED); name one of the six ops");
     else
       refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "header.op: unknown value %d",
              (int)h->op);
@@ -129,6 +129,17 @@ static int check_op(refusal *r, const Convgrad__V1__ComputeHeader *h,
   }
   cg_op op = (cg_op)h->op;
   info->prob.op = op;
+  if (cg_op_is_layer(op)) {
+    if (h->n_inputs != 3) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.inputs: %s takes src, diff_dst and weights, got %zu "
+             "tensors",
+             cg_op_name(op), h->n_inputs);
+      return -1;
+    }
+    info->ninputs = 3;
+    return 0;
+  }
   const char *opt = cg_op_input_name(op, 2); /* the shape tensor */
   if (h->n_inputs < 2 || h->n_inputs > (opt ? 3u : 2u)) {
     refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
@@ -169,8 +180,20 @@ static int check_attrs(refusal *r, const Convgrad__V1__Attributes *a) {
   return 0;
 }
 
-/* inputs[i], i < 2: a float tensor of the request's one dtype, in a layout
- * that agrees with attrs (an unset format takes the tensor's). */
+/* 1 when inputs[i] of op is a weights tensor. */
+static int is_weights_input(cg_op op, int i) {
+  if (cg_op_is_layer(op))
+    return i == 2;
+  return i == 1 && (op == CG_OP_CONV_BWD_DATA || op == CG_OP_DECONV_BWD_DATA);
+}
+
+/* The data tensors the op takes: its shape tensor, if any, comes after. */
+static int float_inputs(cg_op op) {
+  return cg_op_is_layer(op) ? 3 : 2;
+}
+
+/* inputs[i], a float tensor of the request's one dtype, in a layout that
+ * agrees with attrs (an unset format takes the tensor's). */
 static int check_float_input(refusal *r, const Convgrad__V1__ComputeHeader *h,
                              int i, cg_problem *p, int *data_fmt, int *w_fmt) {
   const Convgrad__V1__Tensor *t = h->inputs[i];
@@ -180,16 +203,15 @@ static int check_float_input(refusal *r, const Convgrad__V1__ComputeHeader *h,
            "inputs[%d].dtype: %d is not F32, BF16 or F16", i, (int)t->dtype);
     return -1;
   }
-  if (i == 1 && t->dtype != h->inputs[0]->dtype) {
+  if (i > 0 && t->dtype != h->inputs[0]->dtype) {
     refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
-           "inputs[1].dtype: %s differs from inputs[0].dtype %s",
+           "inputs[%d].dtype: %s differs from inputs[0].dtype %s", i,
            cg_dtype_name((cg_dtype)t->dtype),
            cg_dtype_name((cg_dtype)h->inputs[0]->dtype));
     return -1;
   }
   p->dtype = (cg_dtype)t->dtype;
-  int w = i == 1 &&
-          (p->op == CG_OP_CONV_BWD_DATA || p->op == CG_OP_DECONV_BWD_DATA);
+  int w = is_weights_input(p->op, i);
   return check_layout(r, i, t->layout, w, w ? w_fmt : data_fmt);
 }
 
@@ -226,7 +248,7 @@ static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
   for (int i = 0; i < info->ninputs; i++) {
     const Convgrad__V1__Tensor *t = h->inputs[i];
     size_t esize;
-    if (i < 2) {
+    if (i < float_inputs(p->op)) {
       if (check_float_input(r, h, i, p, data_fmt, w_fmt) != 0)
         return -1;
       esize = cg_dtype_size(p->dtype);
@@ -250,21 +272,84 @@ static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
   return 0;
 }
 
-/* header.output_layout: unset, or one of the output's kind. */
-static int check_output_layout(refusal *r, int out_layout, cg_problem *p) {
-  if (out_layout == 0)
-    return 0;
-  int want_w = cg_op_outputs_weights(p->op);
-  if (want_w ? !is_weights_layout(out_layout) : !is_data_layout(out_layout)) {
+/* header.output_layout and weights_output_layout: unset, or of the kind
+ * of the output each one sets. */
+static int check_output_layouts(refusal *r,
+                                const Convgrad__V1__ComputeHeader *h,
+                                cg_problem *p) {
+  int layer = cg_op_is_layer(p->op);
+  int out = h->output_layout, wout = h->weights_output_layout;
+  int want_w = !layer && cg_op_outputs_weights(p->op);
+  if (out && (want_w ? !is_weights_layout(out) : !is_data_layout(out))) {
     refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
-           "header.output_layout: %s (%d) is not a %s layout",
-           layout_name(out_layout), out_layout, want_w ? "weights" : "data");
+           "header.output_layout: %s (%d) is not a %s layout%s",
+           layout_name(out), out, want_w ? "weights" : "data",
+           layer ? " (it sets diff_src's; weights_output_layout sets "
+                   "diff_weights')"
+                 : "");
+    return -1;
+  }
+  if (wout && !layer) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.weights_output_layout: only ConvolutionBackward and "
+           "ConvTransposeBackward take it; %s's layout is output_layout",
+           cg_op_name(p->op));
+    return -1;
+  }
+  if (wout && !is_weights_layout(wout)) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.weights_output_layout: %s (%d) is not a weights layout",
+           layout_name(wout), wout);
     return -1;
   }
   if (want_w)
-    p->out_weights_format = to_weights_format(out_layout);
+    p->out_weights_format = to_weights_format(out);
   else
-    p->out_data_format = to_data_format(out_layout);
+    p->out_data_format = to_data_format(out);
+  if (wout)
+    p->out_weights_format = to_weights_format(wout);
+  return 0;
+}
+
+static const char *output_name(int o) {
+  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(
+      &convgrad__v1__output__descriptor, o);
+  return v ? v->name : "?";
+}
+
+/* header.outputs: the layer ops' choice, each output once; the single ops
+ * may only name their own. */
+static int check_outputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
+                         cg_problem *p) {
+  unsigned mask = 0;
+  for (size_t i = 0; i < h->n_outputs; i++) {
+    int o = (int)h->outputs[i];
+    if (o < CONVGRAD__V1__OUTPUT__DIFF_SRC ||
+        o > CONVGRAD__V1__OUTPUT__DIFF_BIAS) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.outputs[%zu]: unknown value %d", i, o);
+      return -1;
+    }
+    unsigned bit = CG_GRAD_BIT(o - CONVGRAD__V1__OUTPUT__DIFF_SRC);
+    if (mask & bit) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "header.outputs[%zu]: %s is listed twice", i, output_name(o));
+      return -1;
+    }
+    mask |= bit;
+  }
+  if (cg_op_is_layer(p->op)) {
+    p->grads = mask;
+    return 0;
+  }
+  int own = cg_op_outputs_weights(p->op) ? CONVGRAD__V1__OUTPUT__DIFF_WEIGHTS
+                                         : CONVGRAD__V1__OUTPUT__DIFF_SRC;
+  if (mask && mask != CG_GRAD_BIT(own - CONVGRAD__V1__OUTPUT__DIFF_SRC)) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "header.outputs: %s answers %s only", cg_op_name(p->op),
+           output_name(own));
+    return -1;
+  }
   return 0;
 }
 
@@ -283,7 +368,7 @@ static void take_attrs(cg_problem *p, const Convgrad__V1__ComputeHeader *h,
   p->attrs.weights_format = to_weights_format(w_fmt);
   p->attrs.dst_shape = ints(a->dst_shape, a->n_dst_shape);
   p->attrs.weights_shape = ints(a->weights_shape, a->n_weights_shape);
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < float_inputs(p->op); i++)
     p->input_dims[i] = ints(h->inputs[i]->shape, h->inputs[i]->n_shape);
 }
 
@@ -320,7 +405,8 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
   int data_fmt = a->data_format, w_fmt = a->weights_format;
   if (check_attrs(&r, a) != 0 ||
       check_inputs(&r, h, cfg, info, &data_fmt, &w_fmt) != 0 ||
-      check_output_layout(&r, h->output_layout, &info->prob) != 0)
+      check_output_layouts(&r, h, &info->prob) != 0 ||
+      check_outputs(&r, h, &info->prob) != 0)
     return -1;
   take_attrs(&info->prob, h, a, data_fmt, w_fmt);
   return take_chunk_bytes(&r, h, cfg, info);

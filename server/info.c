@@ -33,11 +33,12 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   protobuf_c_message_free_unpacked(req, NULL);
 
   /* Everything below lives on the stack until packed. */
-  Convgrad__V1__OpInfo ops[CG_OP_COUNT];
-  Convgrad__V1__OpInfo *op_ptrs[CG_OP_COUNT];
-  char *names[CG_OP_COUNT][16];
-  char *inputs[CG_OP_COUNT][3];
-  for (int i = 0; i < CG_OP_COUNT; i++) {
+  Convgrad__V1__OpInfo ops[CG_OP_ALL_COUNT];
+  Convgrad__V1__OpInfo *op_ptrs[CG_OP_ALL_COUNT];
+  char *names[CG_OP_ALL_COUNT][16];
+  char *inputs[CG_OP_ALL_COUNT][3];
+  char *outputs[CG_OP_ALL_COUNT][CG_GRAD_COUNT];
+  for (int i = 0; i < CG_OP_ALL_COUNT; i++) {
     cg_op op = (cg_op)(i + 1);
     Convgrad__V1__OpInfo init = CONVGRAD__V1__OP_INFO__INIT;
     ops[i] = init;
@@ -57,7 +58,15 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     }
     ops[i].n_inputs = n;
     ops[i].inputs = inputs[i];
-    ops[i].output = (char *)cg_op_output_name(op);
+    ops[i].output = (char *)(cg_op_is_layer(op) ? "" : cg_op_output_name(op));
+    n = 0;
+    for (int g = 0; g < CG_GRAD_COUNT; g++)
+      if (cg_op_is_layer(op) ||
+          g == (cg_op_outputs_weights(op) ? CG_GRAD_DIFF_WEIGHTS
+                                          : CG_GRAD_DIFF_SRC))
+        outputs[i][n++] = (char *)cg_grad_name((cg_grad)g);
+    ops[i].n_outputs = n;
+    ops[i].outputs = outputs[i];
     op_ptrs[i] = &ops[i];
   }
 
@@ -90,7 +99,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;
-  info.n_ops = CG_OP_COUNT;
+  info.n_ops = CG_OP_ALL_COUNT;
   info.ops = op_ptrs;
   info.n_dtypes = 3;
   info.dtypes = dt_ptrs;

@@ -137,8 +137,7 @@ static void deliver(cgs_pool *p, cgs_job *job) {
  * diff_weights, so each slice would need its own partial result to add
  * up, in f32 for bf16 and f16 outputs, and round differently from one
  * run. */
-static int64_t slice_rows(const cgs_job *job, unsigned threads) {
-  const cg_geom *g = job->geom;
+static int64_t slice_rows(const cg_geom *g, unsigned threads) {
   double per_slice = SLICE_FLOPS_PER_THREAD * threads;
   if (cg_op_outputs_weights(g->op) || g->flops < 2 * per_slice ||
       g->mb < 2 * (int64_t)SLICE_MIN_ROWS)
@@ -150,36 +149,70 @@ static int64_t slice_rows(const cgs_job *job, unsigned threads) {
   return (g->mb + slices - 1) / slices;
 }
 
-/* Runs job in minibatch slices, checking between them whether the job is
- * still wanted: a running primitive cannot be interrupted, a slice ends
- * soon. The rows of a data tensor are contiguous in both layouts. */
+/* CG_EINTERNAL when the loop no longer wants job, after done of all
+ * parts (what they are) ran; else 0. */
+static int discarded(cgs_job *job, int64_t done, int64_t all,
+                     const char *what) {
+  if (!atomic_load(&job->discard))
+    return 0;
+  snprintf(job->err, sizeof job->err,
+           "discarded after %" PRId64 " of %" PRId64 " %s", done, all, what);
+  return CG_EINTERNAL;
+}
+
+/* Runs job's diff_src in minibatch slices, checking between them whether
+ * the job is still wanted: a running primitive cannot be interrupted, a
+ * slice ends soon. The rows of a data tensor are contiguous in both
+ * layouts. */
 static int run_slices(cg_engine *engine, cgs_job *job, unsigned threads) {
-  const cg_geom *g = job->geom;
-  int64_t step = slice_rows(job, threads);
+  const cg_layer *l = job->layer;
+  const cg_geom *g = &l->data;
+  const void *in0 = job->in[l->data_in[0]], *in1 = job->in[l->data_in[1]];
+  void *out = job->out[CG_GRAD_DIFF_SRC];
+  cg_run_info *info = &job->info[CG_GRAD_DIFF_SRC];
+  int64_t step = slice_rows(g, threads);
   if (step == g->mb)
-    return cg_engine_run(engine, g, job->in0, job->in1, job->out, &job->info,
-                         job->err, sizeof job->err);
+    return cg_engine_run(engine, g, in0, in1, out, info, job->err,
+                         sizeof job->err);
   size_t in_row = g->in_bytes[0] / (size_t)g->mb;
   size_t out_row = g->out_bytes / (size_t)g->mb;
   double ms = 0;
   for (int64_t r = 0; r < g->mb; r += step) {
-    if (r && atomic_load(&job->discard)) {
-      snprintf(job->err, sizeof job->err,
-               "discarded after %" PRId64 " of %" PRId64 " minibatch rows", r,
-               g->mb);
-      return CG_EINTERNAL;
-    }
-    cg_geom s;
-    cg_geom_slice_mb(g, g->mb - r < step ? g->mb - r : step, &s);
-    int rc =
-        cg_engine_run(engine, &s, (const char *)job->in0 + (size_t)r * in_row,
-                      job->in1, (char *)job->out + (size_t)r * out_row,
-                      &job->info, job->err, sizeof job->err);
+    int rc = r ? discarded(job, r, g->mb, "minibatch rows") : 0;
     if (rc != 0)
       return rc;
-    ms += job->info.compute_ms;
+    cg_geom s;
+    cg_geom_slice_mb(g, g->mb - r < step ? g->mb - r : step, &s);
+    rc = cg_engine_run(engine, &s, (const char *)in0 + (size_t)r * in_row, in1,
+                       (char *)out + (size_t)r * out_row, info, job->err,
+                       sizeof job->err);
+    if (rc != 0)
+      return rc;
+    ms += info->compute_ms;
   }
-  job->info.compute_ms = ms;
+  info->compute_ms = ms;
+  return 0;
+}
+
+/* Every output of job in order, checking between them whether the job is
+ * still wanted. */
+static int run_outputs(cg_engine *engine, cgs_job *job, unsigned threads) {
+  const cg_layer *l = job->layer;
+  int done = 0;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l->grads & CG_GRAD_BIT(g)))
+      continue;
+    int rc = done ? discarded(job, done, cg_layer_noutputs(l), "outputs") : 0;
+    if (rc == 0)
+      rc = g == CG_GRAD_DIFF_SRC
+               ? run_slices(engine, job, threads)
+               : cg_engine_run_output(engine, l, (cg_grad)g, job->in,
+                                      job->out[g], &job->info[g], job->err,
+                                      sizeof job->err);
+    if (rc != 0)
+      return rc;
+    done++;
+  }
   return 0;
 }
 
@@ -202,7 +235,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
   job->worker = w->index;
   job->err[0] = '\0';
-  memset(&job->info, 0, sizeof job->info);
+  memset(job->info, 0, sizeof job->info);
   if (atomic_load(&job->discard)) {
     /* Cancelled after it was picked: nobody wants the result. */
     job->rc = CG_EINTERNAL;
@@ -213,7 +246,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
             threads, job->queue_ms);
   job->rc = pin_team(w, engine, threads, job->err, sizeof job->err);
   if (job->rc == 0)
-    job->rc = run_slices(engine, job, (unsigned)threads);
+    job->rc = run_outputs(engine, job, (unsigned)threads);
 }
 
 static void *worker_main(void *arg) {

@@ -79,7 +79,10 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
     printf("op          %s(", o->n_names ? o->names[0] : "?");
     for (size_t j = 0; j < o->n_inputs; j++)
       printf("%s%s", j ? ", " : "", o->inputs[j]);
-    printf(") -> %s\n", o->output);
+    printf(") ->");
+    for (size_t j = 0; j < o->n_outputs; j++)
+      printf("%s %s", j ? "," : "", o->outputs[j]);
+    printf("%s\n", o->n_outputs ? "" : o->output);
     if (o->n_names > 1) {
       printf("              aliases:");
       for (size_t j = 1; j < o->n_names; j++)
@@ -131,6 +134,8 @@ static int cgc__info_json(const cgc_server_info *in) {
     cJSON_AddItemToObject(j, "inputs",
                           cJSON_CreateStringArray(o->inputs, (int)o->n_inputs));
     cJSON_AddStringToObject(j, "output", o->output);
+    cJSON_AddItemToObject(
+        j, "outputs", cJSON_CreateStringArray(o->outputs, (int)o->n_outputs));
     cJSON_AddItemToArray(ops, j);
   }
   lim = cJSON_AddObjectToObject(root, "limits");

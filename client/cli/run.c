@@ -1,6 +1,7 @@
 /* run.c - `convgrad run`: one op from flags, a benchdnn descriptor or a
  * oneDNN graph JSON op file; tensors from .npy files or seeded random; the
- * result to .npy; --check against the local plain-C reference. */
+ * results (several for the layer ops) to .npy; --check against the local
+ * plain-C reference. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,13 @@ static const char cgc__run_help[] =
     "ConvolutionBackwardWeights,\n"
     "                       ConvTransposeBackwardData, "
     "ConvTransposeBackwardWeights\n"
-    "                       (or the older ...BackpropData/...BackpropFilters)\n"
+    "                       (or the older ...BackpropData/...BackpropFilters),"
+    "\n"
+    "                       or a layer's whole backward: ConvolutionBackward,\n"
+    "                       ConvTransposeBackward (inputs src, diff_dst,\n"
+    "                       weights)\n"
+    "  --outputs L          layer ops: the outputs wanted, a comma list of\n"
+    "                       diff_src, diff_weights, diff_bias (default all)\n"
     "  --graph FILE         op, attrs, dtype and input shapes from a oneDNN "
     "graph\n"
     "                       JSON op file; flags below override it\n"
@@ -37,14 +44,18 @@ static const char cgc__run_help[] =
     "  --data-format NCX|NXC --weights-format OIX|XIO|IOX|XOI\n"
     "  --dst-shape L --weights-shape L  the output shape attribute\n"
     "  --shape-input        send dst_shape/weights_shape as the third input\n"
-    "  --output-format F    wanted layout of the output\n"
+    "  --output-format F    wanted layout of the output (layer ops: a comma\n"
+    "                       list of a data and a weights layout, e.g. "
+    "NXC,XIO)\n"
     "Tensors:\n"
-    "  --in0 FILE.npy --in1 FILE.npy   the op's two inputs (op order, e.g.\n"
-    "                       diff_dst and weights); shapes come from the files\n"
-    "  --in0-shape L --in1-shape L     shapes of random inputs\n"
+    "  --in0 FILE.npy --in1 FILE.npy   the op's inputs in op order (e.g.\n"
+    "                       diff_dst and weights; --in2 for a layer op's\n"
+    "                       weights); shapes come from the files\n"
+    "  --in0-shape L --in1-shape L --in2-shape L   shapes of random inputs\n"
     "  --seed N             seed of the random inputs (default 1)\n"
     "  --out FILE.npy       write the result (f32 '<f4', f16 '<f2', bf16 as\n"
-    "                       '<u2' raw bits; C order)\n"
+    "                       '<u2' raw bits; C order); a layer op writes one\n"
+    "                       file per output, FILE.diff_src.npy, ...\n"
     "  --check              compare with the local reference; prints max abs\n"
     "                       and max rel error (|diff| / max|ref|); exit 1 if\n"
     "                       above the dtype's tolerance\n";
@@ -72,10 +83,13 @@ enum {
   R_OUTPUT_FORMAT,
   R_IN0,
   R_IN1,
+  R_IN2,
   R_IN0_SHAPE,
   R_IN1_SHAPE,
+  R_IN2_SHAPE,
   R_SEED,
   R_OUT,
+  R_OUTPUTS,
   R_COUNT
 };
 static const char *const cgc__run_names[R_COUNT] = {
@@ -98,10 +112,66 @@ static const char *const cgc__run_names[R_COUNT] = {
     [R_OUTPUT_FORMAT] = "output-format",
     [R_IN0] = "in0",
     [R_IN1] = "in1",
+    [R_IN2] = "in2",
     [R_IN0_SHAPE] = "in0-shape",
     [R_IN1_SHAPE] = "in1-shape",
+    [R_IN2_SHAPE] = "in2-shape",
     [R_SEED] = "seed",
-    [R_OUT] = "out"};
+    [R_OUT] = "out",
+    [R_OUTPUTS] = "outputs"};
+
+static const int cgc__run_in[3] = {R_IN0, R_IN1, R_IN2};
+static const int cgc__run_in_shape[3] = {R_IN0_SHAPE, R_IN1_SHAPE, R_IN2_SHAPE};
+
+/* --output-format: one layout of the output's kind, or for a layer op a
+ * comma list of up to one data and one weights layout. */
+static int cgc__run_output_format(cgc_spec *s, const char *text) {
+  char buf[64];
+  int layer = cg_op_is_layer(s->op);
+  snprintf(buf, sizeof buf, "%s", text);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+       t = strtok_r(NULL, ",", &save)) {
+    int bad;
+    if (layer)
+      bad = cg_data_format_parse(t, &s->out_data_format) &&
+            cg_weights_format_parse(t, &s->out_weights_format);
+    else if (cg_op_outputs_weights(s->op))
+      bad = t != buf || cg_weights_format_parse(t, &s->out_weights_format);
+    else
+      bad = t != buf || cg_data_format_parse(t, &s->out_data_format);
+    if (bad)
+      return cgc_cli_usage("run", "--output-format '%s' does not fit %s", text,
+                           layer ? "diff_src and diff_weights"
+                                 : cg_op_output_name(s->op));
+  }
+  return 0;
+}
+
+/* --outputs: a comma list of output names into s->grads. */
+static int cgc__run_outputs(cgc_spec *s, const char *text) {
+  char buf[64];
+  if (!cg_op_is_layer(s->op))
+    return cgc_cli_usage("run",
+                         "--outputs: %s has one output; only "
+                         "ConvolutionBackward and "
+                         "ConvTransposeBackward take a choice",
+                         cg_op_name(s->op));
+  snprintf(buf, sizeof buf, "%s", text);
+  s->grads = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
+       t = strtok_r(NULL, ",", &save)) {
+    cg_grad g;
+    if (cg_grad_parse(t, &g))
+      return cgc_cli_usage("run",
+                           "--outputs: unknown output '%s' (diff_src, "
+                           "diff_weights, diff_bias)",
+                           t);
+    s->grads |= CG_GRAD_BIT(g);
+  }
+  if (!s->grads)
+    return cgc_cli_usage("run", "--outputs: name at least one output");
+  return 0;
+}
 
 /* Applies the attribute and shape flags (v, and --shape-input) on top of
  * s. */
@@ -143,17 +213,13 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v, int shape_input) {
       (code = cgc_cli_name("run", CGC_CLI_WEIGHTS_FORMAT, v[R_WEIGHTS_FORMAT],
                            &s->weights_format)))
     return code;
-  if (v[R_OUTPUT_FORMAT] && s->op) {
-    const char *f = v[R_OUTPUT_FORMAT];
-    int bad = cg_op_outputs_weights(s->op)
-                  ? cg_weights_format_parse(f, &s->out_weights_format)
-                  : cg_data_format_parse(f, &s->out_data_format);
-    if (bad)
-      return cgc_cli_usage("run", "--output-format '%s' does not fit %s", f,
-                           cg_op_output_name(s->op));
-  }
-  for (int i = 0; i < 2; i++) {
-    const char *t = v[i ? R_IN1_SHAPE : R_IN0_SHAPE];
+  if (v[R_OUTPUT_FORMAT] && s->op &&
+      (code = cgc__run_output_format(s, v[R_OUTPUT_FORMAT])))
+    return code;
+  if (v[R_OUTPUTS] && s->op && (code = cgc__run_outputs(s, v[R_OUTPUTS])))
+    return code;
+  for (int i = 0; i < 3; i++) {
+    const char *t = v[cgc__run_in_shape[i]];
     cgc_list l;
     if (!t)
       continue;
@@ -166,7 +232,8 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v, int shape_input) {
   if (shape_input) {
     const cgc_list *l =
         s->op == CG_OP_CONV_BWD_DATA ? &s->dst_shape : &s->weights_shape;
-    if (!s->op || s->op == CG_OP_DECONV_BWD_DATA || l->len == 0)
+    if (!s->op || s->op == CG_OP_DECONV_BWD_DATA || cg_op_is_layer(s->op) ||
+        l->len == 0)
       return cgc_cli_usage("run", "--shape-input needs --dst-shape "
                                   "(ConvolutionBackwardData) or "
                                   "--weights-shape (BackwardWeights ops)");
@@ -233,48 +300,63 @@ static void cgc__print_dims(const int64_t *d, int rank) {
   printf("]");
 }
 
-/* --check: the reference on the same inputs, compared element-wise. */
-static int cgc__run_check(const cgc_spec *s, const void *in0, const void *in1,
-                          const cgc_tensor *out) {
+/* --check of output g: the reference's, compared element-wise. */
+static int cgc__run_check_one(const cg_layer *l, int g, const void *ref,
+                              const cgc_tensor *out) {
+  if (l->out_bytes[g] != out->nbytes || l->out_rank[g] != out->rank ||
+      memcmp(l->out_dims[g], out->dims, (size_t)out->rank * sizeof(int64_t)) !=
+          0) {
+    fprintf(stderr,
+            "convgrad run: check failed: the server's %s shape differs "
+            "from the reference's\n",
+            cg_grad_name((cg_grad)g));
+    return CGC_EXIT_FAIL;
+  }
+  cgc_diff d;
+  cgc_compare_output(l, g, out->data, ref, &d);
+  printf("check%s%s: max abs err %.3g, max rel err %.3g (rel tolerance "
+         "%.3g): %s\n",
+         cg_op_is_layer(l->op) ? " " : "",
+         cg_op_is_layer(l->op) ? cg_grad_name((cg_grad)g) : "", d.max_abs,
+         d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
+         d.ok ? "OK" : "MISMATCH");
+  if (d.ok)
+    return CGC_EXIT_OK;
+  fprintf(stderr,
+          "convgrad run: %s differs from the reference (max abs err %.3g at "
+          "element %zu)\n",
+          cg_grad_name((cg_grad)g), d.max_abs, d.worst);
+  return CGC_EXIT_FAIL;
+}
+
+/* --check: the reference on the same inputs, every output compared. */
+static int cgc__run_check(const cgc_spec *s, const void *const in[3],
+                          cgc_tensor *const out[CG_GRAD_COUNT]) {
   cg_problem p;
-  cg_geom g;
+  cg_layer l;
   char err[512];
+  void *ref[CG_GRAD_COUNT] = {NULL};
   int code = CGC_EXIT_OK;
   cgc_spec_problem(s, &p);
-  if (cg_problem_resolve(&p, &g, err, sizeof err)) {
+  if (cg_layer_resolve(&p, &l, err, sizeof err)) {
     fprintf(stderr, "convgrad run: cannot check: %s\n", err);
     return CGC_EXIT_INPUT;
   }
-  if (g.out_bytes != out->nbytes || g.in_rank != out->rank ||
-      memcmp(g.out_dims, out->dims, (size_t)out->rank * sizeof(int64_t)) != 0) {
-    fprintf(stderr, "convgrad run: check failed: the server's result shape "
-                    "differs from the reference's\n");
-    return CGC_EXIT_FAIL;
-  }
-  void *ref = malloc(g.out_bytes ? g.out_bytes : 1);
-  if (!ref) {
-    fprintf(stderr, "convgrad run: out of memory for the reference\n");
-    return CGC_EXIT_INTERNAL;
-  }
-  if (cg_reference_run(&g, in0, in1, ref, err, sizeof err)) {
+  for (int g = 0; g < CG_GRAD_COUNT && !code; g++)
+    if ((l.grads & CG_GRAD_BIT(g)) &&
+        !(ref[g] = malloc(l.out_bytes[g] ? l.out_bytes[g] : 1))) {
+      fprintf(stderr, "convgrad run: out of memory for the reference\n");
+      code = CGC_EXIT_INTERNAL;
+    }
+  if (!code && cg_reference_layer(&l, in, ref, err, sizeof err)) {
     fprintf(stderr, "convgrad run: reference failed: %s\n", err);
     code = CGC_EXIT_INTERNAL;
-  } else {
-    cgc_diff d;
-    cgc_compare(&g, out->data, ref, &d);
-    printf(
-        "check: max abs err %.3g, max rel err %.3g (rel tolerance %.3g): %s\n",
-        d.max_abs, d.max_rel, d.tol / (d.max_ref > 1e-3 ? d.max_ref : 1e-3),
-        d.ok ? "OK" : "MISMATCH");
-    if (!d.ok) {
-      fprintf(stderr,
-              "convgrad run: result differs from the reference "
-              "(max abs err %.3g at element %zu)\n",
-              d.max_abs, d.worst);
-      code = CGC_EXIT_FAIL;
-    }
   }
-  free(ref);
+  for (int g = 0; g < CG_GRAD_COUNT && !code; g++)
+    if (l.grads & CG_GRAD_BIT(g))
+      code = cgc__run_check_one(&l, g, ref[g], out[g]);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(ref[g]);
   return code;
 }
 
@@ -300,13 +382,21 @@ static int cgc__run_spec(cgc_spec *s, const char **v, int shape_input,
       return code;
     if (!s->op)
       return cgc_cli_usage("run", "--problem needs a valid --op");
-    int deconv =
-        s->op == CG_OP_DECONV_BWD_DATA || s->op == CG_OP_DECONV_BWD_WEIGHTS;
+    int deconv = s->op == CG_OP_DECONV_BWD_DATA ||
+                 s->op == CG_OP_DECONV_BWD_WEIGHTS || s->op == CG_OP_DECONV_BWD;
+    /* A layer op's problem is its backward-weights op's, with the
+     * weights as the third input. */
+    cg_op layer = cg_op_is_layer(s->op) ? s->op : CG_OP_INVALID;
+    cg_op op = !layer   ? s->op
+               : deconv ? CG_OP_DECONV_BWD_WEIGHTS
+                        : CG_OP_CONV_BWD_WEIGHTS;
     if (cg_bdesc_parse(v[R_PROBLEM], deconv, &d, err, sizeof err) ||
-        cg_bdesc_problem_init(&bp, &d, s->op, s->dtype, s->data_format,
+        cg_bdesc_problem_init(&bp, &d, op, s->dtype, s->data_format,
                               s->weights_format, err, sizeof err))
       return cgc_cli_usage("run", "--problem: %s", err);
     cgc_spec_from_problem(s, &bp.problem);
+    if (layer)
+      cgc_spec_to_layer(s, layer);
   }
   if ((code = cgc__run_apply(s, v, shape_input)) != 0)
     return code;
@@ -315,18 +405,22 @@ static int cgc__run_spec(cgc_spec *s, const char **v, int shape_input,
   return 0;
 }
 
-/* The two inputs: read from --inN files, else random from the seed. The
+/* The inputs: read from --inN files, else random from the seed. The
  * caller frees in[] whatever this returns. */
 static int cgc__run_inputs(cgc_spec *s, const char **v, uint64_t seed,
-                           void *in[2], size_t nbytes[2]) {
+                           void *in[3], size_t nbytes[3]) {
   char err[512];
   int code;
   /* Without an explicit dtype, a .npy in0 decides it; it is read once, so
    * that it may be a pipe. */
   int dtype_from_in0 = !v[R_DTYPE] && !v[R_GRAPH] && !v[R_PROBLEM];
   uint64_t state = seed * 0x9e3779b97f4a7c15ull + 1;
-  for (int i = 0; i < 2; i++) {
-    const char *file = v[i ? R_IN1 : R_IN0];
+  int n = cgc_spec_ninputs(s);
+  if (n < 3 && (v[R_IN2] || v[R_IN2_SHAPE]))
+    return cgc_cli_usage("run", "--in2: only ConvolutionBackward and "
+                                "ConvTransposeBackward take a third input");
+  for (int i = 0; i < n && i < 3; i++) {
+    const char *file = v[cgc__run_in[i]];
     if (file) {
       if ((code = cgc__run_load(s, i, file, i == 0 && dtype_from_in0, &in[i],
                                 &nbytes[i])) != 0)
@@ -355,12 +449,17 @@ static int cgc__run_inputs(cgc_spec *s, const char **v, uint64_t seed,
 }
 
 /* What came back: the result's shape and the call's figures. */
-static void cgc__run_report(const cgc_spec *s, const cgc_tensor *out,
+static void cgc__run_report(const cgc_spec *s,
+                            cgc_tensor *const out[CG_GRAD_COUNT],
                             const cgc_result *res) {
-  printf("%s %s: %s ", cg_op_name(s->op), cg_dtype_name(out->dtype),
-         cg_op_output_name(s->op));
-  cgc__print_dims(out->dims, out->rank);
-  printf(" %s, %zu bytes\n", cgc_layout_name(out->layout), out->nbytes);
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!out[g])
+      continue;
+    printf("%s %s: %s ", cg_op_name(s->op), cg_dtype_name(out[g]->dtype),
+           cg_grad_name((cg_grad)g));
+    cgc__print_dims(out[g]->dims, out[g]->rank);
+    printf(" %s, %zu bytes\n", cgc_layout_name(out[g]->layout), out[g]->nbytes);
+  }
   printf("server: queue %.3f ms, compute %.3f ms, path %s, worker %s",
          res->queue_ms, res->compute_ms, res->compute_path, res->worker);
   if (res->npads) {
@@ -382,15 +481,45 @@ static void cgc__run_report(const cgc_spec *s, const cgc_tensor *out,
            (double)res->bytes_received / res->download_ms / 1e6);
 }
 
+/* --out: the path of output g. A single op writes the file named; a
+ * layer op writes one per output, its name before the .npy. */
+static void cgc__run_out_path(const cgc_spec *s, const char *out, int g,
+                              char *path, size_t cap) {
+  size_t n = strlen(out);
+  if (!cg_op_is_layer(s->op)) {
+    snprintf(path, cap, "%s", out);
+    return;
+  }
+  if (n >= 4 && strcmp(out + n - 4, ".npy") == 0)
+    n -= 4;
+  snprintf(path, cap, "%.*s.%s.npy", (int)n, out, cg_grad_name((cg_grad)g));
+}
+
+static int cgc__run_write(const cgc_spec *s, const char *out,
+                          cgc_tensor *const t[CG_GRAD_COUNT]) {
+  char err[512], path[4096];
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!t[g])
+      continue;
+    cgc__run_out_path(s, out, g, path, sizeof path);
+    if (cgc_npy_write(path, t[g]->dtype, t[g]->rank, t[g]->dims, t[g]->data,
+                      t[g]->nbytes, err, sizeof err)) {
+      fprintf(stderr, "convgrad run: %s\n", err);
+      return CGC_EXIT_INTERNAL;
+    }
+    printf("wrote %s\n", path);
+  }
+  return CGC_EXIT_OK;
+}
+
 int cgc_cmd_run(int argc, char **argv) {
   const char *v[R_COUNT] = {NULL};
   cgc_cli cli;
   cgc_spec s;
-  char err[512];
-  void *in[2] = {NULL, NULL};
-  size_t nbytes[2] = {0, 0};
+  void *in[3] = {NULL, NULL, NULL};
+  size_t nbytes[3] = {0, 0, 0};
   cgc_channel *ch = NULL;
-  cgc_tensor *out = NULL;
+  cgc_tensor *out[CG_GRAD_COUNT] = {NULL};
   int code = 0, shape_input = 0, check = 0;
   cgc_cli_num seed = {1, 0, INT64_MAX,
                       "--seed: expected a non-negative integer"};
@@ -415,28 +544,22 @@ int cgc_cmd_run(int argc, char **argv) {
   cgc_request req;
   cgc_result res;
   cgc_status st;
-  cgc_spec_request(&s, in[0], nbytes[0], in[1], nbytes[1], &req);
-  int rc = cgc_compute(ch, &req, &out, &res, &st);
+  cgc_spec_request_n(&s, (const void *const *)in, nbytes, &req);
+  int rc = cgc_compute_layer(ch, &req, out, &res, &st);
   if (rc) {
     code = cgc_cli_fail(&cli, rc, &st);
     goto out;
   }
   cgc__run_report(&s, out, &res);
-  if (v[R_OUT]) {
-    if (cgc_npy_write(v[R_OUT], out->dtype, out->rank, out->dims, out->data,
-                      out->nbytes, err, sizeof err)) {
-      fprintf(stderr, "convgrad run: %s\n", err);
-      code = CGC_EXIT_INTERNAL;
-      goto out;
-    }
-    printf("wrote %s\n", v[R_OUT]);
-  }
+  if (v[R_OUT] && (code = cgc__run_write(&s, v[R_OUT], out)))
+    goto out;
   if (check)
-    code = cgc__run_check(&s, in[0], in[1], out);
+    code = cgc__run_check(&s, (const void *const *)in, out);
 out:
-  cgc_tensor_free(out);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    cgc_tensor_free(out[g]);
   cgc_channel_free(ch);
-  free(in[0]);
-  free(in[1]);
+  for (int i = 0; i < 3; i++)
+    free(in[i]);
   return code;
 }

@@ -1,5 +1,6 @@
 /* smoke.c - `convgrad smoke`: waits until the server is SERVING, then runs
- * every op over a fixed set of small problems (1D/2D/3D, groups,
+ * every op (the layer ops with every output, and without diff_src) over a
+ * fixed set of small problems (1D/2D/3D, groups,
  * depthwise, strides, dilations, pads, SAME auto_pad, both data formats,
  * every weights format, f32/bf16/f16, shape inputs, output layouts) and
  * checks each result against the local reference. */
@@ -14,7 +15,7 @@
 static const char cgc__smoke_help[] =
     "Usage: convgrad smoke [--wait SECONDS] [--quiet] [options]\n"
     "Waits until the server reports SERVING (retrying for up to --wait\n"
-    "seconds, default 30), then runs each of the four ops over small random\n"
+    "seconds, default 30), then runs each of the six ops over small random\n"
     "problems covering 1D/2D/3D, groups, depthwise, strides, dilations,\n"
     "pads, SAME auto_pad, NCX/NXC, every weights format, f32/bf16/f16,\n"
     "shape inputs and output layouts, and checks every result against the\n"
@@ -92,9 +93,15 @@ static int cgc__weights_dims(int x_first, int nsp, int64_t first,
 }
 
 /* Builds the spec for case c, op and combo; variant 1 sends the shape as
- * a tensor, variant 2 asks for the other data/weights output layout. */
+ * a tensor, variant 2 asks for the other data/weights output layout,
+ * variant 3 (layer ops) skips diff_src as a first layer would. A layer op
+ * is built as its backward-weights op, then turned into it. */
 static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
                        int variant) {
+  cg_op layer = cg_op_is_layer(op) ? op : CG_OP_INVALID;
+  if (layer)
+    op = layer == CG_OP_CONV_BWD ? CG_OP_CONV_BWD_WEIGHTS
+                                 : CG_OP_DECONV_BWD_WEIGHTS;
   int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
   int style = cgc__combos[combo].style;
   int64_t out_sp[3], wd[CG_MAX_RANK];
@@ -168,6 +175,9 @@ static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
     s->shape_input =
         op == CG_OP_CONV_BWD_DATA ? s->dst_shape : s->weights_shape;
   } else if (variant == 2) {
+    if (layer)
+      s->out_data_format =
+          s->data_format == CG_DATA_NCX ? CG_DATA_NXC : CG_DATA_NCX;
     if (cg_op_outputs_weights(op))
       s->out_weights_format =
           !deconv ? (s->weights_format == CG_WEIGHTS_OIX ? CG_WEIGHTS_XIO
@@ -178,63 +188,85 @@ static void cgc__build(cgc_spec *s, const cgc__case *c, cg_op op, int combo,
       s->out_data_format =
           s->data_format == CG_DATA_NCX ? CG_DATA_NXC : CG_DATA_NCX;
   }
+  if (layer) {
+    cgc_spec_to_layer(s, layer);
+    if (variant == 3)
+      s->grads =
+          CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS) | CG_GRAD_BIT(CG_GRAD_DIFF_BIAS);
+  }
 }
 
-/* Runs one case; returns 1 if it matched. */
+/* Runs one case, every output it asks for; returns 1 if all matched. */
 static int cgc__smoke_one(cgc_channel *ch, const cgc_spec *s, const char *label,
                           uint64_t seed, int quiet) {
   cg_problem p;
-  cg_geom g;
+  cg_layer l;
   char err[512], what[160];
-  void *in0 = NULL, *in1 = NULL, *ref = NULL;
-  cgc_tensor *out = NULL;
+  void *in[3] = {NULL}, *ref[CG_GRAD_COUNT] = {NULL};
+  cgc_tensor *out[CG_GRAD_COUNT] = {NULL};
   int ok = 0;
+  double worst = 0;
   snprintf(what, sizeof what, "%-28s %-4s %s/%s %s", cg_op_name(s->op),
            cg_dtype_name(s->dtype), cg_data_format_name(s->data_format),
            cg_weights_format_name(s->weights_format), label);
   cgc_spec_problem(s, &p);
-  if (cg_problem_resolve(&p, &g, err, sizeof err)) {
+  if (cg_layer_resolve(&p, &l, err, sizeof err)) {
     printf("FAIL  %s: local problem invalid: %s\n", what, err);
     return 0;
   }
-  in0 = malloc(g.in_bytes[0]);
-  in1 = malloc(g.in_bytes[1]);
-  ref = malloc(g.out_bytes);
-  if (!in0 || !in1 || !ref) {
-    printf("FAIL  %s: out of memory\n", what);
-    goto out;
-  }
-  cg_fill_uniform(s->dtype, in0, g.in_elems[0], &seed);
-  cg_fill_uniform(s->dtype, in1, g.in_elems[1], &seed);
+  for (int i = 0; i < l.ninputs; i++)
+    if (!(in[i] = malloc(l.in_bytes[i]))) {
+      printf("FAIL  %s: out of memory\n", what);
+      goto out;
+    }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((l.grads & CG_GRAD_BIT(g)) && !(ref[g] = malloc(l.out_bytes[g]))) {
+      printf("FAIL  %s: out of memory\n", what);
+      goto out;
+    }
+  for (int i = 0; i < l.ninputs; i++)
+    cg_fill_uniform(s->dtype, in[i], l.in_bytes[i] / cg_dtype_size(s->dtype),
+                    &seed);
   cgc_request req;
   cgc_status st;
-  cgc_spec_request(s, in0, g.in_bytes[0], in1, g.in_bytes[1], &req);
-  int rc = cgc_compute(ch, &req, &out, NULL, &st);
+  cgc_spec_request_n(s, (const void *const *)in, l.in_bytes, &req);
+  int rc = cgc_compute_layer(ch, &req, out, NULL, &st);
   if (rc) {
     printf("FAIL  %s: %s: %s\n", what,
            rc == CGC_ERPC ? cgc_status_code_name(st.code) : cgc_strerror(rc),
            st.message);
     goto out;
   }
-  if (out->nbytes != g.out_bytes || out->rank != g.in_rank ||
-      memcmp(out->dims, g.out_dims, (size_t)out->rank * sizeof(int64_t)) != 0) {
-    printf("FAIL  %s: result shape differs from the reference\n", what);
-    goto out;
-  }
-  if (cg_reference_run(&g, in0, in1, ref, err, sizeof err)) {
+  if (cg_reference_layer(&l, (const void *const *)in, ref, err, sizeof err)) {
     printf("FAIL  %s: reference: %s\n", what, err);
     goto out;
   }
-  cgc_diff d;
-  cgc_compare(&g, out->data, ref, &d);
-  ok = d.ok;
+  ok = 1;
+  for (int g = 0; g < CG_GRAD_COUNT && ok; g++) {
+    if (!(l.grads & CG_GRAD_BIT(g)))
+      continue;
+    if (out[g]->nbytes != l.out_bytes[g] || out[g]->rank != l.out_rank[g] ||
+        memcmp(out[g]->dims, l.out_dims[g],
+               (size_t)out[g]->rank * sizeof(int64_t)) != 0) {
+      printf("FAIL  %s: %s shape differs from the reference\n", what,
+             cg_grad_name((cg_grad)g));
+      ok = 0;
+      goto out;
+    }
+    cgc_diff d;
+    cgc_compare_output(&l, g, out[g]->data, ref[g], &d);
+    ok = d.ok;
+    worst = d.max_rel > worst ? d.max_rel : worst;
+  }
   if (!ok || !quiet)
-    printf("%s  %s  max rel err %.2g\n", ok ? "ok  " : "FAIL", what, d.max_rel);
+    printf("%s  %s  max rel err %.2g\n", ok ? "ok  " : "FAIL", what, worst);
 out:
-  cgc_tensor_free(out);
-  free(in0);
-  free(in1);
-  free(ref);
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    cgc_tensor_free(out[g]);
+    free(ref[g]);
+  }
+  for (int i = 0; i < 3; i++)
+    free(in[i]);
   return ok;
 }
 
@@ -286,7 +318,7 @@ int cgc_cmd_smoke(int argc, char **argv) {
   const size_t ncases = sizeof cgc__cases / sizeof cgc__cases[0];
   const size_t ncombos = sizeof cgc__combos / sizeof cgc__combos[0];
   for (size_t ci = 0; ci < ncases; ci++)
-    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD_WEIGHTS; op++)
+    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD; op++)
       for (size_t k = 0; k < ncombos; k++) {
         cgc_spec s;
         cgc__build(&s, &cgc__cases[ci], (cg_op)op, (int)k, 0);
@@ -295,15 +327,21 @@ int cgc_cmd_smoke(int argc, char **argv) {
       }
   /* Shape tensors and non-default output layouts, on the first two cases. */
   for (size_t ci = 0; ci < 2; ci++)
-    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD_WEIGHTS; op++)
-      for (int variant = 1; variant <= 2; variant++) {
+    for (int op = CG_OP_CONV_BWD_DATA; op <= CG_OP_DECONV_BWD; op++)
+      for (int variant = 1; variant <= 3; variant++) {
+        static const char *const names[] = {"", "shape-input",
+                                            "other-out-layout", "first-layer"};
         char label[64];
         cgc_spec s;
-        if (variant == 1 && op == CG_OP_DECONV_BWD_DATA)
-          continue; /* this op has no shape input */
+        /* Shape inputs are for the ops that have one; skipping diff_src is
+         * for the layer ops. */
+        if ((variant == 1 &&
+             (op == CG_OP_DECONV_BWD_DATA || cg_op_is_layer((cg_op)op))) ||
+            (variant == 3 && !cg_op_is_layer((cg_op)op)))
+          continue;
         cgc__build(&s, &cgc__cases[ci], (cg_op)op, (int)ci, variant);
         snprintf(label, sizeof label, "%s %s", cgc__cases[ci].label,
-                 variant == 1 ? "shape-input" : "other-out-layout");
+                 names[variant]);
         total++;
         passed += cgc__smoke_one(ch, &s, label, seed++, quiet);
       }

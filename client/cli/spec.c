@@ -35,10 +35,11 @@ void cgc_spec_problem(const cgc_spec *s, cg_problem *p) {
   p->attrs.auto_pad = s->auto_pad;
   p->attrs.data_format = s->data_format;
   p->attrs.weights_format = s->weights_format;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < cgc_spec_ninputs(s); i++) {
     p->input_dims[i].v = s->dims[i];
     p->input_dims[i].len = (size_t)s->rank[i];
   }
+  p->grads = s->grads;
   p->has_shape_input = s->has_shape_input;
   p->shape_input = cgc__ints(&s->shape_input);
   p->out_data_format = s->out_data_format;
@@ -100,32 +101,63 @@ int cgc_spec_input_bytes(const cgc_spec *s, int i, size_t *nbytes, char *err,
   return 0;
 }
 
-void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,
-                      const void *in1, size_t n1, cgc_request *r) {
+void cgc_spec_to_layer(cgc_spec *s, cg_op layer) {
+  s->op = layer;
+  s->rank[2] = (int)s->weights_shape.len;
+  memcpy(s->dims[2], s->weights_shape.v,
+         s->weights_shape.len * sizeof(int64_t));
+  s->weights_shape.len = 0;
+}
+
+void cgc_compare_output(const cg_layer *l, int g, const void *out,
+                        const void *ref, cgc_diff *d) {
+  cg_geom geom = *cg_layer_geom(l, (cg_grad)g);
+  geom.out_elems = l->out_elems[g];
+  cgc_compare(&geom, out, ref, d);
+}
+
+int cgc_spec_ninputs(const cgc_spec *s) {
+  return cg_op_is_layer(s->op) ? 3 : 2;
+}
+
+static cgc_layout cgc__weights_layout(cg_weights_format f) {
+  return f == CG_WEIGHTS_DEFAULT ? CGC_LAYOUT_DEFAULT : (cgc_layout)(f + 2);
+}
+
+void cgc_spec_request_n(const cgc_spec *s, const void *const *in,
+                        const size_t *n, cgc_request *r) {
   cg_problem p;
   cgc_spec_problem(s, &p);
   cgc_request_init(r);
   r->op = s->op;
   r->attrs = p.attrs;
-  const void *data[2] = {in0, in1};
-  size_t nbytes[2] = {n0, n1};
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < cgc_spec_ninputs(s); i++) {
     cgc_tensor_view *v = &r->inputs[i];
     v->dtype = s->dtype;
     v->rank = s->rank[i];
     memcpy(v->dims, s->dims[i], sizeof v->dims);
     v->layout = CGC_LAYOUT_DEFAULT;
-    v->data = data[i];
-    v->nbytes = nbytes[i];
+    v->data = in[i];
+    v->nbytes = n[i];
   }
   r->has_shape_input = s->has_shape_input;
   r->shape_input = p.shape_input;
-  if (cg_op_outputs_weights(s->op))
-    r->output_layout = s->out_weights_format == CG_WEIGHTS_DEFAULT
-                           ? CGC_LAYOUT_DEFAULT
-                           : (cgc_layout)(s->out_weights_format + 2);
-  else
+  if (cg_op_is_layer(s->op)) {
     r->output_layout = (cgc_layout)s->out_data_format;
+    r->weights_output_layout = cgc__weights_layout(s->out_weights_format);
+    r->grads = s->grads;
+  } else if (cg_op_outputs_weights(s->op)) {
+    r->output_layout = cgc__weights_layout(s->out_weights_format);
+  } else {
+    r->output_layout = (cgc_layout)s->out_data_format;
+  }
+}
+
+void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,
+                      const void *in1, size_t n1, cgc_request *r) {
+  const void *in[3] = {in0, in1, NULL};
+  size_t n[3] = {n0, n1, 0};
+  cgc_spec_request_n(s, in, n, r);
 }
 
 int cgc_list_parse(const char *text, cgc_list *l) {

@@ -11,6 +11,7 @@
 
 #include "cg/bdesc.h"
 #include "cg/dtype.h"
+#include "cg/layer.h"
 #include "cg/problem.h"
 #include "cgc/client.h"
 
@@ -46,18 +47,27 @@ typedef struct cgc_spec {
   cg_auto_pad auto_pad;
   cg_data_format data_format;
   cg_weights_format weights_format;
-  int rank[2]; /* 0: not known yet */
-  int64_t dims[2][CG_MAX_RANK];
+  /* The data inputs: two, or three for the layer ops. */
+  int rank[3]; /* 0: not known yet */
+  int64_t dims[3][CG_MAX_RANK];
   int has_shape_input;
   cgc_list shape_input;
   cg_data_format out_data_format;
   cg_weights_format out_weights_format;
+  unsigned grads; /* layer ops: CG_GRAD_BIT()s wanted, 0 = all */
 } cgc_spec;
+
+/* Data inputs of s's op: 2, or 3 for the layer ops. */
+int cgc_spec_ninputs(const cgc_spec *s);
 
 void cgc_spec_init(cgc_spec *s);
 /* Fills p with pointers into s (s must outlive p). */
 void cgc_spec_problem(const cgc_spec *s, cg_problem *p);
-/* Builds a request whose tensors (dims from s) point at in0/in1. */
+/* Builds a request whose tensors (dims from s) point at in[i] (n[i]
+ * bytes), i < cgc_spec_ninputs(s). */
+void cgc_spec_request_n(const cgc_spec *s, const void *const *in,
+                        const size_t *n, cgc_request *r);
+/* The same for a single op's two inputs. */
 void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,
                       const void *in1, size_t n1, cgc_request *r);
 /* Elements the CLI allows in one input it makes up (random data): the
@@ -69,6 +79,10 @@ void cgc_spec_request(const cgc_spec *s, const void *in0, size_t n0,
  * CGC_MAX_INPUT_ELEMS elements) with err naming the input and the limit. */
 int cgc_spec_input_bytes(const cgc_spec *s, int i, size_t *nbytes, char *err,
                          size_t errlen);
+/* Turns s, a backward-weights op's spec, into that of its layer op
+ * (CG_OP_CONV_BWD or CG_OP_DECONV_BWD): weights_shape becomes the third
+ * input's dims. */
+void cgc_spec_to_layer(cgc_spec *s, cg_op layer);
 /* Copies a descriptor-built problem into s. */
 void cgc_spec_from_problem(cgc_spec *s, const cg_problem *p);
 
@@ -84,6 +98,11 @@ typedef struct cgc_diff {
  * tolerance from the dtype's rounding and the reduction length. */
 void cgc_compare(const cg_geom *g, const void *out, const void *ref,
                  cgc_diff *d);
+/* Compares output g of a call of l with the reference's ref, as
+ * cgc_compare, with the tolerance of the op behind it (diff_bias: the
+ * backward-weights op's). */
+void cgc_compare_output(const cg_layer *l, int g, const void *out,
+                        const void *ref, cgc_diff *d);
 
 /* Exit code for a failed library call. */
 int cgc_exit_for(int rc, const cgc_status *st);

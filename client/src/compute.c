@@ -2,7 +2,8 @@
  * the request stream (a ComputeHeader, carrying the tensors when the
  * request fits one message, else followed by DataChunk messages whose
  * data slices point straight at the caller's tensors), and decodes the
- * response stream into one output allocation: the shared codec (cgw.h)
+ * response stream into one allocation per output (a layer op answers
+ * several, one after another): the shared codec (cgw.h)
  * finds each chunk's data in the received slices, so each received chunk
  * byte is copied exactly once. (A small result that rides in
  * ResultHeader.data is copied three times: out of the slices, by
@@ -45,18 +46,24 @@ enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 typedef struct cgc__attempt {
   const cgc_request *req;
   const cgc_options *opts;
+  int nin;        /* data inputs: 2, or 3 for a layer op */
+  unsigned wants; /* CG_GRAD_BIT() of each output asked for */
   /* upload cursor */
-  size_t inline_len[2]; /* bytes sent inside the header message */
-  int cur;              /* input being chunked; 2 = done */
+  size_t inline_len[3]; /* bytes sent inside the header message */
+  int cur;              /* input being chunked; nin = done */
   size_t off;           /* offset into inputs[cur] */
   cgc__pin *pin;
-  /* download */
-  int have_header;
-  double t_header; /* cgc__now_ms() when the ResultHeader arrived */
-  void *into;      /* caller memory for the result (cgc_compute_into) */
-  size_t into_cap;
-  cgc_tensor *out; /* its data is into when that is set, else owned */
-  uint64_t received;
+  /* download: the outputs arrive in cg_grad order */
+  int have_header; /* a ResultHeader arrived */
+  int out_cur;     /* the output being received */
+  unsigned got;    /* outputs whose header arrived */
+  double t_header; /* cgc__now_ms() when the first ResultHeader arrived */
+  /* Caller memory for each output (the _into calls), else NULL. */
+  void *into[CG_GRAD_COUNT];
+  size_t into_cap[CG_GRAD_COUNT];
+  /* The outputs; their data is into[g] when that is set, else owned. */
+  cgc_tensor *out[CG_GRAD_COUNT];
+  uint64_t received; /* bytes of out[out_cur] */
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
 } cgc__attempt;
@@ -126,7 +133,8 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
                                CONVGRAD__V1__TENSOR__INIT,
                                CONVGRAD__V1__TENSOR__INIT};
   Convgrad__V1__Tensor *tp[3] = {&t[0], &t[1], &t[2]};
-  int64_t dims[2][CG_MAX_RANK];
+  int64_t dims[3][CG_MAX_RANK];
+  Convgrad__V1__Output outputs[CG_GRAD_COUNT];
 
 #define CGC__LIST(name)                                                        \
   attrs.n_##name = at->name.len;                                               \
@@ -144,10 +152,13 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   attrs.data_format = (Convgrad__V1__Layout)at->data_format;
   attrs.weights_format = cgc__wire_weights(at->weights_format);
 
-  int all_inline =
-      r->inputs[0].nbytes <= a->opts->upload_chunk_bytes &&
-      r->inputs[1].nbytes <= a->opts->upload_chunk_bytes - r->inputs[0].nbytes;
-  for (int i = 0; i < 2; i++) {
+  size_t room = a->opts->upload_chunk_bytes;
+  int all_inline = 1;
+  for (int i = 0; i < a->nin && all_inline; i++) {
+    all_inline = r->inputs[i].nbytes <= room;
+    room -= all_inline ? r->inputs[i].nbytes : 0;
+  }
+  for (int i = 0; i < a->nin; i++) {
     const cgc_tensor_view *v = &r->inputs[i];
     memcpy(dims[i], v->dims, sizeof dims[i]);
     t[i].dtype = (Convgrad__V1__DType)v->dtype;
@@ -171,9 +182,15 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   }
   hdr.op = (Convgrad__V1__Op)r->op;
   hdr.attrs = &attrs;
-  hdr.n_inputs = r->has_shape_input ? 3 : 2;
+  hdr.n_inputs = (size_t)a->nin + (r->has_shape_input ? 1 : 0);
   hdr.inputs = tp;
   hdr.output_layout = (Convgrad__V1__Layout)r->output_layout;
+  hdr.weights_output_layout = (Convgrad__V1__Layout)r->weights_output_layout;
+  for (int g = 0; g < CG_GRAD_COUNT && r->grads; g++)
+    if (r->grads & CG_GRAD_BIT(g))
+      outputs[hdr.n_outputs++] =
+          (Convgrad__V1__Output)(CONVGRAD__V1__OUTPUT__DIFF_SRC + g);
+  hdr.outputs = outputs;
   hdr.response_chunk_bytes = a->opts->download_chunk_bytes;
   msg.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   msg.header = &hdr;
@@ -185,12 +202,12 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
 
 /* Moves the upload cursor past finished inputs; returns 1 if bytes remain. */
 static int cgc__upload_left(cgc__attempt *a) {
-  while (a->cur < 2 && a->off >= a->req->inputs[a->cur].nbytes) {
+  while (a->cur < a->nin && a->off >= a->req->inputs[a->cur].nbytes) {
     a->cur++;
-    if (a->cur < 2)
+    if (a->cur < a->nin)
       a->off = a->inline_len[a->cur];
   }
-  return a->cur < 2;
+  return a->cur < a->nin;
 }
 
 /* The next ComputeRequest{chunk: DataChunk{input, data}}, its data in
@@ -215,10 +232,32 @@ static int cgc__perr(cgc__attempt *a, const char *msg) {
   return CGC_EPROTO;
 }
 
-/* Checks a ResultHeader against itself and the caller's limits; *n gets
- * the result's size. */
+/* The output a ResultHeader starts: the next one asked for, which the
+ * header names (servers before the layer ops leave it unset, answering
+ * the single output). -1 after cgc__perr. */
+static int cgc__next_output(cgc__attempt *a,
+                            const Convgrad__V1__ResultHeader *h) {
+  unsigned left = a->wants & ~a->got;
+  if (!left) {
+    cgc__perr(a, "more outputs than were asked for");
+    return -1;
+  }
+  int g = __builtin_ctz(left);
+  if (h->output == CONVGRAD__V1__OUTPUT__OUTPUT_UNSPECIFIED &&
+      a->wants == left && (left & (left - 1)) == 0)
+    return g;
+  if ((int)h->output != CONVGRAD__V1__OUTPUT__DIFF_SRC + g) {
+    cgc__perr(a, "ResultHeader.output is not the next output asked for");
+    return -1;
+  }
+  return g;
+}
+
+/* Checks a ResultHeader of output g against itself and the caller's
+ * limits; *n gets the output's size. */
 static int cgc__check_result(cgc__attempt *a,
-                             const Convgrad__V1__ResultHeader *h, size_t *n) {
+                             const Convgrad__V1__ResultHeader *h, int g,
+                             size_t *n) {
   size_t es = cg_dtype_size((cg_dtype)h->dtype);
   *n = 1;
   if (es == 0 || h->dtype > CONVGRAD__V1__DTYPE__F16)
@@ -241,23 +280,24 @@ static int cgc__check_result(cgc__attempt *a,
     return cgc__perr(a, "ResultHeader pads have a bad length");
   if (h->data.len != 0 && h->data.len != *n)
     return cgc__perr(a, "ResultHeader.data is not the whole result");
-  if (a->into && *n > a->into_cap) {
+  if (a->into[g] && *n > a->into_cap[g]) {
     snprintf(a->perr, sizeof a->perr,
-             "result of %zu bytes does not fit the caller's %zu-byte buffer",
-             *n, a->into_cap);
+             "%s of %zu bytes does not fit the caller's %zu-byte buffer",
+             cg_grad_name((cg_grad)g), *n, a->into_cap[g]);
     return CG_ELIMIT;
   }
   return 0;
 }
 
-/* Allocates the result tensor of a checked ResultHeader of n bytes (in the
+/* Allocates output g of a checked ResultHeader of n bytes (in the
  * caller's buffer, when there is one) and keeps the header's figures. */
 static int cgc__take_result(cgc__attempt *a,
-                            const Convgrad__V1__ResultHeader *h, size_t n) {
+                            const Convgrad__V1__ResultHeader *h, int g,
+                            size_t n) {
   cgc_tensor *t = calloc(1, sizeof *t);
-  void *data = a->into;
+  void *data = a->into[g];
   size_t alloc = (n + 63) & ~(size_t)63;
-  if (!t || (!a->into && posix_memalign(&data, 64, alloc ? alloc : 64) != 0)) {
+  if (!t || (!data && posix_memalign(&data, 64, alloc ? alloc : 64) != 0)) {
     free(t);
     snprintf(a->perr, sizeof a->perr, "out of memory for a %zu-byte result", n);
     return CG_ENOMEM;
@@ -271,15 +311,21 @@ static int cgc__take_result(cgc__attempt *a,
                   : CGC_LAYOUT_DEFAULT;
   t->data = data;
   t->nbytes = n;
+  a->received = 0;
   if (h->data.len) {
     memcpy(data, h->data.data, n);
     a->received = n;
   }
-  a->out = t;
+  a->out[g] = t;
+  a->out_cur = g;
+  a->got |= CG_GRAD_BIT(g);
+  a->res.bytes_received += a->received;
+  if (!a->have_header)
+    a->t_header = cgc__now_ms();
   a->have_header = 1;
-  a->t_header = cgc__now_ms();
   a->res.queue_ms = h->queue_ms;
-  a->res.compute_ms = h->compute_ms;
+  a->res.output_compute_ms[g] = h->compute_ms;
+  a->res.compute_ms += h->compute_ms;
   snprintf(a->res.compute_path, sizeof a->res.compute_path, "%s",
            h->compute_path ? h->compute_path : "");
   snprintf(a->res.worker, sizeof a->res.worker, "%s",
@@ -299,9 +345,10 @@ static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
   if (!h)
     return cgc__perr(a, "undecodable ResultHeader");
   size_t n;
-  int rc = cgc__check_result(a, h, &n);
+  int g = cgc__next_output(a, h);
+  int rc = g < 0 ? CGC_EPROTO : cgc__check_result(a, h, g, &n);
   if (!rc)
-    rc = cgc__take_result(a, h, n);
+    rc = cgc__take_result(a, h, g, n);
   convgrad__v1__result_header__free_unpacked(h, NULL);
   return rc;
 }
@@ -309,8 +356,8 @@ static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
 /* Copies the ResultHeader's encoding out of the message and decodes it. */
 static int cgc__read_header(cgc__attempt *a, grpc_byte_buffer *bb,
                             const cgw_view *v) {
-  if (a->have_header)
-    return cgc__perr(a, "a second ResultHeader");
+  if (a->have_header && a->received != a->out[a->out_cur]->nbytes)
+    return cgc__perr(a, "a ResultHeader before the last output was whole");
   if (v->len > CGC__MAX_HEADER_BYTES)
     return cgc__perr(a, "ResultHeader too large");
   uint8_t *buf = malloc(v->len ? v->len : 1);
@@ -328,11 +375,13 @@ static int cgc__read_chunk(cgc__attempt *a, grpc_byte_buffer *bb,
                            const cgw_view *v) {
   if (!a->have_header)
     return cgc__perr(a, "data chunk before the ResultHeader");
-  if (v->len > a->out->nbytes - a->received)
+  cgc_tensor *t = a->out[a->out_cur];
+  if (v->len > t->nbytes - a->received)
     return cgc__perr(a, "more data than ResultHeader.total_bytes");
-  if (cgw_copy(bb, v->off, v->len, (uint8_t *)a->out->data + a->received))
+  if (cgw_copy(bb, v->off, v->len, (uint8_t *)t->data + a->received))
     return cgc__perr(a, "unreadable message");
   a->received += v->len;
+  a->res.bytes_received += v->len;
   return 0;
 }
 
@@ -351,13 +400,21 @@ static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
   }
 }
 
-/* Drops the attempt's result tensor, keeping the caller's memory. */
+/* Drops the attempt's outputs, keeping the caller's memory. */
 static void cgc__drop_out(cgc__attempt *a) {
-  if (a->out && a->into)
-    free(a->out);
-  else
-    cgc_tensor_free(a->out);
-  a->out = NULL;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (a->out[g] && a->into[g])
+      free(a->out[g]);
+    else
+      cgc_tensor_free(a->out[g]);
+    a->out[g] = NULL;
+  }
+}
+
+/* 1 when every output asked for arrived whole. */
+static int cgc__all_in(const cgc__attempt *a) {
+  return a->have_header && a->got == a->wants &&
+         a->received == a->out[a->out_cur]->nbytes;
 }
 
 static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
@@ -385,6 +442,7 @@ typedef struct cgc__flight {
 static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
   cgc__drop_out(a);
   a->have_header = 0;
+  a->got = 0;
   a->received = 0;
   a->perr[0] = '\0';
   memset(&a->res, 0, sizeof a->res);
@@ -469,7 +527,7 @@ static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
                                  "client rejected the response", NULL);
   /* Once all the announced bytes are in, the status is asked for at once;
    * reading on still catches a server that sends more. */
-  int all_in = a->have_header && a->received == a->out->nbytes;
+  int all_in = cgc__all_in(a);
   if (all_in && !f->status_started)
     f->t_last = cgc__now_ms();
   if (!ended && !f->local_rc) {
@@ -556,7 +614,7 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
     cgc__status_from_grpc(st, f->io.code, f->io.details);
     return CGC_ERPC;
   }
-  if (!a->have_header || a->received != a->out->nbytes) {
+  if (!a->have_header || !cgc__all_in(a)) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "malformed response: %s",
                     a->have_header ? "the stream ended before all data"
                                    : "no ResultHeader");
@@ -564,7 +622,6 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
   }
   a->res.total_ms = cgc__now_ms() - f->t0;
   a->res.download_ms = f->t_last - a->t_header;
-  a->res.bytes_received = a->received;
   cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
   return 0;
 }
@@ -595,7 +652,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   if (rc)
     goto out;
   f.io.send_bb = cgc__encode_header(a);
-  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1];
+  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1] + a->inline_len[2];
 
   f.call = grpc_channel_create_call(
       ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
@@ -633,19 +690,56 @@ void cgc_tensor_free(cgc_tensor *t) {
   free(t);
 }
 
-/* cgc_compute and cgc_compute_into: into NULL = allocate the result. */
-static int cgc__compute(cgc_channel *ch, const cgc_request *req, void *into,
-                        size_t into_cap, cgc_tensor **out, cgc_result *res,
+/* The outputs req asks for, or 0 after filling st. */
+static unsigned cgc__wants(const cgc_request *req, cgc_status *st) {
+  if (req->op < CG_OP_CONV_BWD_DATA || req->op > CG_OP_DECONV_BWD) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "op: invalid (%d)",
+                    (int)req->op);
+    return 0;
+  }
+  if (!cg_op_is_layer(req->op)) {
+    if (req->grads || req->weights_output_layout) {
+      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                      "%s: %s has one output; grads and "
+                      "weights_output_layout are for the layer ops",
+                      req->grads ? "grads" : "weights_output_layout",
+                      cg_op_name(req->op));
+      return 0;
+    }
+    return CG_GRAD_BIT(cg_op_outputs_weights(req->op) ? CG_GRAD_DIFF_WEIGHTS
+                                                      : CG_GRAD_DIFF_SRC);
+  }
+  if (req->grads & ~CG_GRADS_ALL) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "grads: unknown output in mask 0x%x", req->grads);
+    return 0;
+  }
+  if (req->has_shape_input) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "shape_input: %s takes src, diff_dst and weights only",
+                    cg_op_name(req->op));
+    return 0;
+  }
+  return req->grads ? req->grads : CG_GRADS_ALL;
+}
+
+/* Every cgc_compute* call: output g lands in into[g] when into and
+ * into[g] are set, else in a new allocation; out[g] receives each output
+ * asked for. */
+static int cgc__compute(cgc_channel *ch, const cgc_request *req,
+                        void *const *into, const size_t *into_cap,
+                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
                         cgc_status *st) {
   cgc__attempt a;
   int rc, attempts = 0;
-  *out = NULL;
-  if (req->op < CG_OP_CONV_BWD_DATA || req->op > CG_OP_DECONV_BWD_WEIGHTS) {
-    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "op: invalid (%d)",
-                    (int)req->op);
+  memset(&a, 0, sizeof a);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    out[g] = NULL;
+  a.wants = cgc__wants(req, st);
+  if (!a.wants)
     return CG_EINVAL;
-  }
-  for (int i = 0; i < 2; i++)
+  a.nin = cg_op_is_layer(req->op) ? 3 : 2;
+  for (int i = 0; i < a.nin; i++)
     if ((rc = cgc__check_view(&req->inputs[i], i, st)) != 0)
       return rc;
   if (req->has_shape_input &&
@@ -655,38 +749,101 @@ static int cgc__compute(cgc_channel *ch, const cgc_request *req, void *into,
                     "shape_input: must have 1..%d values", CG_MAX_RANK);
     return CG_EINVAL;
   }
-  memset(&a, 0, sizeof a);
   a.req = req;
   a.opts = &ch->opts;
-  a.into = into;
-  a.into_cap = into_cap;
+  for (int g = 0; into && g < CG_GRAD_COUNT; g++) {
+    a.into[g] = into[g];
+    a.into_cap[g] = into_cap[g];
+  }
   rc = cgc__with_retry(ch, cgc__deadline(ch, req->deadline_ms),
                        cgc__compute_attempt, &a, &attempts, st);
   a.res.attempts = attempts;
   if (res)
     *res = a.res;
   if (!rc)
-    *out = a.out;
+    for (int g = 0; g < CG_GRAD_COUNT; g++)
+      out[g] = a.out[g];
   return rc;
+}
+
+/* The one output a single-output call asks for; -1 after filling st. */
+static int cgc__single(const cgc_request *req, cgc_status *st) {
+  unsigned w = cgc__wants(req, st);
+  if (w && (w & (w - 1)) == 0)
+    return __builtin_ctz(w);
+  if (w)
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "grads: %s asks for several outputs; use "
+                    "cgc_compute_layer",
+                    cg_op_name(req->op));
+  return -1;
 }
 
 int cgc_compute(cgc_channel *ch, const cgc_request *req, cgc_tensor **out,
                 cgc_result *res, cgc_status *st) {
-  return cgc__compute(ch, req, NULL, 0, out, res, st);
+  cgc_tensor *outs[CG_GRAD_COUNT];
+  int g = cgc__single(req, st);
+  *out = NULL;
+  if (g < 0)
+    return CG_EINVAL;
+  int rc = cgc__compute(ch, req, NULL, NULL, outs, res, st);
+  if (!rc)
+    *out = outs[g];
+  return rc;
 }
 
 int cgc_compute_into(cgc_channel *ch, const cgc_request *req, void *data,
                      size_t cap, cgc_tensor *out, cgc_result *res,
                      cgc_status *st) {
-  cgc_tensor *t = NULL;
+  void *into[CG_GRAD_COUNT] = {NULL};
+  size_t caps[CG_GRAD_COUNT] = {0};
+  cgc_tensor *outs[CG_GRAD_COUNT];
   if (!data) {
     cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "data: NULL buffer");
     return CG_EINVAL;
   }
-  int rc = cgc__compute(ch, req, data, cap, &t, res, st);
+  int g = cgc__single(req, st);
+  if (g < 0)
+    return CG_EINVAL;
+  into[g] = data;
+  caps[g] = cap;
+  int rc = cgc__compute(ch, req, into, caps, outs, res, st);
   if (!rc) {
-    *out = *t;
-    free(t);
+    *out = *outs[g];
+    free(outs[g]);
+  }
+  return rc;
+}
+
+int cgc_compute_layer(cgc_channel *ch, const cgc_request *req,
+                      cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                      cgc_status *st) {
+  return cgc__compute(ch, req, NULL, NULL, out, res, st);
+}
+
+int cgc_compute_layer_into(cgc_channel *ch, const cgc_request *req,
+                           void *const data[CG_GRAD_COUNT],
+                           const size_t cap[CG_GRAD_COUNT],
+                           cgc_tensor out[CG_GRAD_COUNT], cgc_result *res,
+                           cgc_status *st) {
+  cgc_tensor *outs[CG_GRAD_COUNT];
+  unsigned w = cgc__wants(req, st);
+  if (!w)
+    return CG_EINVAL;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((w & CG_GRAD_BIT(g)) && !data[g]) {
+      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                      "data[%d]: NULL buffer for %s", g,
+                      cg_grad_name((cg_grad)g));
+      return CG_EINVAL;
+    }
+  int rc = cgc__compute(ch, req, data, cap, outs, res, st);
+  for (int g = 0; !rc && g < CG_GRAD_COUNT; g++) {
+    memset(&out[g], 0, sizeof out[g]);
+    if (outs[g]) {
+      out[g] = *outs[g];
+      free(outs[g]);
+    }
   }
   return rc;
 }
@@ -727,6 +884,39 @@ int cgc_deconv_bwd_data(cgc_channel *ch, const cg_attrs *attrs,
                         cgc_result *res, cgc_status *st) {
   return cgc__op(ch, CG_OP_DECONV_BWD_DATA, attrs, diff_dst, weights, diff_src,
                  res, st);
+}
+
+static int cgc__layer(cgc_channel *ch, cg_op op, const cg_attrs *attrs,
+                      const cgc_tensor_view *const in[3], unsigned grads,
+                      cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                      cgc_status *st) {
+  cgc_request r;
+  cgc_request_init(&r);
+  r.op = op;
+  if (attrs)
+    r.attrs = *attrs;
+  for (int i = 0; i < 3; i++)
+    r.inputs[i] = *in[i];
+  r.grads = grads;
+  return cgc_compute_layer(ch, &r, out, res, st);
+}
+
+int cgc_conv_bwd(cgc_channel *ch, const cg_attrs *attrs,
+                 const cgc_tensor_view *src, const cgc_tensor_view *diff_dst,
+                 const cgc_tensor_view *weights, unsigned grads,
+                 cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                 cgc_status *st) {
+  const cgc_tensor_view *in[3] = {src, diff_dst, weights};
+  return cgc__layer(ch, CG_OP_CONV_BWD, attrs, in, grads, out, res, st);
+}
+
+int cgc_deconv_bwd(cgc_channel *ch, const cg_attrs *attrs,
+                   const cgc_tensor_view *src, const cgc_tensor_view *diff_dst,
+                   const cgc_tensor_view *weights, unsigned grads,
+                   cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                   cgc_status *st) {
+  const cgc_tensor_view *in[3] = {src, diff_dst, weights};
+  return cgc__layer(ch, CG_OP_DECONV_BWD, attrs, in, grads, out, res, st);
 }
 
 int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,

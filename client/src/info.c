@@ -103,6 +103,8 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
     ops[i].inputs = (const char *const *)m->ops[i]->inputs;
     ops[i].n_inputs = m->ops[i]->n_inputs;
     ops[i].output = m->ops[i]->output;
+    ops[i].outputs = (const char *const *)m->ops[i]->outputs;
+    ops[i].n_outputs = m->ops[i]->n_outputs;
   }
   for (size_t i = 0; i < m->n_dtypes; i++) {
     dts[i].dtype = (int)m->dtypes[i]->dtype;

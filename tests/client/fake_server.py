@@ -6,7 +6,8 @@ Call number i (counted from 0) is answered with the responses of SCRIPT[i]
 as raw bytes, then status OK, so the client's own parser meets: a chunk
 before the header, a header whose total disagrees with its shape, more or
 fewer bytes than announced, a shape that overflows, a result above the
-client's size cap, an undecodable message, two headers, inline data
+client's size cap, an undecodable message, two headers (the second before
+the first output is whole, or an output not asked for), inline data
 (ResultHeader.data) that is not the whole result or is followed by a
 chunk, and two correct answers (chunked and inline). Prints
 "fake-server ready listen=127.0.0.1:PORT" when serving.
@@ -56,6 +57,7 @@ SCRIPT = [
     [b"\xff\xff\xff"],                                   # truncated tag
     [b"\x1f"],                                           # wire type 7
     [header(), header()],                                # two headers
+    [header(data=bytes(16)), header(data=bytes(16))],    # an extra output
     [header(dtype=4)],                                   # s32 result
     [header(data=bytes(8))],                             # inline, short
     [header(data=bytes(16)), chunk(bytes(4))],           # inline + chunk

@@ -108,7 +108,11 @@ static void test_info(void **state) {
   expect(&r, 0, NULL, json);
   cJSON *root = cJSON_Parse(r.out);
   assert_non_null(root);
-  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "ops")), 4);
+  cJSON *ops = cJSON_GetObjectItem(root, "ops");
+  assert_int_equal(cJSON_GetArraySize(ops), 6);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(
+                       cJSON_GetArrayItem(ops, 5), "outputs")),
+                   3);
   assert_non_null(cJSON_GetObjectItem(root, "limits"));
   /* The harness's server is started with no --workers: adaptive. */
   assert_string_equal(

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <math.h>
 
 #include "cg/reference.h"
 #include "cgc/client.h"
@@ -131,6 +132,86 @@ static void test_all_ops_tiny_chunks(void **state) {
     make_spec(&s, (cg_op)op, 2);
     run_and_check(ch, &s, (uint64_t)op);
   }
+  cgc_channel_free(ch);
+}
+
+/* cgc_conv_bwd / cgc_deconv_bwd: every subset of outputs, many small
+ * messages each way, each output against the reference. */
+static void test_layer_ops(void **state) {
+  (void)state;
+  cgc_options o;
+  cgc_channel *ch;
+  char err[256];
+  cgc_options_init(&o);
+  o.upload_chunk_bytes = 1000;
+  o.download_chunk_bytes = 1024;
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err), 0);
+  for (int deconv = 0; deconv < 2; deconv++)
+    for (unsigned grads = 1; grads <= CG_GRADS_ALL; grads++) {
+      cgc_spec s;
+      make_spec(&s, deconv ? CG_OP_DECONV_BWD_WEIGHTS : CG_OP_CONV_BWD_WEIGHTS,
+                2);
+      cg_problem p;
+      cg_layer l;
+      cgc_spec_problem(&s, &p);
+      p.op = deconv ? CG_OP_DECONV_BWD : CG_OP_CONV_BWD;
+      p.input_dims[2] = p.attrs.weights_shape;
+      p.attrs.weights_shape = (cg_ints){NULL, 0};
+      p.grads = grads;
+      if (cg_layer_resolve(&p, &l, err, sizeof err))
+        fail_msg("resolve: %s", err);
+      const void *in[3];
+      cgc_tensor_view v[3];
+      uint64_t seed = grads;
+      for (int i = 0; i < 3; i++) {
+        void *b = malloc(l.in_bytes[i]);
+        assert_non_null(b);
+        cg_fill_uniform(CG_DTYPE_F32, b, l.in_bytes[i] / 4, &seed);
+        in[i] = b;
+        memset(&v[i], 0, sizeof v[i]);
+        v[i].dtype = CG_DTYPE_F32;
+        v[i].rank = (int)p.input_dims[i].len;
+        memcpy(v[i].dims, p.input_dims[i].v, sizeof(int64_t) * 4);
+        v[i].data = b;
+        v[i].nbytes = l.in_bytes[i];
+      }
+      cgc_tensor *out[CG_GRAD_COUNT];
+      cgc_result res;
+      cgc_status st;
+      int rc = (deconv ? cgc_deconv_bwd : cgc_conv_bwd)(
+          ch, &p.attrs, &v[0], &v[1], &v[2], grads, out, &res, &st);
+      if (rc)
+        fail_msg("%s grads %u: %s", cg_op_name(p.op), grads, st.message);
+      void *ref[CG_GRAD_COUNT] = {NULL};
+      for (int g = 0; g < CG_GRAD_COUNT; g++)
+        if (grads & CG_GRAD_BIT(g))
+          ref[g] = malloc(l.out_bytes[g]);
+      assert_int_equal(cg_reference_layer(&l, in, ref, err, sizeof err), 0);
+      uint64_t want_bytes = 0;
+      for (int g = 0; g < CG_GRAD_COUNT; g++) {
+        if (!(grads & CG_GRAD_BIT(g))) {
+          assert_null(out[g]);
+          assert_true(res.output_compute_ms[g] == 0);
+          continue;
+        }
+        assert_non_null(out[g]);
+        assert_int_equal(out[g]->nbytes, l.out_bytes[g]);
+        assert_int_equal(out[g]->rank, l.out_rank[g]);
+        want_bytes += l.out_bytes[g];
+        const float *got = out[g]->data, *want = ref[g];
+        for (size_t i = 0; i < l.out_elems[g]; i++)
+          if (fabsf(got[i] - want[i]) > 1e-4f * (1 + fabsf(want[i])))
+            fail_msg("%s %s[%zu]: %g, want %g", cg_op_name(p.op),
+                     cg_grad_name((cg_grad)g), i, got[i], want[i]);
+        cgc_tensor_free(out[g]);
+        free(ref[g]);
+      }
+      assert_int_equal(res.bytes_received, want_bytes);
+      assert_int_equal(res.bytes_sent,
+                       l.in_bytes[0] + l.in_bytes[1] + l.in_bytes[2]);
+      for (int i = 0; i < 3; i++)
+        free((void *)in[i]);
+    }
   cgc_channel_free(ch);
 }
 
@@ -320,7 +401,7 @@ static void test_health_and_info(void **state) {
   assert_int_equal(st.code, GRPC_STATUS_NOT_FOUND);
   cgc_server_info *in = NULL;
   assert_int_equal(cgc_server_info_get(ch, 0, &in, &st), 0);
-  assert_int_equal(in->n_ops, 4);
+  assert_int_equal(in->n_ops, 6);
   assert_string_equal(in->ops[0].names[0], "ConvolutionBackwardData");
   assert_int_equal(in->workers, 2);
   assert_true(in->n_dtypes >= 3);
@@ -443,6 +524,7 @@ int main(int argc, char **argv) {
   server_exe = argv[1];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_ops_tiny_chunks),
+      cmocka_unit_test(test_layer_ops),
       cmocka_unit_test(test_large_tensor_default_chunks),
       cmocka_unit_test(test_compute_into),
       cmocka_unit_test(test_shared_channel_threads),

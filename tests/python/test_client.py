@@ -244,7 +244,8 @@ class Ops(unittest.TestCase):
                          ["ConvolutionBackwardData",
                           "ConvolutionBackwardWeights",
                           "ConvTransposeBackwardData",
-                          "ConvTransposeBackwardWeights"])
+                          "ConvTransposeBackwardWeights",
+                          "ConvolutionBackward", "ConvTransposeBackward"])
         self.assertEqual(set(info["dtypes"]) & {"f32", "bf16", "f16"},
                          {"f32", "bf16", "f16"})
         self.assertEqual(self.c.target, SERVER.target)

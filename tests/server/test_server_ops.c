@@ -296,8 +296,15 @@ static void test_server_info(void **state) {
   ts_call_free(&c);
   assert_non_null(info);
   assert_string_equal(info->version, CGS_TEST_VERSION);
-  assert_int_equal(info->n_ops, 4);
+  assert_int_equal(info->n_ops, 6);
   assert_string_equal(info->ops[0]->names[0], "ConvolutionBackwardData");
+  assert_int_equal(info->ops[0]->n_outputs, 1);
+  assert_string_equal(info->ops[0]->outputs[0], "diff_src");
+  assert_string_equal(info->ops[4]->names[0], "ConvolutionBackward");
+  assert_int_equal(info->ops[4]->n_inputs, 3);
+  assert_string_equal(info->ops[4]->inputs[2], "weights");
+  assert_int_equal(info->ops[4]->n_outputs, 3);
+  assert_string_equal(info->ops[4]->outputs[2], "diff_bias");
   int found_alias = 0;
   for (size_t i = 0; i < info->ops[1]->n_names; i++)
     found_alias |=

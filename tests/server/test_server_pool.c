@@ -31,6 +31,7 @@ typedef struct fixture {
   cgs_pool *pool;
   ts_problem tp;
   ts_problem big; /* some milliseconds of work */
+  cg_layer tp_layer, big_layer;
   cgs_job jobs[NJOBS];
   void *out[NJOBS];
   int done;
@@ -54,13 +55,26 @@ static void wait_idle(fixture *f) {
   assert_int_equal(cgs_pool_idle(f->pool), f->cfg.workers);
 }
 
-static void job_init(fixture *f, int i) {
+/* Job i computes the one output of l from p's inputs into f->out[i]. */
+static void job_set(fixture *f, int i, const cg_layer *l, const ts_problem *p) {
   memset(&f->jobs[i], 0, sizeof f->jobs[i]);
-  f->jobs[i].geom = &f->tp.g;
-  f->jobs[i].in0 = f->tp.in[0];
-  f->jobs[i].in1 = f->tp.in[1];
-  f->jobs[i].out = f->out[i];
+  f->jobs[i].layer = l;
+  f->jobs[i].in[0] = p->in[0];
+  f->jobs[i].in[1] = p->in[1];
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (l->grads & CG_GRAD_BIT(g))
+      f->jobs[i].out[g] = f->out[i];
   atomic_init(&f->jobs[i].discard, 0);
+}
+
+static void job_init(fixture *f, int i) {
+  job_set(f, i, &f->tp_layer, &f->tp);
+}
+
+/* The run figures of a job's one output. */
+static const cg_run_info *info_of(const cgs_job *job) {
+  int g = __builtin_ctz(job->layer->grads);
+  return &job->info[g];
 }
 
 static int setup(void **state) {
@@ -94,6 +108,8 @@ static int setup(void **state) {
   d.mb = 8, d.ic = d.oc = 64, d.is[0] = d.is[1] = 28;
   if (ts_problem_init(&f.big, &d) != 0 || ts_problem_reference(&f.big) != 0)
     return -1;
+  cg_layer_of_geom(&f.tp.g, &f.tp_layer);
+  cg_layer_of_geom(&f.big.g, &f.big_layer);
   size_t most = f.big.g.out_bytes > f.tp.g.out_bytes ? f.big.g.out_bytes
                                                      : f.tp.g.out_bytes;
   for (int i = 0; i < NJOBS; i++)
@@ -187,10 +203,7 @@ static int have_two_cores(void) {
 }
 
 static void big_job(fixture *f, int i) {
-  job_init(f, i);
-  f->jobs[i].geom = &f->big.g;
-  f->jobs[i].in0 = f->big.in[0];
-  f->jobs[i].in1 = f->big.in[1];
+  job_set(f, i, &f->big_layer, &f->big);
 }
 
 /* When job ran, in ms of uv_hrtime. */
@@ -198,7 +211,7 @@ static double started(const cgs_job *job) {
   return (double)job->t_submit / 1e6 + job->queue_ms;
 }
 static double ended(const cgs_job *job) {
-  return started(job) + job->info.compute_ms;
+  return started(job) + info_of(job)->compute_ms;
 }
 
 /* The core the only thread named name, pinned to a single core, is pinned
@@ -246,7 +259,7 @@ static void test_lone_job_takes_every_core(void **state) {
     cgs_pool_submit(f->pool, &f->jobs[0]);
     wait_done(f, done + 1);
     assert_int_equal(f->jobs[0].rc, 0);
-    assert_int_equal(f->jobs[0].info.threads, 2);
+    assert_int_equal(info_of(&f->jobs[0])->threads, 2);
     unsigned w = f->jobs[0].worker;
     int other = f->cfg.cpus.cpu[1 - w];
     assert_int_equal(
@@ -276,13 +289,13 @@ static void test_jobs_at_once_get_a_core_each(void **state) {
     const cgs_job *a = &f->jobs[i];
     assert_int_equal(a->rc, 0);
     assert_int_equal(ts_problem_check(&f->big, f->out[i]), 0);
-    assert_true(a->info.threads >= 1 && a->info.threads <= 2);
+    assert_true(info_of(a)->threads >= 1 && info_of(a)->threads <= 2);
     for (int k = i + 1; k < 4; k++) {
       const cgs_job *b = &f->jobs[k];
       if (started(b) < ended(a) && started(a) < ended(b)) {
         overlaps++;
-        assert_int_equal(a->info.threads, 1);
-        assert_int_equal(b->info.threads, 1);
+        assert_int_equal(info_of(a)->threads, 1);
+        assert_int_equal(info_of(b)->threads, 1);
         assert_int_not_equal(a->worker, b->worker);
       }
     }
@@ -320,8 +333,8 @@ static void test_no_job_starts_on_a_lent_core(void **state) {
   const cgs_job *a = &f->jobs[0], *b = &f->jobs[1];
   assert_int_equal(a->rc, 0);
   assert_int_equal(b->rc, 0);
-  assert_int_equal(a->info.threads, 2);
-  assert_int_equal(b->info.threads, 2);
+  assert_int_equal(info_of(a)->threads, 2);
+  assert_int_equal(info_of(b)->threads, 2);
   assert_true(started(b) >= ended(a) - 0.05);
   assert_int_equal(ts_problem_check(&f->big, f->out[1]), 0);
 }

@@ -3,7 +3,8 @@
 toolchain (Python grpcio, stubs made here with grpc_tools or protoc +
 grpc_python_plugin) talks to a real convgrad-server: health Check and Watch,
 GetServerInfo, ConvolutionBackwardData against a numpy reference with the
-request and the response both chunked, and an error status. Exits 77 (ctest
+request and the response both chunked, ConvolutionBackward's several
+outputs framed as the proto says, and error statuses. Exits 77 (ctest
 skip) when no stub generator is installed."""
 import argparse
 import os
@@ -115,6 +116,103 @@ def conv_bwd_data_ref(dy, w, groups, stride, pad, dil, in_hw):
     return dx[:, :, pad:pad + ih, pad:pad + iw]
 
 
+def conv_bwd_weights_ref(x, dy, groups, stride, pad, dil, k):
+    """diff_weights (OIHW) of the same convolution."""
+    n, ic, ih, iw = x.shape
+    _, oc, oh, ow = dy.shape
+    icg, ocg = ic // groups, oc // groups
+    xp = np.zeros((n, ic, ih + 2 * pad, iw + 2 * pad), np.float64)
+    xp[:, :, pad:pad + ih, pad:pad + iw] = x
+    dw = np.zeros((oc, icg, k, k), np.float64)
+    for g in range(groups):
+        dyg = dy[:, g * ocg:(g + 1) * ocg].astype(np.float64)
+        for y in range(k):
+            for xx in range(k):
+                win = xp[:, g * icg:(g + 1) * icg,
+                         y * dil:y * dil + stride * (oh - 1) + 1:stride,
+                         xx * dil:xx * dil + stride * (ow - 1) + 1:stride]
+                dw[g * ocg:(g + 1) * ocg, :, y, xx] = np.einsum(
+                    "nohw,nihw->oi", dyg, win)
+    return dw
+
+
+def read_outputs(msgs):
+    """Splits a Compute response into (header, bytes) per output: a header,
+    then chunks until total_bytes, then the next header."""
+    outs, i = [], 0
+    while i < len(msgs):
+        assert msgs[i].WhichOneof("kind") == "header", i
+        head, data = msgs[i].header, msgs[i].header.data
+        i += 1
+        while len(data) < head.total_bytes:
+            assert msgs[i].WhichOneof("kind") == "chunk", i
+            data += msgs[i].chunk
+            i += 1
+        assert len(data) == head.total_bytes
+        outs.append((head, data))
+    return outs
+
+
+def layer_backward(stub, pb, grpc):
+    """ConvolutionBackward: every subset of outputs, listed in any order,
+    comes back in the order DIFF_SRC, DIFF_WEIGHTS, DIFF_BIAS, each output
+    checked against numpy; then refusals that name the field."""
+    rng = np.random.default_rng(11)
+    n, ic, oc, groups, ih, iw, k, s, p, d = 2, 4, 6, 2, 9, 8, 3, 2, 1, 1
+    oh = (ih + 2 * p - ((k - 1) * d + 1)) // s + 1
+    ow = (iw + 2 * p - ((k - 1) * d + 1)) // s + 1
+    x = rng.uniform(-1, 1, (n, ic, ih, iw)).astype("<f4")
+    dy = rng.uniform(-1, 1, (n, oc, oh, ow)).astype("<f4")
+    w = rng.uniform(-1, 1, (oc, ic // groups, k, k)).astype("<f4")
+    want = {pb.DIFF_SRC: conv_bwd_data_ref(dy, w, groups, s, p, d, (ih, iw)),
+            pb.DIFF_WEIGHTS: conv_bwd_weights_ref(x, dy, groups, s, p, d, k),
+            pb.DIFF_BIAS: dy.astype(np.float64).sum(axis=(0, 2, 3))}
+    attrs = pb.Attributes(strides=[s, s], pads_begin=[p, p], pads_end=[p, p],
+                          groups=groups, data_format=pb.NCX,
+                          weights_format=pb.OIX)
+
+    def call(outputs, chunk=1024):
+        header = pb.ComputeHeader(
+            op=pb.CONVOLUTION_BACKWARD, attrs=attrs, outputs=outputs,
+            inputs=[pb.Tensor(dtype=pb.F32, shape=list(t.shape))
+                    for t in (x, dy, w)],
+            response_chunk_bytes=chunk)
+
+        def requests():
+            yield pb.ComputeRequest(header=header)
+            for i, t in enumerate((x, dy, w)):
+                b = t.tobytes()
+                for off in range(0, len(b), 700):
+                    yield pb.ComputeRequest(
+                        chunk=pb.DataChunk(input=i, data=b[off:off + 700]))
+        return list(stub.Compute(requests(), timeout=30))
+
+    order = [pb.DIFF_SRC, pb.DIFF_WEIGHTS, pb.DIFF_BIAS]
+    for asked in ([], [pb.DIFF_BIAS, pb.DIFF_SRC], [pb.DIFF_WEIGHTS],
+                  [pb.DIFF_BIAS, pb.DIFF_WEIGHTS, pb.DIFF_SRC]):
+        outs = read_outputs(call(asked))
+        expect = [o for o in order if not asked or o in asked]
+        assert [h.output for h, _ in outs] == expect, (asked, outs)
+        for head, data in outs:
+            ref = want[head.output]
+            assert list(head.shape) == list(ref.shape), head
+            assert head.layout == (pb.LAYOUT_UNSPECIFIED
+                                   if head.output == pb.DIFF_BIAS else
+                                   pb.OIX if head.output == pb.DIFF_WEIGHTS
+                                   else pb.NCX), head
+            got = np.frombuffer(data, "<f4").reshape(ref.shape)
+            err = np.max(np.abs(got - ref))
+            assert err < 1e-4, (head.output, err)
+    for asked, field in (([pb.DIFF_SRC, pb.DIFF_SRC], "header.outputs[1]"),
+                         ([7], "header.outputs[0]")):
+        try:
+            call(asked)
+            raise AssertionError("accepted outputs %r" % asked)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert field in e.details(), e.details()
+
+
 def main():
     args = common_args(__doc__).parse_args()
     out = prepare_stubs(args.proto, args.workdir, "cgs-py-")
@@ -198,6 +296,8 @@ def main():
             got = np.frombuffer(data, "<f4").reshape(n, ic, ih, iw)
             err = np.max(np.abs(got - want))
             assert err < 1e-4, (chunk_bytes, err)
+
+        layer_backward(stub, pb, grpc)
 
         # A truncated stream is INVALID_ARGUMENT, naming the input.
         def truncated():

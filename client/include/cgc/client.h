@@ -185,8 +185,11 @@ typedef struct cgc_result {
   /* Client-side phases of the successful attempt, for bandwidth figures:
    * upload_ms from the start until the last request chunk was accepted by
    * gRPC (0 when the request fit one message), download_ms from the
-   * ResultHeader to the last output byte. */
+   * first ResultHeader to the last output byte. */
   double upload_ms, download_ms;
+  /* Server compute of each output (compute_ms is their sum), by cg_grad;
+   * 0 where the call did not ask for it. */
+  double output_compute_ms[CG_GRAD_COUNT];
 } cgc_result;
 
 /* One request. The attributes are the kernels' cg_attrs (same meaning as
@@ -194,14 +197,21 @@ typedef struct cgc_result {
 typedef struct cgc_request {
   cg_op op;
   cg_attrs attrs;
-  /* The op's two inputs in op order (see cg/problem.h). */
-  cgc_tensor_view inputs[2];
-  /* Optional third input: dst_shape / weights_shape as a tensor (sent as
-   * s64). It wins over the attribute on the server. */
+  /* The op's inputs in op order (see cg/problem.h): two for the single
+   * ops, src, diff_dst and weights for the layer ops (CG_OP_CONV_BWD,
+   * CG_OP_DECONV_BWD). */
+  cgc_tensor_view inputs[3];
+  /* Single ops only: dst_shape / weights_shape as a tensor (sent as s64).
+   * It wins over the attribute on the server. */
   int has_shape_input;
   cg_ints shape_input;
-  cgc_layout output_layout; /* DEFAULT: the matching input's layout */
-  int64_t deadline_ms;      /* 0: the channel's default */
+  /* DEFAULT: the matching input's layout. Layer ops: diff_src's. */
+  cgc_layout output_layout;
+  /* Layer ops only: diff_weights' layout (DEFAULT: the weights'), and the
+   * outputs wanted, CG_GRAD_BIT()s (0: all three). */
+  cgc_layout weights_output_layout;
+  unsigned grads;
+  int64_t deadline_ms; /* 0: the channel's default */
 } cgc_request;
 
 /* Zeroes r and initialises its attributes (cg_attrs_init). */
@@ -228,6 +238,41 @@ CGC_EXPORT int cgc_compute(cgc_channel *ch, const cgc_request *req,
 CGC_EXPORT int cgc_compute_into(cgc_channel *ch, const cgc_request *req,
                                 void *data, size_t cap, cgc_tensor *out,
                                 cgc_result *res, cgc_status *st);
+
+/* A layer op (or any op): every output asked for, out[g] by cg_grad (a
+ * new tensor owned by the caller; NULL where not asked). The server sends
+ * the outputs one after another, each as a single op's result. A
+ * cgc_compute call on a layer op must ask for exactly one output. Returns
+ * and thread-safety as cgc_compute; on failure every out[g] is NULL. */
+CGC_EXPORT int cgc_compute_layer(cgc_channel *ch, const cgc_request *req,
+                                 cgc_tensor *out[CG_GRAD_COUNT],
+                                 cgc_result *res, cgc_status *st);
+/* cgc_compute_into for several outputs: output g lands in data[g] (cap[g]
+ * bytes), which must be set for every output asked for; out[g] describes
+ * it (zeroed where not asked). */
+CGC_EXPORT int cgc_compute_layer_into(cgc_channel *ch, const cgc_request *req,
+                                      void *const data[CG_GRAD_COUNT],
+                                      const size_t cap[CG_GRAD_COUNT],
+                                      cgc_tensor out[CG_GRAD_COUNT],
+                                      cgc_result *res, cgc_status *st);
+
+/* A layer's backward in one call: src, diff_dst and weights sent once,
+ * the outputs in grads (CG_GRAD_BIT()s, 0: all) returned in out as by
+ * cgc_compute_layer.
+ *   ConvolutionBackward:   diff_src, diff_weights, diff_bias
+ *   ConvTransposeBackward: diff_src, diff_weights, diff_bias */
+CGC_EXPORT int cgc_conv_bwd(cgc_channel *ch, const cg_attrs *attrs,
+                            const cgc_tensor_view *src,
+                            const cgc_tensor_view *diff_dst,
+                            const cgc_tensor_view *weights, unsigned grads,
+                            cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                            cgc_status *st);
+CGC_EXPORT int cgc_deconv_bwd(cgc_channel *ch, const cg_attrs *attrs,
+                              const cgc_tensor_view *src,
+                              const cgc_tensor_view *diff_dst,
+                              const cgc_tensor_view *weights, unsigned grads,
+                              cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                              cgc_status *st);
 
 /* The four ops; shorthands for cgc_compute with the channel's default
  * deadline. Same return values, ownership and thread-safety.
@@ -283,7 +328,9 @@ typedef struct cgc_op_info {
   size_t n_names;
   const char *const *inputs;
   size_t n_inputs;
-  const char *output;
+  const char *output;         /* the single ops' output; "" for the layer ops */
+  const char *const *outputs; /* every output it can answer */
+  size_t n_outputs;
 } cgc_op_info;
 
 typedef struct cgc_dtype_info {

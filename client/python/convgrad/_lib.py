@@ -16,6 +16,12 @@ OP_CONV_BWD_DATA = 1
 OP_CONV_BWD_WEIGHTS = 2
 OP_DECONV_BWD_DATA = 3
 OP_DECONV_BWD_WEIGHTS = 4
+OP_CONV_BWD = 5
+OP_DECONV_BWD = 6
+
+# cg_grad: the outputs of a layer's backward, in the order they come
+GRADS = ("diff_src", "diff_weights", "diff_bias")
+GRAD_COUNT = len(GRADS)
 
 # cg_dtype
 DTYPE_F32 = 1
@@ -62,13 +68,15 @@ class Result(C.Structure):
                 ("pads_end", C.c_int64 * MAX_SPATIAL),
                 ("attempts", C.c_int), ("bytes_sent", C.c_uint64),
                 ("bytes_received", C.c_uint64), ("upload_ms", C.c_double),
-                ("download_ms", C.c_double)]
+                ("download_ms", C.c_double),
+                ("output_compute_ms", C.c_double * GRAD_COUNT)]
 
 
 class Request(C.Structure):
     _fields_ = [("op", C.c_int), ("attrs", Attrs),
-                ("inputs", TensorView * 2), ("has_shape_input", C.c_int),
+                ("inputs", TensorView * 3), ("has_shape_input", C.c_int),
                 ("shape_input", Ints), ("output_layout", C.c_int),
+                ("weights_output_layout", C.c_int), ("grads", C.c_uint),
                 ("deadline_ms", C.c_int64)]
 
 
@@ -90,7 +98,8 @@ class Options(C.Structure):
 class OpInfo(C.Structure):
     _fields_ = [("op", C.c_int), ("names", C.POINTER(C.c_char_p)),
                 ("n_names", C.c_size_t), ("inputs", C.POINTER(C.c_char_p)),
-                ("n_inputs", C.c_size_t), ("output", C.c_char_p)]
+                ("n_inputs", C.c_size_t), ("output", C.c_char_p),
+                ("outputs", C.POINTER(C.c_char_p)), ("n_outputs", C.c_size_t)]
 
 
 class DtypeInfo(C.Structure):
@@ -154,6 +163,14 @@ def _declare(lib):
         "cgc_compute_into": (C.c_int, [C.c_void_p, P(Request), C.c_void_p,
                                        C.c_size_t, P(Tensor), P(Result),
                                        P(Status)]),
+        "cgc_compute_layer": (C.c_int, [C.c_void_p, P(Request),
+                                        P(Tensor) * GRAD_COUNT, P(Result),
+                                        P(Status)]),
+        "cgc_compute_layer_into": (C.c_int, [C.c_void_p, P(Request),
+                                             C.c_void_p * GRAD_COUNT,
+                                             C.c_size_t * GRAD_COUNT,
+                                             Tensor * GRAD_COUNT, P(Result),
+                                             P(Status)]),
         "cgc_health": (C.c_int, [C.c_void_p, C.c_char_p, C.c_int64,
                                  P(C.c_int), P(Status)]),
         "cgc_server_info_get": (C.c_int, [C.c_void_p, C.c_int64,

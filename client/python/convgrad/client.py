@@ -268,7 +268,9 @@ class Client:
                                    for j in range(o.n_names)],
                          "inputs": [o.inputs[j].decode()
                                     for j in range(o.n_inputs)],
-                         "output": o.output.decode()}
+                         "output": (o.output or b"").decode(),
+                         "outputs": [o.outputs[j].decode()
+                                     for j in range(o.n_outputs)]}
                         for o in i.ops[:i.n_ops]]
             d["dtypes"] = {_DTYPE_NAMES.get(t.dtype, str(t.dtype)):
                            bool(t.native) for t in i.dtypes[:i.n_dtypes]}
@@ -282,29 +284,52 @@ class Client:
         """ConvolutionBackwardData: diff_src of a convolution from diff_dst
         and weights. dst_shape (the diff_src shape, in data_format order)
         is inferred from the forward relation when not given."""
-        return self._op(L.OP_CONV_BWD_DATA, ("diff_dst", diff_dst),
-                        ("weights", weights), out, attrs)
+        return self._op(L.OP_CONV_BWD_DATA, [("diff_dst", diff_dst),
+                                             ("weights", weights)], out, attrs)
 
     def conv_backward_weights(self, src, diff_dst, out=None, **attrs):
         """ConvolutionBackwardWeights: diff_weights of a convolution from
         src and diff_dst; weights_shape (in weights_format order) is
         required."""
-        return self._op(L.OP_CONV_BWD_WEIGHTS, ("src", src),
-                        ("diff_dst", diff_dst), out, attrs)
+        return self._op(L.OP_CONV_BWD_WEIGHTS, [("src", src),
+                                                ("diff_dst", diff_dst)],
+                        out, attrs)
 
     def conv_transpose_backward_data(self, diff_dst, weights, out=None,
                                      **attrs):
         """ConvTransposeBackwardData: diff_src of a transposed convolution
         from diff_dst and weights."""
-        return self._op(L.OP_DECONV_BWD_DATA, ("diff_dst", diff_dst),
-                        ("weights", weights), out, attrs)
+        return self._op(L.OP_DECONV_BWD_DATA, [("diff_dst", diff_dst),
+                                               ("weights", weights)],
+                        out, attrs)
 
     def conv_transpose_backward_weights(self, src, diff_dst, out=None,
                                         **attrs):
         """ConvTransposeBackwardWeights: diff_weights of a transposed
         convolution from src and diff_dst; weights_shape is required."""
-        return self._op(L.OP_DECONV_BWD_WEIGHTS, ("src", src),
-                        ("diff_dst", diff_dst), out, attrs)
+        return self._op(L.OP_DECONV_BWD_WEIGHTS, [("src", src),
+                                                  ("diff_dst", diff_dst)],
+                        out, attrs)
+
+    def conv_backward(self, src, diff_dst, weights, outputs=None, out=None,
+                      **attrs):
+        """ConvolutionBackward: a convolution layer's gradients in one call,
+        src, diff_dst and weights sent once. outputs names the ones wanted
+        (default all: "diff_src", "diff_weights", "diff_bias"; a first layer
+        skips diff_src). Returns a dict of them; out, a dict of arrays,
+        receives them in place instead."""
+        return self._op(L.OP_CONV_BWD, [("src", src), ("diff_dst", diff_dst),
+                                        ("weights", weights)],
+                        out, attrs, outputs)
+
+    def conv_transpose_backward(self, src, diff_dst, weights, outputs=None,
+                                out=None, **attrs):
+        """ConvTransposeBackward: conv_backward for a transposed
+        convolution."""
+        return self._op(L.OP_DECONV_BWD, [("src", src),
+                                          ("diff_dst", diff_dst),
+                                          ("weights", weights)],
+                        out, attrs, outputs)
 
     def _check(self, rc, st):
         if rc == 0:
@@ -314,40 +339,33 @@ class Client:
             msg = self._lib.cgc_strerror(rc).decode()
         raise from_status(st.code if st.code else 2, msg, rc)
 
-    def _op(self, op, a, b, out, attrs):
+    def _op(self, op, inputs, out, attrs, outputs=None):
         with_result = attrs.pop("with_result", False)
         deadline = attrs.pop("deadline", None)
+        layer = op in (L.OP_CONV_BWD, L.OP_DECONV_BWD)
         req = L.Request()
         self._lib.cgc_request_init(C.byref(req))
         req.op = op
         req.deadline_ms = _ms(deadline)
+        if layer:
+            req.grads = _grads(outputs)
         keep = _attrs(req.attrs, attrs)
-        ins = [_Array(a[0], a[1]), _Array(b[0], b[1])]
-        if ins[0].dtype != ins[1].dtype:
-            raise InvalidArgument("%s: %s but %s is %s; both inputs must "
-                                  "have one dtype" % (
-                                      ins[1].name,
-                                      _DTYPE_NAMES[ins[1].dtype], ins[0].name,
-                                      _DTYPE_NAMES[ins[0].dtype]))
+        ins = [_Array(name, a) for name, a in inputs]
+        for x in ins[1:]:
+            if x.dtype != ins[0].dtype:
+                raise InvalidArgument("%s: %s but %s is %s; every input must "
+                                      "have one dtype" % (
+                                          x.name, _DTYPE_NAMES[x.dtype],
+                                          ins[0].name,
+                                          _DTYPE_NAMES[ins[0].dtype]))
         for i, x in enumerate(ins):
             x.view(req.inputs[i])
         res = L.Result()
         st = L.Status()
-        t = L.Tensor()
-        if out is not None:
-            o = _Array("out", out, writable=True)
-            if o.dtype != ins[0].dtype:
-                raise InvalidArgument("out: %s but the inputs are %s" % (
-                    _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[ins[0].dtype]))
-            rc = self._lib.cgc_compute_into(self._channel(), C.byref(req),
-                                            o.ptr, o.nbytes, C.byref(t),
-                                            C.byref(res), C.byref(st))
-            self._check(rc, st)
-            dims = tuple(t.dims[:t.rank])
-            if dims != o.shape:
-                raise InvalidArgument("out: shape %s but the result is %s"
-                                      % (o.shape, dims))
-            result = out
+        if layer:
+            result = self._layer(req, res, st, out, ins[0])
+        elif out is not None:
+            result = self._single_into(req, res, st, out, ins[0])
         else:
             p = C.POINTER(L.Tensor)()
             rc = self._lib.cgc_compute(self._channel(), C.byref(req),
@@ -364,6 +382,76 @@ class Client:
             s["queue_ms"] += res.queue_ms
             s["total_ms"] += res.total_ms
         return (result, CallResult(res)) if with_result else result
+
+    def _single_into(self, req, res, st, out, first):
+        o = _Array("out", out, writable=True)
+        if o.dtype != first.dtype:
+            raise InvalidArgument("out: %s but the inputs are %s" % (
+                _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[first.dtype]))
+        t = L.Tensor()
+        rc = self._lib.cgc_compute_into(self._channel(), C.byref(req), o.ptr,
+                                        o.nbytes, C.byref(t), C.byref(res),
+                                        C.byref(st))
+        self._check(rc, st)
+        _check_out_shape("out", o, t)
+        return out
+
+    def _layer(self, req, res, st, out, first):
+        """The outputs of a layer op as a dict, in out's arrays if given."""
+        names = [g for i, g in enumerate(L.GRADS) if req.grads & (1 << i)]
+        if out is None:
+            ps = (C.POINTER(L.Tensor) * L.GRAD_COUNT)()
+            rc = self._lib.cgc_compute_layer(self._channel(), C.byref(req),
+                                             ps, C.byref(res), C.byref(st))
+            self._check(rc, st)
+            return {g: _wrap(self._lib, ps[L.GRADS.index(g)], first.torch)
+                    for g in names}
+        if not isinstance(out, dict) or set(out) != set(names):
+            raise InvalidArgument("out: a dict with exactly the outputs "
+                                  "asked for (%s)" % ", ".join(names))
+        arrs = {g: _Array("out[%r]" % g, out[g], writable=True)
+                for g in names}
+        data = (C.c_void_p * L.GRAD_COUNT)()
+        caps = (C.c_size_t * L.GRAD_COUNT)()
+        for g, o in arrs.items():
+            if o.dtype != first.dtype:
+                raise InvalidArgument("%s: %s but the inputs are %s" % (
+                    o.name, _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[first.dtype]))
+            data[L.GRADS.index(g)] = o.ptr
+            caps[L.GRADS.index(g)] = o.nbytes
+        ts = (L.Tensor * L.GRAD_COUNT)()
+        rc = self._lib.cgc_compute_layer_into(self._channel(), C.byref(req),
+                                              data, caps, ts, C.byref(res),
+                                              C.byref(st))
+        self._check(rc, st)
+        for g, o in arrs.items():
+            _check_out_shape(o.name, o, ts[L.GRADS.index(g)])
+        return out
+
+
+def _check_out_shape(name, o, t):
+    dims = tuple(t.dims[:t.rank])
+    if dims != o.shape:
+        raise InvalidArgument("%s: shape %s but the result is %s"
+                              % (name, o.shape, dims))
+
+
+def _grads(outputs):
+    """The cg_grad mask of a list of output names (None: all)."""
+    if outputs is None:
+        return (1 << L.GRAD_COUNT) - 1
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    mask = 0
+    for name in outputs:
+        if name not in L.GRADS:
+            raise InvalidArgument("outputs: %r; accepted: %s"
+                                  % (name, ", ".join(L.GRADS)))
+        mask |= 1 << L.GRADS.index(name)
+    if not mask:
+        raise InvalidArgument("outputs: empty; name at least one of %s"
+                              % ", ".join(L.GRADS))
+    return mask
 
 
 def _new_client(target, deadline, retries, options):
