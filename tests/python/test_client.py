@@ -134,6 +134,43 @@ class Ops(unittest.TestCase):
                         self.run_case(case, dt, transposed,
                                       numpy_arrays=(case[0] == "2d"))
 
+    def test_layer_ops(self):
+        # conv_backward / conv_transpose_backward: every output from one
+        # call, against autograd (diff_bias: diff_dst summed over N and
+        # space); a subset into out= arrays, as a first layer asks.
+        for case in CASES:
+            for dt in ("f32", "bf16"):
+                for transposed in (False, True):
+                    with self.subTest(case=case[0], dt=dt,
+                                      transposed=transposed):
+                        x, w, dy, dx_ref, dw_ref = reference(
+                            case, transposed, TORCH_DT[dt], 5)
+                        a = attrs_of(case, transposed)
+                        fn = (self.c.conv_transpose_backward if transposed
+                              else self.c.conv_backward)
+                        got = fn(x, dy, w, **a)
+                        self.assertEqual(set(got), {"diff_src", "diff_weights",
+                                                    "diff_bias"})
+                        db_ref = dy.double().sum(
+                            dim=[0] + list(range(2, dy.dim())))
+                        for name, ref in (("diff_src", dx_ref),
+                                          ("diff_weights", dw_ref),
+                                          ("diff_bias", db_ref)):
+                            self.assertEqual(got[name].dtype, TORCH_DT[dt])
+                            self.assertLess(cgtest.rel_err(got[name], ref),
+                                            cgtest.TOLERANCE[dt], name)
+                        out = {"diff_weights": torch.empty_like(w),
+                               "diff_bias": torch.empty(db_ref.shape,
+                                                        dtype=TORCH_DT[dt])}
+                        r = fn(x, dy, w, outputs=["diff_bias", "diff_weights"],
+                               out=out, **a)
+                        self.assertIs(r, out)
+                        self.assertLess(cgtest.rel_err(out["diff_weights"],
+                                                       dw_ref),
+                                        cgtest.TOLERANCE[dt])
+        with self.assertRaises(convgrad.InvalidArgument):
+            self.c.conv_backward(x, dy, w, outputs=["diff_dst"])
+
     def test_nxc_defaults(self):
         # The spec's defaults: NXC data and XIO weights.
         case = CASES[1]
