@@ -13,7 +13,7 @@
           diff_weights through the server over loopback (each output alone,
           and both in one call) against PyTorch's
           torch.ops.aten.convolution_backward in f32 NCX on this machine
-          (its own threads, mkldnn as PyTorch ships it). Prints the medians
+          (every core, mkldnn as PyTorch ships it). Prints the medians
           and how many times faster the server is (target >= 20).
 
     /usr/bin/python3 tests/bench/bench_layer.py --build build
@@ -125,6 +125,8 @@ def bench_fused(args, c):
 
 def bench_torch(args, c):
     import torch
+    # Every core, as the server has (Debian's torch may start with one).
+    torch.set_num_threads(os.cpu_count())
     rows = resnet_rows(args.problems, r"^deconv:")
     rng = np.random.default_rng(2)
     print("(d) deconv row: server over loopback against "
