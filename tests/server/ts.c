@@ -670,7 +670,7 @@ void ts_problem_free(ts_problem *tp) {
  * grow says it is as big as it may get; tp and *took are the last run. */
 static int grow_until_slow(grpc_channel *ch, ts_desc *d,
                            int (*grow)(ts_desc *d), ts_problem *tp,
-                           double min_ms, double *took) {
+                           double min_ms, double min_flops, double *took) {
   for (;;) {
     if (ts_problem_init(tp, d) != 0)
       return -1;
@@ -691,7 +691,7 @@ static int grow_until_slow(grpc_channel *ch, ts_desc *d,
       ts_problem_free(tp);
       return -1;
     }
-    if (*took >= min_ms)
+    if (*took >= min_ms && tp->g.flops >= min_flops)
       break;
     ts_desc bigger = *d;
     if (grow(&bigger) != 0)
@@ -734,12 +734,12 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                .pad = 2,
                .dil = 1,
                .seed = 32};
-  return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, took);
+  return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, 0, took);
 }
 
 /* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of a 160M budget. */
 static int grow_data_problem(ts_desc *d) {
-  if (d->mb >= 256)
+  if (d->mb >= 1024)
     return -1;
   d->mb *= 2;
   return 0;
@@ -752,8 +752,8 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
                .dfmt = CG_DATA_NXC,
                .groups = 1,
                .mb = 4,
-               .ic = 256,
-               .oc = 256,
+               .ic = 128,
+               .oc = 128,
                .nsp = 2,
                .is = {14, 14},
                .ks = {13, 13},
@@ -761,7 +761,12 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
                .pad = 6,
                .dil = 1,
                .seed = 34};
-  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, took);
+  /* Slow is not enough: the server slices a job of at least two slices'
+   * work (16 GFLOP per thread each, pool.c), so on a core slow enough
+   * that min_ms is a single slice's work the job would run whole. Four
+   * slices' work on two threads, in rows of about 1 GFLOP. */
+  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, 4 * 32e9,
+                         took);
 }
 
 /* ---- background calls ---- */

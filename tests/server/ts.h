@@ -160,8 +160,10 @@ void ts_problem_free(ts_problem *tp);
  * that server with --max-request-flops 0. Returns 0 or -1. */
 int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                     double *took);
-/* The same with a backward-data problem of big minibatch (the server runs
- * it in minibatch slices); needs --max-request-flops 0. */
+/* The same with a backward-data problem of big minibatch, grown to at
+ * least four minibatch slices' work on two threads whatever the core's
+ * speed, so that the server runs it in slices; needs --max-request-flops
+ * 0. */
 int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
                              double *took);
 
