@@ -213,6 +213,64 @@ def layer_backward(stub, pb, grpc):
             assert field in e.details(), e.details()
 
 
+def layer_cancels_free_places(args, out, pb, pbg, grpc):
+    """A layer call's diff_src streams while the rest computes on the place
+    the first part kept: calls cancelled at their first message must give
+    every place back. A server with 3 places (2 workers, queue 1) then
+    still answers a layer call after 8 such cancels."""
+    import time
+    log = open(os.path.join(out, "server-places.log"), "w")
+    proc, port = start_server(args.server, log, ["--queue-depth", "1",
+                                                 "--max-calls-per-peer",
+                                                 "64"])
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        stub = pbg.ConvGradStub(ch)
+        rng = np.random.default_rng(3)
+        x = rng.uniform(-1, 1, (8, 32, 28, 28)).astype("<f4")
+        dy = rng.uniform(-1, 1, (8, 32, 28, 28)).astype("<f4")
+        w = rng.uniform(-1, 1, (32, 32, 3, 3)).astype("<f4")
+        header = pb.ComputeHeader(
+            op=pb.CONVOLUTION_BACKWARD,
+            attrs=pb.Attributes(pads_begin=[1, 1], pads_end=[1, 1],
+                                data_format=pb.NCX, weights_format=pb.OIX),
+            inputs=[pb.Tensor(dtype=pb.F32, shape=list(t.shape),
+                              data=t.tobytes()) for t in (x, dy, w)],
+            response_chunk_bytes=1024)
+        def busy(e):
+            # The last cancels may not have reached the server yet.
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            time.sleep(0.1)
+        cancelled = 0
+        for _ in range(100):
+            call = stub.Compute(iter([pb.ComputeRequest(header=header)]),
+                                timeout=30)
+            try:
+                assert next(call).WhichOneof("kind") == "header"
+            except grpc.RpcError as e:
+                busy(e)
+                continue
+            call.cancel()
+            cancelled += 1
+            if cancelled == 8:
+                break
+        assert cancelled == 8, cancelled
+        for attempt in range(50):
+            try:
+                outs = read_outputs(list(stub.Compute(
+                    iter([pb.ComputeRequest(header=header)]), timeout=30)))
+                break
+            except grpc.RpcError as e:
+                busy(e)
+        else:
+            raise AssertionError("the server's places never came back")
+        assert [h.output for h, _ in outs] == [pb.DIFF_SRC, pb.DIFF_WEIGHTS,
+                                               pb.DIFF_BIAS]
+        ch.close()
+    finally:
+        assert stop_server(proc, log) == 0
+
+
 def main():
     args = common_args(__doc__).parse_args()
     out = prepare_stubs(args.proto, args.workdir, "cgs-py-")
@@ -298,6 +356,7 @@ def main():
             assert err < 1e-4, (chunk_bytes, err)
 
         layer_backward(stub, pb, grpc)
+        layer_cancels_free_places(args, out, pb, pbg, grpc)
 
         # A truncated stream is INVALID_ARGUMENT, naming the input.
         def truncated():
