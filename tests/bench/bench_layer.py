@@ -9,9 +9,10 @@
           and one pair, in alternating order. Prints the medians, their
           ratio (target <= 0.85) and the bytes each side moves, up and down
           (target <= 0.78).
-  torch   figure (d): the deconv row, ConvTransposeBackward's diff_src and
-          diff_weights through the server over loopback (each output alone,
-          and both in one call) against PyTorch's
+  torch   figure (d): the deconv row through the server over loopback,
+          diff_src and diff_weights each by its single op (which uploads
+          only what it needs) and both by ConvTransposeBackward, against
+          PyTorch's
           torch.ops.aten.convolution_backward in f32 NCX on this machine
           (every core, mkldnn as PyTorch ships it). Prints the medians
           and how many times faster the server is (target >= 20).
@@ -148,11 +149,16 @@ def bench_torch(args, c):
         def server(names):
             c.conv_transpose_backward(src, dd, w, outputs=names,
                                       out={n: out[n] for n in names}, **a)
+        def data():
+            c.conv_transpose_backward_data(dd, w, out=out["diff_src"], **a)
+
+        def weights():
+            c.conv_transpose_backward_weights(
+                src, dd, out=out["diff_weights"], weights_shape=list(w.shape),
+                **a)
         cases = [
-            ("diff_src", lambda: torch_bwd([True, False, False]),
-             lambda: server(["diff_src"])),
-            ("diff_weights", lambda: torch_bwd([False, True, False]),
-             lambda: server(["diff_weights"])),
+            ("diff_src", lambda: torch_bwd([True, False, False]), data),
+            ("diff_weights", lambda: torch_bwd([False, True, False]), weights),
             ("both", lambda: torch_bwd([True, True, False]),
              lambda: server(["diff_src", "diff_weights"])),
         ]
