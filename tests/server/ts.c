@@ -765,8 +765,7 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
    * work (16 GFLOP per thread each, pool.c), so on a core slow enough
    * that min_ms is a single slice's work the job would run whole. Four
    * slices' work on two threads, in rows of about 1 GFLOP. */
-  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, 4 * 32e9,
-                         took);
+  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, 4 * 32e9, took);
 }
 
 /* ---- background calls ---- */
