@@ -28,7 +28,8 @@ typedef enum {
 } cgs_threads_policy;
 
 typedef struct cgs_config {
-  char listen[256];            /* HOST:PORT; port 0 = ephemeral */
+  char listen[256]; /* HOST:PORT and unix:PATH, comma-separated (listen.c) */
+  unsigned socket_mode;        /* of the unix sockets */
   unsigned workers;            /* 0 until cgs_config_finish: auto */
   unsigned threads_per_worker; /* cores each worker owns; 0 until
                                   cgs_config_finish: auto (1) */

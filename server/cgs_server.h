@@ -22,6 +22,7 @@
 
 #include "cgs_config.h"
 #include "cgs_cq.h"
+#include "cgs_listen.h"
 #include "cgs_peers.h"
 #include "cgs_pool.h"
 
@@ -55,7 +56,9 @@ struct cgs_server {
   grpc_server *grpc;
   cgs_cq cq;
   void *methods[CGS_METHODS_MAX]; /* grpc's handles, in table order */
-  int port; /* the bound port (useful with --listen ...:0) */
+  cgs_listeners listeners;
+  int port; /* the first TCP address's bound port (--listen ...:0); 0 when
+               there is none */
 
   cgs_pool *pool;
   cgs_health *health;
@@ -88,8 +91,9 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
                      size_t errlen);
 /* Begins graceful shutdown; idempotent. */
 void cgs_server_drain(cgs_server *s);
-/* Frees what outlives the loop run (every call object is freed by then).
- * Call after uv_run returns, whether the start succeeded or not. */
+/* Frees what outlives the loop run (every call object is freed by then)
+ * and removes the unix sockets. Call after uv_run returns, whether the
+ * start succeeded or not. */
 void cgs_server_close(cgs_server *s);
 
 /* Called by call.c when a Compute call object is freed: lets a draining

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cg/text.h"
+#include "cgs_listen.h"
 
 typedef enum {
   OPT_STRING, /* char[] field */
@@ -21,7 +22,8 @@ typedef enum {
   OPT_MS,     /* uint64_t field of milliseconds, given in seconds */
   OPT_CPUS,   /* cgs_cpu_list */
   OPT_LEVEL,  /* cgs_log_level */
-  OPT_POLICY  /* cgs_threads_policy */
+  OPT_POLICY, /* cgs_threads_policy */
+  OPT_MODE    /* unsigned field, a file mode in octal */
 } opt_type;
 
 typedef struct opt_def {
@@ -42,7 +44,11 @@ typedef struct opt_def {
  * parser as user input, so they are checked against the same bounds. */
 static const opt_def opt_table[] = {
     {"listen", OPT_STRING, offsetof(cgs_config, listen), "127.0.0.1:50051", 0,
-     0, "address to listen on, HOST:PORT; port 0 picks a free port"},
+     0,
+     "addresses to listen on, a comma list of HOST:PORT (port 0 picks a "
+     "free port) and unix:/PATH (a unix socket for trainers on this host)"},
+    {"socket-mode", OPT_MODE, offsetof(cgs_config, socket_mode), "0660", 0,
+     0777, "file mode of --listen's unix sockets, in octal"},
     {"workers", OPT_UINT, offsetof(cgs_config, workers), "0", 0, 256,
      "compute worker threads; 0 = one per --cpus entry / threads-per-worker"},
     {"threads-per-worker", OPT_UINT, offsetof(cgs_config, threads_per_worker),
@@ -265,6 +271,13 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
   case OPT_COUNT:
     rc = parse_u64(value, 0, &v);
     break;
+  case OPT_MODE: {
+    char *end;
+    errno = 0;
+    v = strtoull(value, &end, 8);
+    rc = !*value || *end || errno ? -1 : 0;
+    break;
+  }
   }
   if (rc != 0 || v < o->min || v > o->max) {
     if (o->type == OPT_MS)
@@ -272,6 +285,11 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
                origin, o->min ? "" : "0 or ",
                o->min ? (double)o->min / 1000.0 : 0.001,
                (double)o->max / 1000.0, value);
+    else if (o->type == OPT_MODE)
+      snprintf(err, errlen,
+               "%s: expected an octal file mode 0 .. 0%llo, got "
+               "'%s'",
+               origin, (unsigned long long)o->max, value);
     else
       snprintf(err, errlen, "%s: expected a number in [%llu, %llu]%s, got '%s'",
                origin, (unsigned long long)o->min, (unsigned long long)o->max,
@@ -281,7 +299,7 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
                value);
     return -1;
   }
-  if (o->type == OPT_UINT)
+  if (o->type == OPT_UINT || o->type == OPT_MODE)
     *(unsigned *)(void *)field = (unsigned)v;
   else
     *(uint64_t *)(void *)field = v;
@@ -425,6 +443,9 @@ uint64_t cgs_config_cgroup_memory(const char *root, const char *self) {
 }
 
 int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
+  cgs_listeners ls;
+  if (cgs_listen_parse(c->listen, &ls, err, errlen) != 0)
+    return -1;
   if (c->cpus.n == 0) {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -517,7 +538,9 @@ void cgs_config_usage(FILE *out, const char *argv0) {
   }
   fprintf(out, "  -h, --help\n      print this help and exit\n\n"
                "On start the server prints one line to stdout:\n"
-               "  convgrad-server ready listen=HOST:PORT workers=N "
-               "threads_per_worker=T threads_policy=POLICY cpus=LIST "
-               "io_cpus=LIST isa=ISA onednn=VERSION\n");
+               "  convgrad-server ready listen=HOST:PORT [unix=PATH...] "
+               "workers=N threads_per_worker=T threads_policy=POLICY "
+               "cpus=LIST io_cpus=LIST isa=ISA onednn=VERSION\n"
+               "(listen= names the first TCP address, \"-\" when there is "
+               "none; unix= each unix socket).\n");
 }

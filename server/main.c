@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "cg/engine.h"
+#include "cg/text.h"
 #include "cgs_buf.h"
 #include "cgs_config.h"
 #include "cgs_log.h"
@@ -90,18 +91,37 @@ static void on_server_stopped(cgs_server *s) {
   close_signals(cgs_container_of(s, app, server));
 }
 
+/* "listen=HOST:PORT" of the first TCP address (its bound port), or
+ * "listen=-", then " unix=PATH" for each unix socket. */
+static void format_listeners(const cgs_listeners *ls, char *buf, size_t cap) {
+  cg_text t;
+  cg_text_init(&t, buf, cap);
+  int tcp = 0;
+  for (int i = 0; i < ls->n && !tcp; i++) {
+    const cgs_listener *l = &ls->l[i];
+    if (l->path)
+      continue;
+    const char *colon = strrchr(l->target, ':');
+    cg_text_appendf(&t, "listen=%.*s:%d", (int)(colon - l->target), l->target,
+                    l->port);
+    tcp = 1;
+  }
+  if (!tcp)
+    cg_text_appendf(&t, "listen=-");
+  for (int i = 0; i < ls->n; i++)
+    if (ls->l[i].path)
+      cg_text_appendf(&t, " unix=%s", ls->l[i].path);
+}
+
 static void print_ready(const app *a) {
-  char cpus[1024], io_cpus[1024], host[256];
+  char cpus[1024], io_cpus[1024], listen[1200];
   cgs_config_format_cpus(&a->cfg.cpus, cpus, sizeof cpus);
   cgs_config_format_cpus(&a->cfg.io_cpus, io_cpus, sizeof io_cpus);
-  snprintf(host, sizeof host, "%s", a->cfg.listen);
-  char *colon = strrchr(host, ':');
-  if (colon)
-    *colon = '\0';
+  format_listeners(&a->server.listeners, listen, sizeof listen);
   /* stdout, one line, flushed: scripts and tests parse it. */
-  printf("convgrad-server ready listen=%s:%d workers=%u threads_per_worker=%u "
+  printf("convgrad-server ready %s workers=%u threads_per_worker=%u "
          "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",
-         host, a->server.port, a->cfg.workers, a->cfg.threads_per_worker,
+         listen, a->cfg.workers, a->cfg.threads_per_worker,
          cgs_threads_policy_name(a->cfg.threads_policy), cpus, io_cpus,
          cg_backend_isa(), cg_backend_version());
   fflush(stdout);

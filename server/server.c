@@ -197,6 +197,7 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
 void cgs_server_close(cgs_server *s) {
   cgs_peers_free(s->peers);
   s->peers = NULL;
+  cgs_listen_remove(&s->listeners);
 }
 
 void cgs_server_drain(cgs_server *s) {
@@ -300,14 +301,14 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
                        d->path);
     }
   }
+  if (cgs_listen_parse(cfg->listen, &s->listeners, err, errlen) != 0)
+    return CG_EINVAL;
   grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-  s->port = grpc_server_add_http2_port(s->grpc, cfg->listen, creds);
+  int rc = cgs_listen_bind(&s->listeners, s->grpc, creds, cfg->socket_mode, err,
+                           errlen);
   grpc_server_credentials_release(creds);
-  if (s->port <= 0)
-    return cg_errorf(err, errlen, CG_EINVAL,
-                     "--listen: cannot bind '%s' (in use or not HOST:PORT)",
-                     cfg->listen);
-  return 0;
+  s->port = cgs_listen_tcp_port(&s->listeners);
+  return rc ? CG_EINVAL : 0;
 }
 
 int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
