@@ -7,7 +7,8 @@
 #            and the Python package's core (python3-numpy)
 #   --tests  adds what only the tests use: torch (convgrad.torch, the
 #            torch_* and python_* groups), sklearn (the digits example),
-#            grpcio/protobuf/h2 (the server's wire tests). torch alone is
+#            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
+#            manifests check). torch alone is
 #            ~1 GB installed, so the main job does not pull it in.
 set -euo pipefail
 
@@ -19,7 +20,7 @@ main_packages=(
 )
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
-  clang-format clang-tidy
+  python3-yaml clang-format clang-tidy
 )
 
 packages=("${main_packages[@]}")

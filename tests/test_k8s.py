@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""test_k8s.py - docker/k8s's manifests checked offline (no cluster): every
+kustomization resource parses, and what must agree does: the Deployment's
+selector and its pods' labels, the Service's and the PodDisruptionBudget's
+selectors, the container port against CONVGRAD_LISTEN, the Service's
+targetPort and both gRPC probes; requests equal to limits in whole cores
+(Guaranteed QoS, the static CPU manager's exclusive cpuset);
+terminationGracePeriodSeconds above CONVGRAD_GRACE; a headless Service; a
+budget that leaves a replica up; the pod's user the image's. Then each of a
+few broken copies must be refused, so that the checks can fail.
+
+Usage: test_k8s.py --dir docker/k8s --dockerfile docker/Dockerfile"""
+import argparse
+import copy
+import os
+import re
+import sys
+
+import yaml
+
+
+class Inconsistent(Exception):
+    pass
+
+
+def fail(msg):
+    raise Inconsistent(msg)
+
+
+def load(directory):
+    kust = yaml.safe_load(open(os.path.join(directory, "kustomization.yaml")))
+    docs = []
+    for res in kust["resources"]:
+        for d in yaml.safe_load_all(open(os.path.join(directory, res))):
+            if d:
+                docs.append(d)
+    by_kind = {}
+    for d in docs:
+        for key in ("apiVersion", "kind", "metadata"):
+            if key not in d:
+                fail("a document of %s lacks %s" % (d.get("kind"), key))
+        by_kind.setdefault(d["kind"], []).append(d)
+    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+        if len(by_kind.get(kind, [])) != 1:
+            fail("expected one %s, got %d" % (kind, len(by_kind.get(kind,
+                                                                     []))))
+    return (by_kind["Deployment"][0], by_kind["Service"][0],
+            by_kind["PodDisruptionBudget"][0])
+
+
+def selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v
+                                  for k, v in selector.items())
+
+
+def cpu_cores(v):
+    """A CPU quantity as cores; None unless it is a whole number."""
+    s = str(v)
+    if s.endswith("m"):
+        m = int(s[:-1])
+        return m // 1000 if m % 1000 == 0 else None
+    return int(s) if re.fullmatch(r"\d+", s) else None
+
+
+def check_deployment(dep, uid):
+    spec = dep["spec"]
+    pod = spec["template"]
+    labels = pod["metadata"]["labels"]
+    if not selects(spec["selector"]["matchLabels"], labels):
+        fail("the Deployment's selector does not match its pods' labels")
+    if spec.get("replicas", 1) < 2:
+        fail("fewer than 2 replicas: a drain would stop the service")
+    (c,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c.get("env", [])}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    if "grpc" not in ports:
+        fail("no container port named grpc")
+    listen = env.get("CONVGRAD_LISTEN", "")
+    if not listen.startswith("0.0.0.0:") or \
+            int(listen.split(",")[0].rsplit(":", 1)[1]) != ports["grpc"]:
+        fail("CONVGRAD_LISTEN %r does not serve container port %d on every "
+             "interface" % (listen, ports["grpc"]))
+    res = c["resources"]
+    if res.get("requests") != res.get("limits"):
+        fail("requests %s differ from limits %s: not Guaranteed QoS"
+             % (res.get("requests"), res.get("limits")))
+    if cpu_cores(res["limits"].get("cpu")) in (None, 0):
+        fail("cpu %r is not a whole number of cores" % res["limits"].get("cpu"))
+    if "memory" not in res["limits"]:
+        fail("no memory limit")
+    for probe in ("readinessProbe", "livenessProbe"):
+        p = c.get(probe)
+        if not p or "grpc" not in p:
+            fail("%s is not a gRPC health probe" % probe)
+        if p["grpc"]["port"] != ports["grpc"]:
+            fail("%s checks port %s, the server listens on %d"
+                 % (probe, p["grpc"]["port"], ports["grpc"]))
+        if p.get("timeoutSeconds", 1) >= p.get("periodSeconds", 10):
+            fail("%s times out after its next period" % probe)
+    grace = int(env.get("CONVGRAD_GRACE", "30"))
+    if pod["spec"].get("terminationGracePeriodSeconds", 30) <= grace:
+        fail("terminationGracePeriodSeconds must exceed CONVGRAD_GRACE %d"
+             % grace)
+    sc = pod["spec"].get("securityContext", {})
+    if not sc.get("runAsNonRoot") or sc.get("runAsUser") != uid:
+        fail("the pod must run as the image's non-root user %d" % uid)
+    return labels, ports, spec.get("replicas", 1)
+
+
+def check(dep, svc, pdb, uid):
+    labels, ports, replicas = check_deployment(dep, uid)
+    if svc["spec"].get("clusterIP") != "None":
+        fail("the Service is not headless: round_robin would see one "
+             "address")
+    if not selects(svc["spec"]["selector"], labels):
+        fail("the Service's selector does not match the pods")
+    for p in svc["spec"]["ports"]:
+        target = p.get("targetPort", p["port"])
+        if ports.get(target, target) != ports["grpc"]:
+            fail("the Service's port %s targets %s, not the gRPC port"
+                 % (p["port"], target))
+    if not selects(pdb["spec"]["selector"]["matchLabels"], labels):
+        fail("the PodDisruptionBudget's selector does not match the pods")
+    if "maxUnavailable" in pdb["spec"]:
+        if not 0 < pdb["spec"]["maxUnavailable"] < replicas:
+            fail("maxUnavailable must leave a replica up")
+    elif not 0 < pdb["spec"].get("minAvailable", 0) < replicas:
+        fail("minAvailable must be at least 1 and below the replicas")
+
+
+def container(dep):
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+# Broken copies, each of which check() must refuse.
+BREAKS = [
+    ("not headless", lambda d, s, p: s["spec"].update(clusterIP="10.0.0.1")),
+    ("selector", lambda d, s, p: s["spec"]["selector"].update(
+        {"app.kubernetes.io/name": "other"})),
+    ("grace", lambda d, s, p: d["spec"]["template"]["spec"].update(
+        terminationGracePeriodSeconds=30)),
+    ("quota", lambda d, s, p: container(d)["resources"]["requests"].update(
+        cpu="1500m")),
+    ("probe port", lambda d, s, p: container(d)["readinessProbe"]["grpc"]
+     .update(port=50052)),
+    ("pdb", lambda d, s, p: p["spec"].update(maxUnavailable=2)),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--dockerfile", required=True)
+    args = ap.parse_args()
+    m = re.search(r"useradd --uid (\d+)", open(args.dockerfile).read())
+    if not m:
+        raise SystemExit("no useradd --uid UID in %s" % args.dockerfile)
+    uid = int(m.group(1))
+    try:
+        dep, svc, pdb = load(args.dir)
+        check(dep, svc, pdb, uid)
+    except Inconsistent as e:
+        raise SystemExit("test_k8s: %s" % e)
+    for name, brk in BREAKS:
+        d, s, p = copy.deepcopy(dep), copy.deepcopy(svc), copy.deepcopy(pdb)
+        brk(d, s, p)
+        try:
+            check(d, s, p, uid)
+        except Inconsistent:
+            continue
+        raise SystemExit("test_k8s: the broken copy '%s' passed" % name)
+    print("k8s manifests: Deployment (%s replicas, %s cores), headless "
+          "Service, PodDisruptionBudget consistent; %d broken copies refused"
+          % (dep["spec"]["replicas"],
+             container(dep)["resources"]["limits"]["cpu"], len(BREAKS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
