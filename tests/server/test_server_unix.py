@@ -17,14 +17,18 @@ import sys
 import tempfile
 
 
+LOGS = []  # the servers' stderr files, shown when the test fails
+
+
 def start(server, listen, extra=()):
+    log = tempfile.NamedTemporaryFile("w+", prefix="cgs-unix-", suffix=".log")
+    LOGS.append(log)
     proc = subprocess.Popen([server, "--listen", listen] + list(extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     if "ready" not in line:
         proc.kill()
-        raise AssertionError("not ready: %r %s" % (line, proc.stderr.read()))
+        raise AssertionError("not ready: %r" % line)
     return proc, line
 
 
@@ -32,7 +36,6 @@ def stop(proc):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     proc.stdout.close()
-    proc.stderr.close()
 
 
 def refused(server, args, want):
@@ -84,7 +87,6 @@ def main():
     proc.kill()
     proc.wait()
     proc.stdout.close()
-    proc.stderr.close()
     assert stat.S_ISSOCK(os.stat(sock).st_mode)
     proc, line = start(args.server, target, ["--socket-mode", "600"])
     assert "listen=- unix=%s " % sock in line, line
@@ -111,4 +113,11 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BaseException:
+        for log in LOGS:
+            log.seek(0)
+            sys.stderr.write("--- server log %s:\n%s" % (log.name,
+                                                          log.read()[-6000:]))
+        raise
