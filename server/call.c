@@ -109,14 +109,8 @@ struct cgs_call {
   size_t chunk_bytes;
   uint64_t bytes_in;
 
-  /* result: the outputs of layer, sent one after another in cg_grad order.
-   * A layer op's diff_src is computed by a job of its own, then the rest by
-   * the same job resubmitted, so that diff_src streams out while the rest
-   * computes. */
+  /* result: the outputs of layer, sent one after another in cg_grad order */
   cgs_job job;
-  unsigned computed;  /* outputs whose job has run */
-  int waiting_output; /* the next output to send is still computing */
-  double queue_ms;    /* of every run of job */
   outbuf *out[CG_GRAD_COUNT];
   int cur_out;     /* the output being sent */
   size_t sent;     /* bytes of it sent */
@@ -196,7 +190,8 @@ static void log_call(cgs_call *c) {
           c->id, peer, c->prob.op ? cg_op_name(c->prob.op) : "-",
           c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
           c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent_all,
-          ms_between(c->t_start, c->job.t_submit), c->queue_ms, compute_ms,
+          ms_between(c->t_start, c->job.t_submit),
+          c->job_picked ? c->job.queue_ms : 0.0, compute_ms,
           ms_between(c->t_send, c->t_sent), total_ms,
           computed ? (path == CG_PATH_NATIVE ? "native" : "f32_convert") : "-",
           c->job_picked ? c->worker : "-", cgw_status_name(c->status),
@@ -423,16 +418,13 @@ static size_t left_to_send(const cgs_call *c) {
 static void send_header(cgs_call *c, int out);
 
 /* The next result batch: a chunk of the output being sent, the last one
- * with the OK status when no output follows, or the next output's header
- * once it is computed (cgs_call_job_done sends it otherwise). */
+ * with the OK status when no output follows, or the next output's
+ * header. */
 static void send_next(cgs_call *c) {
   size_t left = left_to_send(c);
   int next = next_output(c, c->cur_out);
   if (left == 0 && next >= 0) {
-    if (c->computed & CG_GRAD_BIT(next))
-      send_header(c, next);
-    else
-      c->waiting_output = 1;
+    send_header(c, next);
     return;
   }
   size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
@@ -472,7 +464,7 @@ static void send_header(cgs_call *c, int out) {
   h.shape = c->layer.out_dims[out];
   h.layout = output_layout(c, out);
   h.total_bytes = bytes;
-  h.queue_ms = c->queue_ms;
+  h.queue_ms = c->job.queue_ms;
   h.compute_ms = info->compute_ms;
   h.compute_path = info->path == CG_PATH_NATIVE ? "native" : "f32_convert";
   h.n_pads_begin = h.n_pads_end = (size_t)g->nsp;
@@ -500,7 +492,6 @@ static void send_header(cgs_call *c, int out) {
   ops[n].op = GRPC_OP_SEND_MESSAGE;
   ops[n++].data.send_message.send_message = c->send_bb;
   c->st = ST_SENDING;
-  c->waiting_output = 0;
   c->cur_out = out;
   c->sent = 0;
   if (whole) {
@@ -581,54 +572,19 @@ static void on_send_failed(cgs_tag *t, int ok) {
 
 /* ---- the worker's answer ---------------------------------------------- */
 
-/* The first output of a job still to run for c: diff_src alone when the
- * call asks for more, then everything else. */
-static unsigned next_part(const cgs_call *c) {
-  unsigned left = c->layer.grads & ~c->computed;
-  unsigned src = CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
-  return (left & src) && left != src ? src : left;
-}
-
-/* Hands c's job to the pool for its next part, on a new place or on the
- * one the last part kept. */
-static void submit_part(cgs_call *c, int resubmit) {
-  c->job.grads = next_part(c);
-  c->job.keep_place = c->job.grads != (c->layer.grads & ~c->computed);
-  atomic_init(&c->job.discard, 0);
-  if (resubmit)
-    cgs_pool_resubmit(c->s->pool, &c->job);
-  else
-    cgs_pool_submit(c->s->pool, &c->job);
-  c->place_held = 0;
-  c->job_busy = 1;
-}
-
 void cgs_call_job_done(cgs_job *job, void *data) {
   cgs_call *c = cgs_container_of(job, cgs_call, job);
   (void)data;
   pthread_mutex_lock(&c->mu);
   c->job_busy = 0;
   c->job_picked = 1;
-  c->queue_ms += job->queue_ms;
-  /* A job that kept its place holds it until the next part runs on it. */
-  c->place_held = job->keep_place;
   snprintf(c->worker, sizeof c->worker, "%s",
            cgs_pool_worker_name(c->s->pool, job->worker));
   if (!c->finished) {
-    if (job->rc != 0) {
+    if (job->rc != 0)
       finish(c, status_of_cg(job->rc), "%s", job->err);
-    } else {
-      c->computed |= job->grads;
-      if (c->computed != c->layer.grads)
-        submit_part(c, 1);
-      if (c->st == ST_QUEUED)
-        send_header(c, next_output(c, -1));
-      else if (c->waiting_output)
-        send_header(c, next_output(c, c->cur_out));
-    }
-  } else if (c->place_held) {
-    cgs_pool_unreserve(c->s->pool);
-    c->place_held = 0;
+    else
+      send_header(c, next_output(c, -1));
   }
   maybe_free(c);
   pthread_mutex_unlock(&c->mu);
@@ -746,7 +702,10 @@ static void inputs_complete(cgs_call *c) {
   c->job.layer = &c->layer;
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->in_buf[i];
-  submit_part(c, 0);
+  atomic_init(&c->job.discard, 0);
+  cgs_pool_submit(c->s->pool, &c->job);
+  c->place_held = 0;
+  c->job_busy = 1;
   c->st = ST_QUEUED;
 }
 

@@ -24,22 +24,17 @@ typedef struct cgs_pool cgs_pool;
  * to; the pool borrows them from cgs_pool_submit() until done_cb runs or
  * cgs_pool_cancel() returns 1. */
 typedef struct cgs_job {
-  /* Filled by the submitter: the outputs of layer in grads (CG_GRAD_BIT()s
-   * of layer->grads), computed in cg_grad order from the request's data
-   * inputs in[] into out[g]. With keep_place, the job's place stays held
-   * when it has run, for cgs_pool_resubmit or cgs_pool_unreserve. */
+  /* Filled by the submitter: the outputs of layer, computed in cg_grad
+   * order from the request's data inputs in[] into out[g]. */
   const cg_layer *layer;
-  unsigned grads;
   const void *in[3];
   void *out[CG_GRAD_COUNT];
-  int keep_place;
   atomic_int discard; /* set by the loop: skip the run if not started,
                          and the rest of a sliced run */
   /* Filled by the pool before done_cb. */
   int rc;        /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
   char err[256]; /* message for rc */
-  cg_run_info info[CG_GRAD_COUNT]; /* of each output of grads, valid when
-                                      rc == 0; the others are kept */
+  cg_run_info info[CG_GRAD_COUNT]; /* of each output, valid when rc == 0 */
   double queue_ms;                 /* submit -> a worker picked it up */
   unsigned worker;                 /* index of the worker that ran it */
   /* Pool-private. */
@@ -67,10 +62,6 @@ void cgs_pool_unreserve(cgs_pool *p);
 /* Queues job on a place held with cgs_pool_reserve; the place is given
  * back when the job has run or is cancelled. */
 void cgs_pool_submit(cgs_pool *p, cgs_job *job);
-/* Queues job again, ahead of every waiting job, on the place it kept
- * (keep_place) when it last ran: a call's later outputs before new
- * calls, so that it ends and frees its memory sooner. */
-void cgs_pool_resubmit(cgs_pool *p, cgs_job *job);
 /* Takes job back if no worker has picked it up: returns 1 and done_cb will
  * not run for it. Returns 0 when it is running or finished (done_cb will
  * run or has run). */

@@ -200,11 +200,9 @@ static int run_outputs(cg_engine *engine, cgs_job *job, unsigned threads) {
   const cg_layer *l = job->layer;
   int done = 0;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
-    if (!(job->grads & CG_GRAD_BIT(g)))
+    if (!(l->grads & CG_GRAD_BIT(g)))
       continue;
-    int rc =
-        done ? discarded(job, done, __builtin_popcount(job->grads), "outputs")
-             : 0;
+    int rc = done ? discarded(job, done, cg_layer_noutputs(l), "outputs") : 0;
     if (rc == 0)
       rc = g == CG_GRAD_DIFF_SRC
                ? run_slices(engine, job, threads)
@@ -237,9 +235,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
   job->worker = w->index;
   job->err[0] = '\0';
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if (job->grads & CG_GRAD_BIT(g))
-      memset(&job->info[g], 0, sizeof job->info[g]);
+  memset(job->info, 0, sizeof job->info);
   if (atomic_load(&job->discard)) {
     /* Cancelled after it was picked: nobody wants the result. */
     job->rc = CG_EINTERNAL;
@@ -323,8 +319,7 @@ static void *worker_main(void *arg) {
     holding = 1;
     pthread_mutex_lock(&p->mu);
     give_back(p, w);
-    if (!job->keep_place)
-      p->admitted--; /* the job's place */
+    p->admitted--; /* the job's place */
     pthread_mutex_unlock(&p->mu);
     deliver(p, job);
   }
@@ -491,36 +486,18 @@ void cgs_pool_unreserve(cgs_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
-/* Queues job at the head or the tail, with p->mu held. */
-static void enqueue(cgs_pool *p, cgs_job *job, int at_head) {
-  job->t_submit = uv_hrtime();
-  job->queued = 1;
-  if (at_head) {
-    job->next = p->head;
-    p->head = job;
-    if (!p->tail)
-      p->tail = job;
-  } else {
-    job->next = NULL;
-    if (p->tail)
-      p->tail->next = job;
-    else
-      p->head = job;
-    p->tail = job;
-  }
-  p->queued++;
-  wake_one(p);
-}
-
 void cgs_pool_submit(cgs_pool *p, cgs_job *job) {
   pthread_mutex_lock(&p->mu);
-  enqueue(p, job, 0);
-  pthread_mutex_unlock(&p->mu);
-}
-
-void cgs_pool_resubmit(cgs_pool *p, cgs_job *job) {
-  pthread_mutex_lock(&p->mu);
-  enqueue(p, job, 1);
+  job->t_submit = uv_hrtime();
+  job->next = NULL;
+  job->queued = 1;
+  if (p->tail)
+    p->tail->next = job;
+  else
+    p->head = job;
+  p->tail = job;
+  p->queued++;
+  wake_one(p);
   pthread_mutex_unlock(&p->mu);
 }
 

@@ -59,7 +59,6 @@ static void wait_idle(fixture *f) {
 static void job_set(fixture *f, int i, const cg_layer *l, const ts_problem *p) {
   memset(&f->jobs[i], 0, sizeof f->jobs[i]);
   f->jobs[i].layer = l;
-  f->jobs[i].grads = l->grads;
   f->jobs[i].in[0] = p->in[0];
   f->jobs[i].in[1] = p->in[1];
   for (int g = 0; g < CG_GRAD_COUNT; g++)
@@ -195,35 +194,6 @@ static void test_burst_runs_every_job(void **state) {
     assert_int_equal(f->jobs[i].rc, 0);
     assert_int_equal(ts_problem_check(&f->tp, f->out[i]), 0);
   }
-}
-
-/* A job that keeps its place holds it after it ran, until it runs again
- * (resubmitted ahead of the waiting jobs) without keeping it. */
-static void test_kept_place_and_resubmit(void **state) {
-  fixture *f = *state;
-  wait_idle(f);
-  int done = f->done;
-  assert_int_equal(cgs_pool_reserve(f->pool), 0);
-  job_init(f, 0);
-  f->jobs[0].keep_place = 1;
-  cgs_pool_submit(f->pool, &f->jobs[0]);
-  wait_done(f, done + 1);
-  assert_int_equal(f->jobs[0].rc, 0);
-  /* Five places in all (2 workers + queue 3): one is still job 0's. */
-  for (int i = 0; i < 4; i++)
-    assert_int_equal(cgs_pool_reserve(f->pool), 0);
-  assert_int_equal(cgs_pool_reserve(f->pool), CG_ELIMIT);
-  /* Job 0 again, on its own place; then every place is free. */
-  memset(f->out[0], 0, f->tp.g.out_bytes);
-  f->jobs[0].keep_place = 0;
-  cgs_pool_resubmit(f->pool, &f->jobs[0]);
-  wait_done(f, done + 2);
-  assert_int_equal(f->jobs[0].rc, 0);
-  assert_int_equal(ts_problem_check(&f->tp, f->out[0]), 0);
-  assert_int_equal(cgs_pool_reserve(f->pool), 0);
-  assert_int_equal(cgs_pool_reserve(f->pool), CG_ELIMIT);
-  for (int i = 0; i < 5; i++)
-    cgs_pool_unreserve(f->pool);
 }
 
 static int have_two_cores(void) {
@@ -373,7 +343,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wakes_the_worker_on_this_core),
       cmocka_unit_test(test_burst_runs_every_job),
-      cmocka_unit_test(test_kept_place_and_resubmit),
       cmocka_unit_test(test_lone_job_takes_every_core),
       cmocka_unit_test(test_jobs_at_once_get_a_core_each),
       cmocka_unit_test(test_no_job_starts_on_a_lent_core),

@@ -214,10 +214,10 @@ def layer_backward(stub, pb, grpc):
 
 
 def layer_cancels_free_places(args, out, pb, pbg, grpc):
-    """A layer call's diff_src streams while the rest computes on the place
-    the first part kept: calls cancelled at their first message must give
-    every place back. A server with 3 places (2 workers, queue 1) then
-    still answers a layer call after 8 such cancels."""
+    """Layer calls cancelled at their first message (diff_src streaming,
+    the other outputs not yet sent) must give every place back: a server
+    with 3 places (2 workers, queue 1) still answers a layer call after 8
+    such cancels."""
     import time
     log = open(os.path.join(out, "server-places.log"), "w")
     proc, port = start_server(args.server, log, ["--queue-depth", "1",
