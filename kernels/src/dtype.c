@@ -109,9 +109,34 @@ void cg_convert(cg_dtype to, void *dst, cg_dtype from, const void *src,
     memmove(dst, src, n * cg_dtype_size(to));
     return;
   }
-  /* Every 16-bit value is exact in f32, so going through f32 rounds once. */
-  for (size_t i = 0; i < n; i++)
-    cg_store_f32(to, dst, i, cg_load_f32(from, src, i));
+  /* The engine's f32-convert path moves whole tensors through here: one
+   * loop per pair, without a dtype switch per element, so the compiler
+   * inlines and vectorises the scalar conversions. */
+  if (from == CG_DTYPE_BF16 && to == CG_DTYPE_F32) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (size_t i = 0; i < n; i++)
+      d[i] = cg_bf16_to_f32(s[i]);
+  } else if (from == CG_DTYPE_F32 && to == CG_DTYPE_BF16) {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++)
+      d[i] = cg_f32_to_bf16(s[i]);
+  } else if (from == CG_DTYPE_F16 && to == CG_DTYPE_F32) {
+    const uint16_t *s = src;
+    float *d = dst;
+    for (size_t i = 0; i < n; i++)
+      d[i] = cg_f16_to_f32(s[i]);
+  } else if (from == CG_DTYPE_F32 && to == CG_DTYPE_F16) {
+    const float *s = src;
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++)
+      d[i] = cg_f32_to_f16(s[i]);
+  } else {
+    /* Every 16-bit value is exact in f32: through f32 rounds once. */
+    for (size_t i = 0; i < n; i++)
+      cg_store_f32(to, dst, i, cg_load_f32(from, src, i));
+  }
 }
 
 double cg_dtype_epsilon(cg_dtype dt) {
