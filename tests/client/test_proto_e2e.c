@@ -41,13 +41,26 @@ static const expect_row rows[] = {
     {0, NULL},
 };
 
+/* The fake server lives in setup and teardown, so that a failing check
+ * does not leave it running. */
+static th_server srv;
+
+static int start_fake(void **state) {
+  (void)state;
+  return th_server_start(&srv, fake_exe, 0, NULL) == 0 ? 0 : -1;
+}
+
+static int stop_fake(void **state) {
+  (void)state;
+  th_server_stop(&srv);
+  return 0;
+}
+
 static void test_malformed_responses(void **state) {
   (void)state;
-  th_server srv;
   char target[64], err[256];
   cgc_options o;
   cgc_channel *ch;
-  assert_int_equal(th_server_start(&srv, fake_exe, 0, NULL), 0);
   snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
   cgc_options_init(&o);
   o.retries = 0; /* one call per scripted answer */
@@ -88,7 +101,6 @@ static void test_malformed_responses(void **state) {
     }
   }
   cgc_channel_free(ch);
-  th_server_stop(&srv);
 }
 
 int main(int argc, char **argv) {
@@ -98,7 +110,8 @@ int main(int argc, char **argv) {
   }
   fake_exe = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_malformed_responses),
+      cmocka_unit_test_setup_teardown(test_malformed_responses, start_fake,
+                                      stop_fake),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
