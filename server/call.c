@@ -617,11 +617,17 @@ static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
   return 0;
 }
 
+/* 1 when the request's third tensor is a single op's shape tensor (a
+ * layer op's is its weights). */
+static int has_shape_tensor(const cgs_call *c) {
+  return c->ninputs == 3 && !cg_op_is_layer(c->prob.op);
+}
+
 /* Validates the resolved problem against the limits and reserves the
  * output. Frees the header message, which the problem borrowed from. */
 static int resolve(cgs_call *c) {
   char err[512];
-  if (c->ninputs == 3 && !cg_op_is_layer(c->prob.op)) {
+  if (has_shape_tensor(c)) {
     /* The shape tensor: little-endian s32 or s64 values. */
     const Convgrad__V1__Tensor *t = c->req->header->inputs[2];
     size_t k = (size_t)t->shape[0],
@@ -779,8 +785,7 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
             " bytes, %" PRIu64 " in flight",
             c->id, c->reserved, c->s->inflight_bytes);
   /* Without a shape tensor still to come, validate before the upload. */
-  int shape_to_come = c->ninputs == 3 && !cg_op_is_layer(c->prob.op) &&
-                      c->in_fill[2] < c->in_len[2];
+  int shape_to_come = has_shape_tensor(c) && c->in_fill[2] < c->in_len[2];
   if (!shape_to_come && resolve(c) != 0)
     return;
   c->st = ST_RECV_DATA;

@@ -118,6 +118,12 @@ static int resolve_layer(const cg_problem *p, cg_layer *l, char *err,
   l->data_in[1] = 2;
   l->weights_in[0] = 0;
   l->weights_in[1] = 1;
+  if (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC))
+    set_output(l, CG_GRAD_DIFF_SRC, l->data.out_dims, l->data.in_rank,
+               l->data.out_elems, l->data.out_bytes);
+  if (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS))
+    set_output(l, CG_GRAD_DIFF_WEIGHTS, l->weights.out_dims, l->weights.in_rank,
+               l->weights.out_elems, l->weights.out_bytes);
   /* OC < 2^31 and 8-byte elements at most: no overflow. */
   int64_t oc = l->weights.oc;
   set_output(l, CG_GRAD_DIFF_BIAS, &oc, 1, (size_t)oc,
@@ -127,28 +133,21 @@ static int resolve_layer(const cg_problem *p, cg_layer *l, char *err,
 
 int cg_layer_resolve(const cg_problem *p, cg_layer *l, char *err,
                      size_t errlen) {
-  cg_layer r;
-  cg_geom g;
   int rc;
-  memset(&r, 0, sizeof r);
-  r.op = p->op;
-  r.dtype = p->dtype;
   if (!cg_op_is_layer(p->op)) {
+    cg_geom g;
     rc = cg_problem_resolve(p, &g, err, errlen);
     if (rc == 0)
       cg_layer_of_geom(&g, l);
     return rc;
   }
-  if ((rc = resolve_layer(p, &r, err, errlen)))
-    return rc;
-  if (r.grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC))
-    set_output(&r, CG_GRAD_DIFF_SRC, r.data.out_dims, r.data.in_rank,
-               r.data.out_elems, r.data.out_bytes);
-  if (r.grads & CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS))
-    set_output(&r, CG_GRAD_DIFF_WEIGHTS, r.weights.out_dims, r.weights.in_rank,
-               r.weights.out_elems, r.weights.out_bytes);
-  *l = r;
-  return 0;
+  cg_layer r;
+  memset(&r, 0, sizeof r);
+  r.op = p->op;
+  r.dtype = p->dtype;
+  if ((rc = resolve_layer(p, &r, err, errlen)) == 0)
+    *l = r;
+  return rc;
 }
 
 const cg_geom *cg_layer_geom(const cg_layer *l, cg_grad g) {
