@@ -311,6 +311,20 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
   return rc ? CG_EINVAL : 0;
 }
 
+/* Never started, so there is nothing to drain; but grpc aborts the process
+ * when a server with bound ports is destroyed before its shutdown has
+ * completed (a later --listen entry failed). */
+static void destroy_unstarted(cgs_server *s) {
+  grpc_server_shutdown_and_notify(s->grpc, s->cq.q, &s->shutdown_tag);
+  grpc_event ev;
+  do
+    ev = grpc_completion_queue_next(s->cq.q,
+                                    gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  while (ev.type == GRPC_OP_COMPLETE && ev.tag != &s->shutdown_tag);
+  grpc_server_destroy(s->grpc);
+  s->grpc = NULL;
+}
+
 int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
                      void (*on_stopped)(cgs_server *s), char *err,
                      size_t errlen) {
@@ -361,10 +375,9 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
 fail_health:
   cgs_health_free(s->health);
 fail_grpc:
-  /* Never started: nothing to drain. */
   cgs_peers_free(s->peers);
   s->peers = NULL;
-  grpc_server_destroy(s->grpc);
+  destroy_unstarted(s);
   cgs_cq_destroy(&s->cq);
   return rc;
 }
