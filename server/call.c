@@ -198,11 +198,38 @@ static void log_call(cgs_call *c) {
           c->msg[0] ? " msg=" : "", c->msg[0] ? msg : "");
 }
 
+static void count_call(cgs_call *c) {
+  cgs_metrics_call m = {.op = c->prob.op,
+                        .dtype = c->prob.dtype,
+                        .code = c->status,
+                        .request_s = ms_between(c->t_start, uv_hrtime()) / 1e3,
+                        .queued = c->job_picked,
+                        .queue_s = c->job_picked ? c->job.queue_ms / 1e3 : 0,
+                        .computed = c->job_picked && c->job.rc == 0,
+                        .bytes_in = c->bytes_in,
+                        .bytes_out = c->sent_all};
+  for (int g = 0; m.computed && g < CG_GRAD_COUNT; g++) {
+    if (!(c->layer.grads & CG_GRAD_BIT(g)))
+      continue;
+    m.compute_s += c->job.info[g].compute_ms / 1e3;
+    /* diff_bias is a plain pass, no primitive to look up. */
+    if (g == CG_GRAD_DIFF_BIAS)
+      continue;
+    if (c->job.info[g].cache_hit)
+      m.cache_hits++;
+    else
+      m.cache_misses++;
+  }
+  cgs_metrics_call_ended(c->s->metrics, &m);
+}
+
 static void on_timer_closed(uv_handle_t *h) {
   cgs_call *c = h->data;
   cgs_server *s = c->s;
   log_call(c);
   s->inflight_bytes -= c->reserved;
+  count_call(c); /* after the release: a scrape that sees the call ended
+                    sees its bytes returned */
   for (int i = 0; i < 3; i++)
     cgs_buf_free(c->in_buf[i]);
   for (int g = 0; g < CG_GRAD_COUNT; g++)

@@ -30,6 +30,7 @@ typedef enum {
 typedef struct cgs_config {
   char listen[256]; /* HOST:PORT and unix:PATH, comma-separated (listen.c) */
   unsigned socket_mode;        /* of the unix sockets */
+  char metrics_listen[256];    /* HOST:PORT of GET /metrics; "" = off */
   unsigned workers;            /* 0 until cgs_config_finish: auto */
   unsigned threads_per_worker; /* cores each worker owns; 0 until
                                   cgs_config_finish: auto (1) */

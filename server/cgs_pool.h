@@ -2,10 +2,10 @@
  * cores, each owning a cg_engine, fed from one bounded FIFO queue; a new
  * job wakes an idle worker on the submitting core if there is one.
  *
- * Only the loop thread calls these functions. Workers report finished jobs
- * back to the loop through a locked list and uv_async_send; done_cb runs on
- * the loop thread. Compute never runs on the loop thread nor on libuv's
- * threadpool. */
+ * Only the loop thread calls these functions, but cgs_pool_load. Workers report
+ * finished jobs back to the loop through a locked list and uv_async_send;
+ * done_cb runs on the loop thread. Compute never runs on the loop thread nor on
+ * libuv's threadpool. */
 #ifndef CGS_POOL_H
 #define CGS_POOL_H
 
@@ -68,6 +68,10 @@ void cgs_pool_submit(cgs_pool *p, cgs_job *job);
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
 /* Workers asleep for want of work. */
 unsigned cgs_pool_idle(cgs_pool *p);
+/* Jobs waiting for a worker, and workers whose cores run a job (their
+ * own or, lent, another's). Thread-safe, for the metrics' thread, while
+ * the pool is open. */
+void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy);
 /* Name of worker i ("cg-worker-0"); static storage of the pool. */
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
 /* Stops the workers after their current job, joins them, delivers the

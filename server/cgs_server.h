@@ -15,6 +15,7 @@
 #ifndef CGS_SERVER_H
 #define CGS_SERVER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include <grpc/grpc.h>
@@ -22,7 +23,9 @@
 
 #include "cgs_config.h"
 #include "cgs_cq.h"
+#include "cgs_httpd.h"
 #include "cgs_listen.h"
+#include "cgs_metrics.h"
 #include "cgs_peers.h"
 #include "cgs_pool.h"
 
@@ -65,9 +68,13 @@ struct cgs_server {
   cgs_peers *peers; /* live calls and log budgets per client address */
   uv_timer_t housekeeping_timer;
   uint64_t calls_ended, calls_ended_at_tick; /* Compute calls freed */
+  cgs_metrics *metrics;
+  cgs_httpd *metrics_http; /* NULL without --metrics-listen */
+  int metrics_port;        /* its bound port; 0 without */
 
   /* admission accounting (loop thread) */
-  uint64_t inflight_bytes; /* reserved by live Compute calls */
+  /* reserved by live Compute calls; atomic for the metrics' thread */
+  _Atomic uint64_t inflight_bytes;
   unsigned compute_active; /* Compute calls not yet freed */
   cgs_call *calls;         /* live Compute calls, for cancel on grace end */
   uint64_t next_call_id;

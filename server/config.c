@@ -49,6 +49,10 @@ static const opt_def opt_table[] = {
      "free port) and unix:/PATH (a unix socket for trainers on this host)"},
     {"socket-mode", OPT_MODE, offsetof(cgs_config, socket_mode), "0660", 0,
      0777, "file mode of --listen's unix sockets, in octal"},
+    {"metrics-listen", OPT_STRING, offsetof(cgs_config, metrics_listen), "", 0,
+     0,
+     "HOST:PORT serving Prometheus metrics over HTTP at GET /metrics "
+     "(port 0 picks a free port); empty = no metrics endpoint"},
     {"workers", OPT_UINT, offsetof(cgs_config, workers), "0", 0, 256,
      "compute worker threads; 0 = one per --cpus entry / threads-per-worker"},
     {"threads-per-worker", OPT_UINT, offsetof(cgs_config, threads_per_worker),

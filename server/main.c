@@ -118,6 +118,13 @@ static void print_ready(const app *a) {
   cgs_config_format_cpus(&a->cfg.cpus, cpus, sizeof cpus);
   cgs_config_format_cpus(&a->cfg.io_cpus, io_cpus, sizeof io_cpus);
   format_listeners(&a->server.listeners, listen, sizeof listen);
+  if (a->server.metrics_http) {
+    /* The configured host with the bound port (--metrics-listen ...:0). */
+    const char *m = a->cfg.metrics_listen, *colon = strrchr(m, ':');
+    size_t n = strlen(listen);
+    snprintf(listen + n, sizeof listen - n, " metrics=%.*s:%d",
+             (int)(colon - m), m, a->server.metrics_port);
+  }
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready %s workers=%u threads_per_worker=%u "
          "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",

@@ -524,13 +524,26 @@ int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
   return removed;
 }
 
-unsigned cgs_pool_idle(cgs_pool *p) {
+/* With p->mu held. */
+static unsigned idle_workers(const cgs_pool *p) {
   unsigned n = 0;
-  pthread_mutex_lock(&p->mu);
   for (unsigned i = 0; i < p->nworkers; i++)
     n += p->workers[i].waiting && !p->workers[i].lent_to;
+  return n;
+}
+
+unsigned cgs_pool_idle(cgs_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  unsigned n = idle_workers(p);
   pthread_mutex_unlock(&p->mu);
   return n;
+}
+
+void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy) {
+  pthread_mutex_lock(&p->mu);
+  *queued = p->queued;
+  *busy = p->nworkers - idle_workers(p);
+  pthread_mutex_unlock(&p->mu);
 }
 
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i) {

@@ -197,6 +197,8 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
 void cgs_server_close(cgs_server *s) {
   cgs_peers_free(s->peers);
   s->peers = NULL;
+  cgs_metrics_free(s->metrics);
+  s->metrics = NULL;
   cgs_listen_remove(&s->listeners);
 }
 
@@ -237,6 +239,9 @@ static void teardown(cgs_cq *cq) {
   cgs_call_cancel_all(s);
   grpc_server_destroy(s->grpc);
   s->grpc = NULL;
+  /* The endpoint reads the pool's load. */
+  cgs_httpd_stop(s->metrics_http);
+  s->metrics_http = NULL;
   /* Workers finish what they run; their jobs' calls free themselves. */
   cgs_debug("waiting for the workers to finish their current jobs");
   cgs_pool_close(s->pool);
@@ -250,6 +255,32 @@ static void teardown(cgs_cq *cq) {
 }
 
 /* ---- start ----------------------------------------------------------- */
+
+/* The metrics' thread: every figure here is safe to read from it while
+ * the endpoint runs (it stops before the pool closes). */
+static void read_gauges(void *data, cgs_metrics_gauges *g) {
+  cgs_server *s = data;
+  g->inflight_bytes = atomic_load(&s->inflight_bytes);
+  cgs_pool_load(s->pool, &g->queued_requests, &g->busy_workers);
+  g->workers = s->cfg->workers;
+}
+
+/* The figures always, the endpoint with --metrics-listen. */
+static int start_metrics(cgs_server *s, char *err, size_t errlen) {
+  if (cgs_metrics_new(&s->metrics, read_gauges, s) != 0)
+    return cg_errorf(err, errlen, CG_ENOMEM, "metrics: out of memory");
+  if (!s->cfg->metrics_listen[0])
+    return 0;
+  cgs_httpd_config hc = {.listen = s->cfg->metrics_listen,
+                         .path = "/metrics",
+                         .content_type = CGS_METRICS_CONTENT_TYPE,
+                         .render = cgs_metrics_render,
+                         .data = s->metrics};
+  int rc = cgs_httpd_start(&s->metrics_http, &hc, err, errlen);
+  if (rc == 0)
+    s->metrics_port = cgs_httpd_port(s->metrics_http);
+  return rc;
+}
 
 /* Creates s->grpc with the channel arguments below, registers the method
  * table and binds cfg->listen. On failure s->grpc may exist: the caller
@@ -313,7 +344,7 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
 
 /* Never started, so there is nothing to drain; but grpc aborts the process
  * when a server with bound ports is destroyed before its shutdown has
- * completed (a later --listen entry failed). */
+ * completed (a later --listen entry or --metrics-listen failed). */
 static void destroy_unstarted(cgs_server *s) {
   grpc_server_shutdown_and_notify(s->grpc, s->cq.q, &s->shutdown_tag);
   grpc_event ev;
@@ -355,12 +386,11 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   s->grace_timer.data = s;
   uv_timer_init(loop, &s->housekeeping_timer);
   s->housekeeping_timer.data = s;
+  if ((rc = start_metrics(s, err, errlen)) != 0)
+    goto fail_pool;
   if (cgs_cq_start(&s->cq, loop, teardown) != 0) {
     rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the cq thread");
-    cgs_pool_close(s->pool);
-    uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
-    uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
-    goto fail_health;
+    goto fail_pool;
   }
   uv_timer_start(&s->housekeeping_timer, on_housekeeping, HOUSEKEEPING_MS,
                  HOUSEKEEPING_MS);
@@ -372,6 +402,12 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   }
   return 0;
 
+fail_pool:
+  cgs_httpd_stop(s->metrics_http);
+  s->metrics_http = NULL;
+  cgs_pool_close(s->pool);
+  uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
+  uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
 fail_health:
   cgs_health_free(s->health);
 fail_grpc:

@@ -8,19 +8,20 @@
 #   --tests  adds what only the tests use: torch (convgrad.torch, the
 #            torch_* and python_* groups), sklearn (the digits example),
 #            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
-#            manifests check). torch alone is
+#            manifests check), prometheus-client (the metrics parser).
+#            torch alone is
 #            ~1 GB installed, so the main job does not pull it in.
 set -euo pipefail
 
 main_packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
-  protobuf-compiler libuv1-dev libdnnl-dev libcmocka-dev libcjson-dev
+  protobuf-compiler libuv1-dev libmicrohttpd-dev libdnnl-dev libcmocka-dev libcjson-dev
   python3 python3-numpy
 )
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
-  python3-yaml clang-format clang-tidy
+  python3-yaml python3-prometheus-client clang-format clang-tidy
 )
 
 packages=("${main_packages[@]}")

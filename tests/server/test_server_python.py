@@ -66,7 +66,8 @@ def prepare_stubs(proto_dir, workdir, prefix):
 
 def start_server(path, log, extra=()):
     """Starts the server on an ephemeral port (extra: more flags, later
-    ones win); returns the process and the port."""
+    ones win); returns the process, its readiness line kept as
+    proc.ready_line, and the port."""
     proc = subprocess.Popen([path, "--listen", "127.0.0.1:0", "--workers", "2",
                              "--chunk-bytes", "4096"] + list(extra),
                             stdout=subprocess.PIPE, stderr=log, text=True)
@@ -75,6 +76,7 @@ def start_server(path, log, extra=()):
     if not m:
         proc.kill()
         raise SystemExit("server did not get ready: %r" % line)
+    proc.ready_line = line
     return proc, int(m.group(1))
 
 
