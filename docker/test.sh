@@ -3,7 +3,10 @@
 # Docker engine or a container registry: builds a Debian 12 base image with
 # debootstrap from the host's apt mirror, builds docker/Dockerfile on it
 # with podman, runs docker/compose.yaml with podman-compose (server
-# replicas + the smoke client, whose exit code decides), then its trainer
+# replicas + Prometheus + the smoke client, whose exit code decides), then
+# asks Prometheus (promtool, inside its container) that every replica is
+# up and that the replicas' convgrad_requests_total adds up to the calls
+# the smoke client made, then its trainer
 # service (examples/train_digits.py, 2 processes, --compare: its exit code
 # decides, and every replica must have served some of its calls), then
 # checks on each replica the image's HEALTHCHECK, the non-root user, that
@@ -25,6 +28,8 @@
 #   CONVGRAD_TEST_TRAINER 0 skips the trainer (its image adds ~100 s to a
 #                         cold run and 2.1 GB of torch); default 1
 #   CONVGRAD_TRAINER_IMAGE  trainer image tag (default convgrad-trainer:latest)
+#   CONVGRAD_PROMETHEUS_IMAGE  Prometheus image tag (default
+#                         convgrad-prometheus:latest)
 #   CONVGRAD_TRAINER_TIMEOUT  seconds the trainer may take (default 300)
 set -euo pipefail
 
@@ -35,6 +40,7 @@ base_image=${CONVGRAD_BASE_IMAGE:-localhost/debian-bookworm-base}
 export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
 export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
 export CONVGRAD_TRAINER_IMAGE=${CONVGRAD_TRAINER_IMAGE:-convgrad-trainer:latest}
+export CONVGRAD_PROMETHEUS_IMAGE=${CONVGRAD_PROMETHEUS_IMAGE:-convgrad-prometheus:latest}
 trainer=${CONVGRAD_TEST_TRAINER:-1}
 trainer_timeout=${CONVGRAD_TRAINER_TIMEOUT:-300}
 export BASE_IMAGE=$base_image
@@ -176,6 +182,9 @@ step_time "base image"
 podman build --format docker --layers --jobs 2 --build-arg "BASE_IMAGE=$base_image" \
   -f "$here/Dockerfile" -t "$CONVGRAD_IMAGE" "$root" ||
   die "podman build failed"
+podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+  --target prometheus -f "$here/Dockerfile" -t "$CONVGRAD_PROMETHEUS_IMAGE" "$root" ||
+  die "podman build --target prometheus failed"
 step_time "image build"
 if [ "$trainer" = 1 ]; then
   # Its torch layer comes from the base alone: built once, then cached.
@@ -201,12 +210,37 @@ done
 # profile and would start it too.
 set +e
 timeout "$run_timeout" podman-compose -p "$project" -f "$compose_file" \
-  up --no-build --exit-code-from client server client
+  up --no-build --exit-code-from client server prometheus client
 client_rc=$?
 set -e
 [ "$client_rc" = 124 ] && die "compose run exceeded ${run_timeout} s"
 [ "$client_rc" = 0 ] || die "client exited with $client_rc"
 step_time "compose run"
+
+# --- 3a. Prometheus ------------------------------------------------------------
+# The smoke client's summary line says how many Compute calls it made; each
+# is counted once by the replica that served it. Prometheus scrapes every
+# 2 s, so the sum is polled until it matches (or 60 s pass).
+smoke=$(podman logs "${project}_client_1" 2>&1 | sed -n 's/^smoke: \([0-9]\+\)\/[0-9]\+ passed.*/\1/p')
+[ -n "$smoke" ] || die "no 'smoke: N/N passed' line in the client's log"
+prom="${project}_prometheus_1"
+# The number of an instant query's only result ("{} => 142 @[...]"), or
+# nothing when it has none yet.
+query() {
+  podman exec "$prom" promtool query instant http://127.0.0.1:9090 "$1" 2>/dev/null |
+    sed -n 's/.*=> \([0-9.e+]\+\) @.*/\1/p' | head -1
+}
+up= total=
+for _ in $(seq 1 60); do
+  up=$(query 'count(up{job="convgrad"} == 1)')
+  total=$(query 'sum(convgrad_requests_total{job="convgrad"})')
+  [ "$up" = "$CONVGRAD_REPLICAS" ] && [ "$total" = "$smoke" ] && break
+  sleep 1
+done
+log "prometheus: ${up:-no} replicas up, sum(convgrad_requests_total) = ${total:-none}, smoke made $smoke calls"
+[ "$up" = "$CONVGRAD_REPLICAS" ] || die "prometheus does not see every replica up"
+[ "$total" = "$smoke" ] || die "the replicas' request counters do not add up to the smoke client's calls"
+step_time "prometheus"
 
 # The server logs one "compute ... status=OK" line per op call served.
 served() { podman logs "$1" 2>&1 | grep -c ' compute id=.* status=OK' || true; }

@@ -3,7 +3,8 @@
 kustomization resource parses, and what must agree does: the Deployment's
 selector and its pods' labels, the Service's and the PodDisruptionBudget's
 selectors, the container port against CONVGRAD_LISTEN, the Service's
-targetPort and both gRPC probes; requests equal to limits in whole cores
+targetPorts and both gRPC probes; the metrics port against
+CONVGRAD_METRICS_LISTEN and the pods' prometheus.io scrape annotations; requests equal to limits in whole cores
 (Guaranteed QoS, the static CPU manager's exclusive cpuset);
 terminationGracePeriodSeconds above CONVGRAD_GRACE; a headless Service; a
 budget that leaves a replica up; the pod's user the image's. Then each of a
@@ -97,6 +98,16 @@ def check_deployment(dep, uid):
                  % (probe, p["grpc"]["port"], ports["grpc"]))
         if p.get("timeoutSeconds", 1) >= p.get("periodSeconds", 10):
             fail("%s times out after its next period" % probe)
+    metrics = env.get("CONVGRAD_METRICS_LISTEN", "")
+    if "metrics" not in ports or metrics != "0.0.0.0:%d" % ports["metrics"]:
+        fail("CONVGRAD_METRICS_LISTEN %r does not serve the metrics port %s "
+             "on every interface" % (metrics, ports.get("metrics")))
+    notes = pod["metadata"].get("annotations", {})
+    if notes.get("prometheus.io/scrape") != "true" or \
+            notes.get("prometheus.io/port") != str(ports["metrics"]) or \
+            notes.get("prometheus.io/path", "/metrics") != "/metrics":
+        fail("the scrape annotations %s do not name the metrics port %d "
+             "and /metrics" % (notes, ports["metrics"]))
     grace = int(env.get("CONVGRAD_GRACE", "30"))
     if pod["spec"].get("terminationGracePeriodSeconds", 30) <= grace:
         fail("terminationGracePeriodSeconds must exceed CONVGRAD_GRACE %d"
@@ -114,11 +125,16 @@ def check(dep, svc, pdb, uid):
              "address")
     if not selects(svc["spec"]["selector"], labels):
         fail("the Service's selector does not match the pods")
+    served = {}
     for p in svc["spec"]["ports"]:
         target = p.get("targetPort", p["port"])
-        if ports.get(target, target) != ports["grpc"]:
-            fail("the Service's port %s targets %s, not the gRPC port"
-                 % (p["port"], target))
+        target = ports.get(target, target)
+        if target not in ports.values():
+            fail("the Service's port %s targets %s, which no container port "
+                 "is" % (p["port"], p.get("targetPort")))
+        served[p.get("name")] = target
+    if served.get("grpc") != ports["grpc"]:
+        fail("the Service's grpc port does not reach the gRPC port")
     if not selects(pdb["spec"]["selector"]["matchLabels"], labels):
         fail("the PodDisruptionBudget's selector does not match the pods")
     if "maxUnavailable" in pdb["spec"]:
@@ -144,6 +160,12 @@ BREAKS = [
     ("probe port", lambda d, s, p: container(d)["readinessProbe"]["grpc"]
      .update(port=50052)),
     ("pdb", lambda d, s, p: p["spec"].update(maxUnavailable=2)),
+    ("scrape port", lambda d, s, p: d["spec"]["template"]["metadata"]
+     ["annotations"].update({"prometheus.io/port": "9090"})),
+    ("metrics listen", lambda d, s, p: container(d)["env"].append(
+        {"name": "CONVGRAD_METRICS_LISTEN", "value": "127.0.0.1:9464"})),
+    ("service target", lambda d, s, p: s["spec"]["ports"][1].update(
+        targetPort=9999)),
 ]
 
 
