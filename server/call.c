@@ -1,8 +1,8 @@
-/* call.c - owns the Compute call state machine: admission (the header's
- * checks are header.c's; here the geometry, the queue and the in-flight
- * reservation), receiving tensors chunk by chunk into
- * preallocated buffers, handing the job to the pool, streaming the result
- * back without copying it, deadlines, cancellation and the request log.
+/* call.c - owns the Compute call state machine: admission (the request's
+ * assembly is upload.c's: header checks, buffers, chunks, the layer; here
+ * the queue and the in-flight reservation), handing the job to the pool,
+ * streaming the result back without copying it, deadlines, cancellation,
+ * the request log and its metrics.
  *
  * Threads: every handler runs on the loop thread, except that data chunks
  * in the middle of the upload or of the result are moved on the
@@ -22,13 +22,12 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
-#include "cg/error.h"
 #include "cg/layer.h"
 #include "cg/text.h"
 #include "cgs_buf.h"
-#include "cgs_header.h"
 #include "cgs_log.h"
 #include "cgs_peers.h"
+#include "cgs_upload.h"
 #include "cgs_wire.h"
 #include "cgw.h"
 #include "convgrad/v1/convgrad.pb-c.h"
@@ -95,19 +94,8 @@ struct cgs_call {
   /* The --min-upload-rate window: bytes_in at its start, and its start. */
   uint64_t rate_bytes, rate_from;
 
-  /* request */
-  Convgrad__V1__ComputeRequest *req; /* header; freed once resolved */
-  cg_problem prob;
-  int64_t shape_in[CG_MAX_RANK];
-  int ninputs;
-  size_t in_len[3], in_fill[3];
-  unsigned char *in_buf[3];
-  int cur; /* input being filled */
-  int resolved;
-  cg_layer layer;
+  cgs_upload up;     /* the request's tensors and, once resolved, its layer */
   uint64_t reserved; /* bytes counted in s->inflight_bytes */
-  size_t chunk_bytes;
-  uint64_t bytes_in;
 
   /* result: the outputs of layer, sent one after another in cg_grad order */
   cgs_job job;
@@ -115,25 +103,9 @@ struct cgs_call {
   int cur_out;     /* the output being sent */
   size_t sent;     /* bytes of it sent */
   size_t sent_all; /* bytes of every output sent */
-  char shapes[160];
 };
 
 /* ---- helpers ---------------------------------------------------------- */
-
-static grpc_status_code status_of_cg(int rc) {
-  switch (rc) {
-  case CG_EINVAL:
-  case CG_ERANGE:
-    return GRPC_STATUS_INVALID_ARGUMENT;
-  case CG_ENOMEM:
-  case CG_ELIMIT:
-    return GRPC_STATUS_RESOURCE_EXHAUSTED;
-  case CG_EUNSUPPORTED:
-    return GRPC_STATUS_UNIMPLEMENTED;
-  default:
-    return GRPC_STATUS_INTERNAL;
-  }
-}
 
 /* Also grpc's slice free, on any of its threads. */
 static void outbuf_unref(void *p) {
@@ -160,14 +132,15 @@ static void log_call(cgs_call *c) {
     return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
   char out[96] = "-", peer[128], msg[2 * sizeof c->msg];
-  if (c->resolved) {
+  if (c->up.resolved) {
     cg_text t;
     cg_text_init(&t, out, sizeof out);
     for (int g = 0, n = 0; g < CG_GRAD_COUNT; g++)
-      if (c->layer.grads & CG_GRAD_BIT(g)) {
+      if (c->up.layer.grads & CG_GRAD_BIT(g)) {
         if (n++)
           cg_text_append(&t, ",", 1);
-        cg_text_dims(&t, c->layer.out_dims[g], (size_t)c->layer.out_rank[g]);
+        cg_text_dims(&t, c->up.layer.out_dims[g],
+                     (size_t)c->up.layer.out_rank[g]);
       }
   }
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
@@ -187,10 +160,10 @@ static void log_call(cgs_call *c) {
           "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
           "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
           "status=%s%s%s",
-          c->id, peer, c->prob.op ? cg_op_name(c->prob.op) : "-",
-          c->prob.dtype ? cg_dtype_name(c->prob.dtype) : "-",
-          c->shapes[0] ? c->shapes : "-", out, c->bytes_in, c->sent_all,
-          ms_between(c->t_start, c->job.t_submit),
+          c->id, peer, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-",
+          c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-",
+          c->up.shapes[0] ? c->up.shapes : "-", out, c->up.bytes_in,
+          c->sent_all, ms_between(c->t_start, c->job.t_submit),
           c->job_picked ? c->job.queue_ms : 0.0, compute_ms,
           ms_between(c->t_send, c->t_sent), total_ms,
           computed ? (path == CG_PATH_NATIVE ? "native" : "f32_convert") : "-",
@@ -199,17 +172,17 @@ static void log_call(cgs_call *c) {
 }
 
 static void count_call(cgs_call *c) {
-  cgs_metrics_call m = {.op = c->prob.op,
-                        .dtype = c->prob.dtype,
+  cgs_metrics_call m = {.op = c->up.prob.op,
+                        .dtype = c->up.prob.dtype,
                         .code = c->status,
                         .request_s = ms_between(c->t_start, uv_hrtime()) / 1e3,
                         .queued = c->job_picked,
                         .queue_s = c->job_picked ? c->job.queue_ms / 1e3 : 0,
                         .computed = c->job_picked && c->job.rc == 0,
-                        .bytes_in = c->bytes_in,
+                        .bytes_in = c->up.bytes_in,
                         .bytes_out = c->sent_all};
   for (int g = 0; m.computed && g < CG_GRAD_COUNT; g++) {
-    if (!(c->layer.grads & CG_GRAD_BIT(g)))
+    if (!(c->up.layer.grads & CG_GRAD_BIT(g)))
       continue;
     m.compute_s += c->job.info[g].compute_ms / 1e3;
     /* diff_bias is a plain pass, no primitive to look up. */
@@ -230,13 +203,10 @@ static void on_timer_closed(uv_handle_t *h) {
   s->inflight_bytes -= c->reserved;
   count_call(c); /* after the release: a scrape that sees the call ended
                     sees its bytes returned */
-  for (int i = 0; i < 3; i++)
-    cgs_buf_free(c->in_buf[i]);
+  cgs_upload_close(&c->up);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (c->out[g])
       outbuf_unref(c->out[g]);
-  if (c->req)
-    protobuf_c_message_free_unpacked(&c->req->base, NULL);
   if (c->status_slice_set)
     grpc_slice_unref(c->status_slice);
   gpr_free(c->peer);
@@ -432,14 +402,14 @@ static void chunk_op(cgs_call *c, size_t len, grpc_op *op) {
 /* The output after g, or -1 after the last. */
 static int next_output(const cgs_call *c, int g) {
   for (g++; g < CG_GRAD_COUNT; g++)
-    if (c->layer.grads & CG_GRAD_BIT(g))
+    if (c->up.layer.grads & CG_GRAD_BIT(g))
       return g;
   return -1;
 }
 
 /* Bytes of the output being sent that are still to go. */
 static size_t left_to_send(const cgs_call *c) {
-  return c->layer.out_bytes[c->cur_out] - c->sent;
+  return c->up.layer.out_bytes[c->cur_out] - c->sent;
 }
 
 static void send_header(cgs_call *c, int out);
@@ -454,7 +424,7 @@ static void send_next(cgs_call *c) {
     send_header(c, next);
     return;
   }
-  size_t len = left < c->chunk_bytes ? left : c->chunk_bytes;
+  size_t len = left < c->up.chunk_bytes ? left : c->up.chunk_bytes;
   grpc_op ops[2];
   size_t n = 0;
   memset(ops, 0, sizeof ops);
@@ -467,18 +437,18 @@ static void send_next(cgs_call *c) {
 
 static Convgrad__V1__Layout output_layout(const cgs_call *c, int out) {
   if (out == CG_GRAD_DIFF_SRC)
-    return (Convgrad__V1__Layout)c->layer.data.out_data_format;
+    return (Convgrad__V1__Layout)c->up.layer.data.out_data_format;
   if (out == CG_GRAD_DIFF_WEIGHTS)
-    return (Convgrad__V1__Layout)(c->layer.weights.out_weights_format + 2);
+    return (Convgrad__V1__Layout)(c->up.layer.weights.out_weights_format + 2);
   return CONVGRAD__V1__LAYOUT__LAYOUT_UNSPECIFIED;
 }
 
 /* Starts output out with its header, which carries the whole output when
  * it is small, and the OK status too when it is also the last. */
 static void send_header(cgs_call *c, int out) {
-  const cg_geom *g = cg_layer_geom(&c->layer, (cg_grad)out);
+  const cg_geom *g = cg_layer_geom(&c->up.layer, (cg_grad)out);
   const cg_run_info *info = &c->job.info[out];
-  size_t bytes = c->layer.out_bytes[out];
+  size_t bytes = c->up.layer.out_bytes[out];
   Convgrad__V1__ResultHeader h = CONVGRAD__V1__RESULT_HEADER__INIT;
   int64_t pb[CG_MAX_SPATIAL], pe[CG_MAX_SPATIAL];
   for (int i = 0; i < g->nsp; i++) {
@@ -487,8 +457,8 @@ static void send_header(cgs_call *c, int out) {
   }
   h.output = (Convgrad__V1__Output)(out + CONVGRAD__V1__OUTPUT__DIFF_SRC);
   h.dtype = (Convgrad__V1__DType)g->dtype;
-  h.n_shape = (size_t)c->layer.out_rank[out];
-  h.shape = c->layer.out_dims[out];
+  h.n_shape = (size_t)c->up.layer.out_rank[out];
+  h.shape = c->up.layer.out_dims[out];
   h.layout = output_layout(c, out);
   h.total_bytes = bytes;
   h.queue_ms = c->job.queue_ms;
@@ -498,7 +468,7 @@ static void send_header(cgs_call *c, int out) {
   h.pads_begin = pb;
   h.pads_end = pe;
   h.worker = c->worker;
-  int whole = bytes <= INLINE_RESULT_MAX && bytes <= c->chunk_bytes;
+  int whole = bytes <= INLINE_RESULT_MAX && bytes <= c->up.chunk_bytes;
   if (whole) {
     h.data.data = c->out[out]->data; /* packed by copy: at most 64 KiB */
     h.data.len = bytes;
@@ -573,11 +543,11 @@ static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
   pthread_mutex_lock(&c->mu);
   cgs_tag *loop_tag = t;
   if (ok && !c->finished && c->st == ST_SENDING &&
-      left_to_send(c) > c->chunk_bytes) {
+      left_to_send(c) > c->up.chunk_bytes) {
     grpc_byte_buffer_destroy(c->send_bb);
     grpc_op op;
     memset(&op, 0, sizeof op);
-    chunk_op(c, c->chunk_bytes, &op);
+    chunk_op(c, c->up.chunk_bytes, &op);
     c->t_progress = uv_hrtime();
     if (cgs_cq_batch(&c->s->cq, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
       loop_tag = NULL;
@@ -609,7 +579,7 @@ void cgs_call_job_done(cgs_job *job, void *data) {
            cgs_pool_worker_name(c->s->pool, job->worker));
   if (!c->finished) {
     if (job->rc != 0)
-      finish(c, status_of_cg(job->rc), "%s", job->err);
+      finish(c, cgs_wire_status(job->rc), "%s", job->err);
     else
       send_header(c, next_output(c, -1));
   }
@@ -644,81 +614,24 @@ static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
   return 0;
 }
 
-/* 1 when the request's third tensor is a single op's shape tensor (a
- * layer op's is its weights). */
-static int has_shape_tensor(const cgs_call *c) {
-  return c->ninputs == 3 && !cg_op_is_layer(c->prob.op);
-}
-
-/* Validates the resolved problem against the limits and reserves the
- * output. Frees the header message, which the problem borrowed from. */
+/* Resolves the layer and reserves its outputs; -1 after finish(). */
 static int resolve(cgs_call *c) {
-  char err[512];
-  if (has_shape_tensor(c)) {
-    /* The shape tensor: little-endian s32 or s64 values. */
-    const Convgrad__V1__Tensor *t = c->req->header->inputs[2];
-    size_t k = (size_t)t->shape[0],
-           w = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
-    for (size_t i = 0; i < k; i++) {
-      const unsigned char *p = c->in_buf[2] + i * w;
-      uint64_t v = 0;
-      for (size_t b = 0; b < w; b++)
-        v |= (uint64_t)p[b] << (8 * b);
-      c->shape_in[i] = w == 4 ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v;
-    }
-    c->prob.has_shape_input = 1;
-    c->prob.shape_input = (cg_ints){c->shape_in, k};
-  }
-  cg_layer *l = &c->layer;
-  int rc = cg_layer_resolve(&c->prob, l, err, sizeof err);
-  if (rc != 0) {
-    finish(c, status_of_cg(rc), "%s", err);
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  if (cgs_upload_resolve(&c->up, c->s->cfg, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
     return -1;
   }
-  protobuf_c_message_free_unpacked(&c->req->base, NULL);
-  c->req = NULL;
-  for (int i = 0; i < l->ninputs; i++)
-    if (l->in_bytes[i] != c->in_len[i]) {
-      finish(c, GRPC_STATUS_INTERNAL, "input sizes disagree with the geometry");
-      return -1;
-    }
-  /* A running oneDNN primitive cannot be interrupted: this bounds how
-   * long one request can hold a worker. */
-  uint64_t flops = cg_layer_flops(l);
-  uint64_t max_flops = c->s->cfg->max_request_flops;
-  if (max_flops && flops > max_flops) {
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "request: needs %" PRIu64 " flops, more than --max-request-flops "
-           "%" PRIu64 "; it cannot run on this server",
-           flops, max_flops);
-    return -1;
-  }
-  uint64_t max = c->s->cfg->max_tensor_elements, out_bytes = 0;
-  for (int g = 0; g < CG_GRAD_COUNT; g++) {
-    if (!(l->grads & CG_GRAD_BIT(g)))
-      continue;
-    if (l->out_elems[g] > max) {
-      finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-             "%s: %zu elements exceed the limit %" PRIu64
-             " (--max-tensor-elements); it cannot run on this server",
-             cg_grad_name((cg_grad)g), l->out_elems[g], max);
-      return -1;
-    }
-    out_bytes += l->out_bytes[g]; /* each below 2^48 * 8 */
-  }
-  if (reserve(c, out_bytes, "outputs") != 0)
-    return -1;
-  c->resolved = 1;
-  return 0;
+  return reserve(c, cgs_upload_out_bytes(&c->up), "outputs");
 }
 
 static void inputs_complete(cgs_call *c) {
-  if (!c->resolved && resolve(c) != 0)
+  if (!c->up.resolved && resolve(c) != 0)
     return;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
-    if (!(c->layer.grads & CG_GRAD_BIT(g)))
+    if (!(c->up.layer.grads & CG_GRAD_BIT(g)))
       continue;
-    size_t bytes = c->layer.out_bytes[g];
+    size_t bytes = c->up.layer.out_bytes[g];
     outbuf *o = calloc(1, sizeof *o);
     void *data = o ? cgs_buf_alloc(bytes) : NULL;
     if (!data) {
@@ -732,9 +645,9 @@ static void inputs_complete(cgs_call *c) {
     c->out[g] = o;
     c->job.out[g] = data;
   }
-  c->job.layer = &c->layer;
+  c->job.layer = &c->up.layer;
   for (int i = 0; i < 3; i++)
-    c->job.in[i] = c->in_buf[i];
+    c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
   cgs_pool_submit(c->s->pool, &c->job);
   c->place_held = 0;
@@ -742,46 +655,13 @@ static void inputs_complete(cgs_call *c) {
   c->st = ST_QUEUED;
 }
 
-/* Turns the header into c->prob and buffer sizes; -1 after finish(). */
-static int admit(cgs_call *c, const Convgrad__V1__ComputeHeader *h) {
-  cgs_header_info info;
+static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   grpc_status_code code;
   char msg[sizeof c->msg];
-  /* The log names what was asked for, refused or not: the shapes are
-   * not checked yet and may be of any length. */
-  cg_text shapes;
-  cg_text_init(&shapes, c->shapes, sizeof c->shapes);
-  size_t data_inputs = cg_op_is_layer((cg_op)h->op) ? 3 : 2;
-  for (size_t i = 0; i < data_inputs && i < h->n_inputs; i++) {
-    if (i)
-      cg_text_append(&shapes, ",", 1);
-    cg_text_dims(&shapes, h->inputs[i]->shape, h->inputs[i]->n_shape);
-  }
-  if (cgs_header_check(h, c->s->cfg, &info, &code, msg, sizeof msg) != 0) {
-    c->prob.op = info.prob.op;
-    c->prob.dtype = info.prob.dtype;
+  if (cgs_upload_header(&c->up, bb, c->s->cfg, &code, msg, sizeof msg) != 0) {
     finish(c, code, "%s", msg);
-    return -1;
-  }
-  c->prob = info.prob;
-  c->ninputs = info.ninputs;
-  memcpy(c->in_len, info.in_len, sizeof c->in_len);
-  c->chunk_bytes = info.chunk_bytes;
-  return 0;
-}
-
-static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
-  c->req = (Convgrad__V1__ComputeRequest *)cgw_unpack(
-      &convgrad__v1__compute_request__descriptor, bb);
-  if (!c->req ||
-      c->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
-    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-           "request: malformed ComputeRequest header message");
     return;
   }
-  const Convgrad__V1__ComputeHeader *h = c->req->header;
-  if (admit(c, h) != 0)
-    return;
   if (cgs_pool_reserve(c->s->pool) != 0) {
     /* Refuse before the client uploads anything. */
     finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -791,80 +671,35 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
     return;
   }
   c->place_held = 1;
-  uint64_t in_total = c->in_len[0] + c->in_len[1] + c->in_len[2];
+  uint64_t in_total = c->up.in_len[0] + c->up.in_len[1] + c->up.in_len[2];
   if (reserve(c, in_total, "inputs") != 0)
     return;
-  for (int i = 0; i < c->ninputs; i++) {
-    void *p = cgs_buf_alloc(c->in_len[i]);
-    if (!p) {
-      finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-             "inputs[%d]: cannot allocate %zu bytes", i, c->in_len[i]);
-      return;
-    }
-    c->in_buf[i] = p;
-    const ProtobufCBinaryData *d = &h->inputs[i]->data;
-    if (d->len)
-      memcpy(c->in_buf[i], d->data, d->len);
-    c->in_fill[i] = d->len;
-    c->bytes_in += d->len;
+  if (cgs_upload_alloc(&c->up, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
+    return;
   }
   cgs_debug("compute id=%" PRIu64 " admitted: reserved %" PRIu64
             " bytes, %" PRIu64 " in flight",
             c->id, c->reserved, c->s->inflight_bytes);
   /* Without a shape tensor still to come, validate before the upload. */
-  int shape_to_come = has_shape_tensor(c) && c->in_fill[2] < c->in_len[2];
-  if (!shape_to_come && resolve(c) != 0)
+  if (!cgs_upload_needs_shape(&c->up) && resolve(c) != 0)
     return;
   c->st = ST_RECV_DATA;
   c->rate_from = uv_hrtime();
-  c->rate_bytes = c->bytes_in;
-  c->cur = 0;
-  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
-    c->cur++;
-  if (c->cur == c->ninputs)
+  c->rate_bytes = c->up.bytes_in;
+  if (cgs_upload_complete(&c->up))
     inputs_complete(c);
-}
-
-/* Counts n bytes just copied into the current input and moves on past
- * every input that is full. */
-static void add_input_bytes(cgs_call *c, size_t n) {
-  c->in_fill[c->cur] += n;
-  c->bytes_in += n;
-  while (c->cur < c->ninputs && c->in_fill[c->cur] == c->in_len[c->cur])
-    c->cur++;
 }
 
 static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
                          grpc_byte_buffer *bb) {
-  int i = c->cur;
-  if (v->input != (uint32_t)i) {
-    if (v->input >= (uint32_t)c->ninputs)
-      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-             "chunk.input: %u is out of range (%d inputs)", v->input,
-             c->ninputs);
-    else
-      finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-             "chunk.input: got %u, expected %d (inputs are sent in order and "
-             "inputs[%d] still lacks %zu bytes)",
-             v->input, i, i, c->in_len[i] - c->in_fill[i]);
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  if (cgs_upload_chunk(&c->up, v, bb, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
     return;
   }
-  size_t left = c->in_len[i] - c->in_fill[i];
-  if (v->data_len > left) {
-    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-           "inputs[%d].data: chunk of %zu bytes overruns the tensor (%zu of "
-           "%zu bytes left)",
-           i, v->data_len, left, c->in_len[i]);
-    return;
-  }
-  if (cgw_copy(bb, v->data_off, v->data_len, c->in_buf[i] + c->in_fill[i]) !=
-      0) {
-    finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-           "request: malformed ComputeRequest message");
-    return;
-  }
-  add_input_bytes(c, v->data_len);
-  if (c->cur == c->ninputs)
+  if (cgs_upload_complete(&c->up))
     inputs_complete(c);
 }
 
@@ -928,8 +763,8 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
                "request: stream ended before the header");
       else if (c->st == ST_RECV_DATA)
         finish(c, GRPC_STATUS_INVALID_ARGUMENT,
-               "inputs[%d].data: stream ended after %zu of %zu bytes", c->cur,
-               c->in_fill[c->cur], c->in_len[c->cur]);
+               "inputs[%d].data: stream ended after %zu of %zu bytes",
+               c->up.cur, c->up.in_fill[c->up.cur], c->up.in_len[c->up.cur]);
     } else {
       post_recv(c); /* early: bytes past the tensors are seen sooner */
       handle_message(c, bb);
@@ -956,14 +791,6 @@ static void on_recv(cgs_tag *t, int ok) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Bytes the request still lacks. */
-static size_t bytes_missing(const cgs_call *c) {
-  size_t n = 0;
-  for (int i = 0; i < c->ninputs; i++)
-    n += c->in_len[i] - c->in_fill[i];
-  return n;
-}
-
 /* Completion-queue thread: takes a data chunk that fits the current input
  * and leaves bytes missing, and asks for the next message, without waking
  * the loop once per chunk (measured: tests/README.md, "Design figures").
@@ -977,15 +804,12 @@ static cgs_tag *on_recv_fast(cgs_tag *t, int ok) {
   cgs_msg_kind kind;
   cgs_chunk_view v;
   char err[64];
+  grpc_status_code code;
   if (!ok || !bb || c->finished || c->half_closed || c->st != ST_RECV_DATA ||
       cgs_wire_scan_request(bb, &kind, &v, err, sizeof err) != 0 ||
-      kind != CGS_MSG_CHUNK || v.input != (uint32_t)c->cur ||
-      v.data_len > c->in_len[c->cur] - c->in_fill[c->cur] ||
-      v.data_len >= bytes_missing(c) ||
-      cgw_copy(bb, v.data_off, v.data_len,
-               c->in_buf[c->cur] + c->in_fill[c->cur]) != 0)
-    goto out;
-  add_input_bytes(c, v.data_len);
+      kind != CGS_MSG_CHUNK || !cgs_upload_fits(&c->up, &v) ||
+      cgs_upload_chunk(&c->up, &v, bb, &code, err, sizeof err) != 0)
+    goto out; /* the loop takes it again, and answers what is wrong */
   c->recv_bb = NULL;
   grpc_byte_buffer_destroy(bb);
   c->t_progress = uv_hrtime();
@@ -1065,12 +889,13 @@ static void stalled(cgs_call *c) {
     snprintf(why, sizeof why,
              "no request data for %g s while receiving inputs[%d] (%zu of "
              "%zu bytes) (--idle-timeout)",
-             secs, c->cur, c->in_fill[c->cur], c->in_len[c->cur]);
+             secs, c->up.cur, c->up.in_fill[c->up.cur],
+             c->up.in_len[c->up.cur]);
   else
     snprintf(why, sizeof why,
              "the client took no result data for %g s (%zu of %zu bytes "
              "of %s sent) (--idle-timeout)",
-             secs, c->sent, c->layer.out_bytes[c->cur_out],
+             secs, c->sent, c->up.layer.out_bytes[c->cur_out],
              cg_grad_name((cg_grad)c->cur_out));
   if (!c->finished) {
     finish(c, GRPC_STATUS_DEADLINE_EXCEEDED, "%s", why);
@@ -1093,14 +918,14 @@ static int slow_upload(cgs_call *c) {
   uint64_t window = c->s->cfg->idle_timeout_ms * 1000000u, now = uv_hrtime();
   if (!rate || !window || c->st != ST_RECV_DATA || now < c->rate_from + window)
     return 0;
-  uint64_t got = c->bytes_in - c->rate_bytes;
+  uint64_t got = c->up.bytes_in - c->rate_bytes;
   double need = (double)rate * (double)(now - c->rate_from) / 1e9;
-  if ((double)(got + bytes_missing(c)) < need)
-    need = (double)(got + bytes_missing(c));
+  if ((double)(got + cgs_upload_missing(&c->up)) < need)
+    need = (double)(got + cgs_upload_missing(&c->up));
   if ((double)got < need)
     return 1;
   c->rate_from = now;
-  c->rate_bytes = c->bytes_in;
+  c->rate_bytes = c->up.bytes_in;
   return 0;
 }
 
@@ -1121,9 +946,9 @@ static void on_timer(uv_timer_t *h) {
            "inputs[%d].data: %" PRIu64 " bytes in the last %g s, below "
            "--min-upload-rate %" PRIu64 " bytes/s (%zu of %zu bytes "
            "received)",
-           c->cur, c->bytes_in - c->rate_bytes,
+           c->up.cur, c->up.bytes_in - c->rate_bytes,
            (double)c->s->cfg->idle_timeout_ms / 1e3, c->s->cfg->min_upload_rate,
-           c->in_fill[c->cur], c->in_len[c->cur]);
+           c->up.in_fill[c->up.cur], c->up.in_len[c->up.cur]);
   } else {
     arm_timer(c); /* progress since it was armed */
   }

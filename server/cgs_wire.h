@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include <grpc/byte_buffer.h>
+#include <grpc/status.h>
 #include <protobuf-c/protobuf-c.h>
 
 #include "cgw.h"
@@ -31,6 +32,11 @@ typedef struct cgs_chunk_view {
  * ComputeRequest or set neither member of the oneof. */
 int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
                           cgs_chunk_view *chunk, char *err, size_t errlen);
+
+/* The status a CG_E* code answers with: INVALID_ARGUMENT for bad input,
+ * RESOURCE_EXHAUSTED for limits and memory, UNIMPLEMENTED for what oneDNN
+ * lacks, INTERNAL otherwise. */
+grpc_status_code cgs_wire_status(int cg_rc);
 
 /* The rest of the codec (copy, pack, unpack, response chunks) is called by
  * its own names, from cgw.h. */

@@ -6,6 +6,23 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cg/error.h"
+
+grpc_status_code cgs_wire_status(int cg_rc) {
+  switch (cg_rc) {
+  case CG_EINVAL:
+  case CG_ERANGE:
+    return GRPC_STATUS_INVALID_ARGUMENT;
+  case CG_ENOMEM:
+  case CG_ELIMIT:
+    return GRPC_STATUS_RESOURCE_EXHAUSTED;
+  case CG_EUNSUPPORTED:
+    return GRPC_STATUS_UNIMPLEMENTED;
+  default:
+    return GRPC_STATUS_INTERNAL;
+  }
+}
+
 int cgs_wire_scan_request(grpc_byte_buffer *bb, cgs_msg_kind *kind,
                           cgs_chunk_view *chunk, char *err, size_t errlen) {
   cgw_view v;

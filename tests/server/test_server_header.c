@@ -1,7 +1,10 @@
 /* test_server_header.c - cgs_header_check without a server: a valid header
  * becomes the problem and input sizes it describes, defaults and adopted
  * layouts included; each kind of bad header is refused with its status
- * and a message naming the field. */
+ * and a message naming the field. Then cgs_upload, the request's assembly
+ * from those headers: inline data, chunks in order, refusals that leave
+ * the counts as they were, the fast path's test, and the shape tensor
+ * holding resolution back until its bytes arrive. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,8 +13,11 @@
 
 #include <cmocka.h>
 
+#include "cgs_buf.h"
 #include "cgs_config.h"
 #include "cgs_header.h"
+#include "cgs_upload.h"
+#include "cgw.h"
 
 /* ConvolutionBackwardData, NCX/OIX: diff_dst 2x8x5x5 and weights 8x4x3x3,
  * f32, every tensor layout left unspecified. */
@@ -75,6 +81,7 @@ static cgs_config cfg;
 static int setup(void **state) {
   (void)state;
   char err[256];
+  cgs_buf_init(0);
   return cgs_config_defaults(&cfg, err, sizeof err);
 }
 
@@ -296,8 +303,175 @@ static void test_response_chunk_bytes(void **state) {
                  "default) or at least 1024, got 1023");
 }
 
+/* ---- cgs_upload ------------------------------------------------------- */
+
+/* x as the first message of a stream. */
+static grpc_byte_buffer *header_message(hdr *x) {
+  Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
+  r.header = &x->h;
+  return cgw_pack(&r.base);
+}
+
+/* Passes a chunk of n bytes of value b for input to u; returns what
+ * cgs_upload_chunk returns, with msg. */
+static int chunk(cgs_upload *u, uint32_t input, size_t n, unsigned char b,
+                 char *msg, size_t msglen) {
+  static unsigned char data[4096];
+  memset(data, b, n);
+  Convgrad__V1__DataChunk d = CONVGRAD__V1__DATA_CHUNK__INIT;
+  d.input = input;
+  d.data.data = data;
+  d.data.len = n;
+  Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+  r.chunk = &d;
+  grpc_byte_buffer *bb = cgw_pack(&r.base);
+  cgs_msg_kind kind;
+  cgs_chunk_view v;
+  assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, msg, msglen), 0);
+  assert_int_equal(kind, CGS_MSG_CHUNK);
+  grpc_status_code code = GRPC_STATUS_OK;
+  int fits = cgs_upload_fits(u, &v);
+  int rc = cgs_upload_chunk(u, &v, bb, &code, msg, msglen);
+  grpc_byte_buffer_destroy(bb);
+  if (fits)
+    assert_int_equal(rc, 0); /* the fast path never takes a refusal */
+  if (rc != 0)
+    assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+  return rc;
+}
+
+/* Opens u with x's header and allocates its inputs. */
+static void upload_open(cgs_upload *u, hdr *x) {
+  grpc_status_code code;
+  char msg[512];
+  grpc_byte_buffer *bb = header_message(x);
+  cgs_upload_init(u);
+  if (cgs_upload_header(u, bb, &cfg, &code, msg, sizeof msg) != 0 ||
+      cgs_upload_alloc(u, &code, msg, sizeof msg) != 0)
+    fail_msg("refused (%d): %s", code, msg);
+  grpc_byte_buffer_destroy(bb);
+}
+
+static void test_upload_chunks_in_order(void **state) {
+  (void)state;
+  hdr x;
+  hdr_init(&x);
+  cgs_upload u;
+  upload_open(&u, &x);
+  char msg[512];
+  size_t dy = 2 * 8 * 5 * 5 * 4, w = 8 * 4 * 3 * 3 * 4;
+  assert_int_equal(cgs_upload_missing(&u), dy + w);
+  assert_int_equal(chunk(&u, 1, 16, 1, msg, sizeof msg), -1);
+  assert_non_null(strstr(msg, "chunk.input: got 1, expected 0"));
+  assert_int_equal(chunk(&u, 7, 16, 1, msg, sizeof msg), -1);
+  assert_non_null(strstr(msg, "chunk.input: 7 is out of range (2 inputs)"));
+  assert_int_equal(chunk(&u, 0, dy - 8, 1, msg, sizeof msg), 0);
+  assert_int_equal(chunk(&u, 0, 16, 1, msg, sizeof msg), -1);
+  assert_non_null(strstr(msg, "inputs[0].data: chunk of 16 bytes overruns"));
+  /* Refusals changed nothing. */
+  assert_int_equal(u.in_fill[0], dy - 8);
+  assert_int_equal(u.bytes_in, dy - 8);
+  assert_int_equal(chunk(&u, 0, 8, 2, msg, sizeof msg), 0);
+  assert_int_equal(u.cur, 1);
+  assert_int_equal(u.in_buf[0][dy - 9], 1);
+  assert_int_equal(u.in_buf[0][dy - 8], 2);
+  assert_int_equal(chunk(&u, 1, w, 3, msg, sizeof msg), 0);
+  assert_true(cgs_upload_complete(&u));
+  assert_int_equal(cgs_upload_missing(&u), 0);
+  grpc_status_code code;
+  if (cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0)
+    fail_msg("not resolved: %s", msg);
+  assert_null(u.req);
+  assert_int_equal(cgs_upload_out_bytes(&u), 2 * 4 * 7 * 7 * 4);
+  cgs_upload_close(&u);
+}
+
+static void test_upload_inline_data(void **state) {
+  (void)state;
+  static unsigned char w[8 * 4 * 3 * 3 * 4];
+  hdr x;
+  hdr_init(&x);
+  x.t[1].data.data = w;
+  x.t[1].data.len = sizeof w;
+  cgs_upload u;
+  upload_open(&u, &x);
+  assert_int_equal(u.bytes_in, sizeof w);
+  assert_int_equal(u.cur, 0);
+  char msg[512];
+  /* The last bytes complete the request: not for the fast path. */
+  size_t dy = 2 * 8 * 5 * 5 * 4;
+  assert_int_equal(chunk(&u, 0, dy / 2, 0, msg, sizeof msg), 0);
+  cgs_chunk_view last = {.input = 0, .data_len = dy / 2};
+  assert_false(cgs_upload_fits(&u, &last));
+  assert_int_equal(chunk(&u, 0, dy / 2, 0, msg, sizeof msg), 0);
+  assert_true(cgs_upload_complete(&u));
+  cgs_upload_close(&u);
+}
+
+static void test_upload_waits_for_shape_tensor(void **state) {
+  (void)state;
+  hdr x;
+  hdr_init(&x);
+  add_shape_tensor(&x);
+  x.a.n_dst_shape = 0;
+  cgs_upload u;
+  upload_open(&u, &x);
+  assert_int_equal(u.ninputs, 3);
+  assert_true(cgs_upload_needs_shape(&u));
+  char msg[512];
+  size_t dy = 2 * 8 * 5 * 5 * 4, w = 8 * 4 * 3 * 3 * 4;
+  assert_int_equal(chunk(&u, 0, dy, 0, msg, sizeof msg), 0);
+  assert_int_equal(chunk(&u, 1, w, 0, msg, sizeof msg), 0);
+  /* dst_shape 2x4x7x7 as four little-endian s32 values. */
+  static const int32_t shape[4] = {2, 4, 7, 7};
+  Convgrad__V1__DataChunk d = CONVGRAD__V1__DATA_CHUNK__INIT;
+  d.input = 2;
+  d.data.data = (uint8_t *)shape;
+  d.data.len = sizeof shape;
+  Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
+  r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
+  r.chunk = &d;
+  grpc_byte_buffer *bb = cgw_pack(&r.base);
+  cgs_msg_kind kind;
+  cgs_chunk_view v;
+  grpc_status_code code;
+  assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, msg, sizeof msg), 0);
+  assert_int_equal(cgs_upload_chunk(&u, &v, bb, &code, msg, sizeof msg), 0);
+  grpc_byte_buffer_destroy(bb);
+  assert_false(cgs_upload_needs_shape(&u));
+  assert_true(cgs_upload_complete(&u));
+  if (cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0)
+    fail_msg("not resolved: %s", msg);
+  assert_int_equal(u.layer.out_dims[CG_GRAD_DIFF_SRC][2], 7);
+  cgs_upload_close(&u);
+}
+
+static void test_upload_refused_header_keeps_op(void **state) {
+  (void)state;
+  hdr x;
+  hdr_init(&x);
+  x.t[0].dtype = CONVGRAD__V1__DTYPE__BF16;
+  cgs_upload u;
+  cgs_upload_init(&u);
+  grpc_byte_buffer *bb = header_message(&x);
+  grpc_status_code code;
+  char msg[512];
+  assert_int_equal(cgs_upload_header(&u, bb, &cfg, &code, msg, sizeof msg), -1);
+  grpc_byte_buffer_destroy(bb);
+  assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
+  assert_int_equal(u.prob.op, CG_OP_CONV_BWD_DATA);
+  assert_string_equal(u.shapes, "2x8x5x5,8x4x3x3");
+  cgs_upload_close(&u);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_upload_chunks_in_order),
+      cmocka_unit_test(test_upload_inline_data),
+      cmocka_unit_test(test_upload_waits_for_shape_tensor),
+      cmocka_unit_test(test_upload_refused_header_keeps_op),
       cmocka_unit_test(test_valid_header),
       cmocka_unit_test(test_layouts_adopted_and_checked),
       cmocka_unit_test(test_bad_enums_and_counts),

@@ -1,0 +1,81 @@
+/* cgs_upload.h - a Compute request's tensors as they arrive (upload.c):
+ * the header message decoded and checked, the input buffers, the data
+ * chunks assembled in order, the shape tensor read, and the layer resolved
+ * from all of it against the limits.
+ *
+ * No gRPC call and no server state: the Compute call (call.c) adds the
+ * in-flight reservation, the pool and the timers around it, and the fuzzer
+ * (tests/fuzz) drives it alone. Every refusal is a gRPC status and a
+ * message that names the field. Not thread-safe: one owner at a time (the
+ * call's mutex orders the loop and the completion-queue thread). */
+#ifndef CGS_UPLOAD_H
+#define CGS_UPLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/status.h>
+
+#include "cg/layer.h"
+#include "cgs_config.h"
+#include "cgs_wire.h"
+#include "convgrad/v1/convgrad.pb-c.h"
+
+typedef struct cgs_upload {
+  Convgrad__V1__ComputeRequest *req; /* the header message, owned until
+                                        resolved (prob borrows its lists) */
+  cg_problem prob;          /* op and dtype set even for a refused header, once
+                               read (0 = not read) */
+  int ninputs;              /* tensors the request carries */
+  size_t in_len[3];         /* bytes of each */
+  size_t in_fill[3];        /* bytes of each received so far */
+  unsigned char *in_buf[3]; /* cgs_buf_alloc'd, owned */
+  int cur;                  /* the input chunks go to; ninputs when complete */
+  uint64_t bytes_in;        /* tensor bytes received, inline data included */
+  size_t chunk_bytes;       /* response chunk size: asked for, or the default */
+  int resolved;             /* layer is valid */
+  cg_layer layer;
+  int64_t shape_in[CG_MAX_RANK]; /* the shape tensor's values */
+  char shapes[160];              /* the input shapes asked for, for the log */
+} cgs_upload;
+
+/* Sets u empty. */
+void cgs_upload_init(cgs_upload *u);
+/* Frees u's buffers and header message; u is empty again. */
+void cgs_upload_close(cgs_upload *u);
+
+/* Decodes the first message, which must carry the header, and checks it
+ * against cfg's limits. Returns 0, or -1 with *code and msg. */
+int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
+                      const cgs_config *cfg, grpc_status_code *code, char *msg,
+                      size_t msglen);
+/* Allocates every input and copies the header's inline data into it.
+ * Returns 0, or -1 with RESOURCE_EXHAUSTED. */
+int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
+                     size_t msglen);
+/* 1 while resolving must wait for the bytes of a shape tensor. */
+int cgs_upload_needs_shape(const cgs_upload *u);
+/* Resolves the layer (with the shape tensor's values, if any), checks it
+ * against --max-request-flops and --max-tensor-elements and frees the
+ * header message. Returns 0, or -1 with *code and msg. */
+int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
+                       grpc_status_code *code, char *msg, size_t msglen);
+/* Bytes of every output asked for, once resolved. */
+uint64_t cgs_upload_out_bytes(const cgs_upload *u);
+
+/* Takes a data chunk of bb (v from cgs_wire_scan_request): it must go to
+ * the current input and fit. Returns 0, or -1 with INVALID_ARGUMENT and
+ * msg; u's counts are unchanged then. */
+int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
+                     grpc_byte_buffer *bb, grpc_status_code *code, char *msg,
+                     size_t msglen);
+/* 1 when v goes to the current input, fits, and leaves bytes missing:
+ * taking it completes nothing (the completion-queue thread's fast path). */
+int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v);
+/* Bytes the inputs still lack. */
+size_t cgs_upload_missing(const cgs_upload *u);
+/* 1 once every input is full. */
+int cgs_upload_complete(const cgs_upload *u);
+
+#endif

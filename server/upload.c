@@ -1,0 +1,219 @@
+/* upload.c - owns a Compute request's assembly: header decoding and
+ * checks (through header.c), input buffers, chunk order and bounds, the
+ * shape tensor and the resolved layer with its limits. */
+#include "cgs_upload.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cg/text.h"
+#include "cgs_buf.h"
+#include "cgs_header.h"
+#include "cgw.h"
+
+void cgs_upload_init(cgs_upload *u) {
+  memset(u, 0, sizeof *u);
+}
+
+void cgs_upload_close(cgs_upload *u) {
+  for (int i = 0; i < 3; i++)
+    cgs_buf_free(u->in_buf[i]);
+  if (u->req)
+    protobuf_c_message_free_unpacked(&u->req->base, NULL);
+  cgs_upload_init(u);
+}
+
+int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
+                      const cgs_config *cfg, grpc_status_code *code, char *msg,
+                      size_t msglen) {
+  u->req = (Convgrad__V1__ComputeRequest *)cgw_unpack(
+      &convgrad__v1__compute_request__descriptor, bb);
+  if (!u->req ||
+      u->req->kind_case != CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER) {
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, msglen, "request: malformed ComputeRequest header message");
+    return -1;
+  }
+  const Convgrad__V1__ComputeHeader *h = u->req->header;
+  /* The log names what was asked for, refused or not: the shapes are
+   * not checked yet and may be of any length. */
+  cg_text shapes;
+  cg_text_init(&shapes, u->shapes, sizeof u->shapes);
+  size_t data_inputs = cg_op_is_layer((cg_op)h->op) ? 3 : 2;
+  for (size_t i = 0; i < data_inputs && i < h->n_inputs; i++) {
+    if (i)
+      cg_text_append(&shapes, ",", 1);
+    cg_text_dims(&shapes, h->inputs[i]->shape, h->inputs[i]->n_shape);
+  }
+  cgs_header_info info;
+  if (cgs_header_check(h, cfg, &info, code, msg, msglen) != 0) {
+    u->prob.op = info.prob.op;
+    u->prob.dtype = info.prob.dtype;
+    return -1;
+  }
+  u->prob = info.prob;
+  u->ninputs = info.ninputs;
+  memcpy(u->in_len, info.in_len, sizeof u->in_len);
+  u->chunk_bytes = info.chunk_bytes;
+  return 0;
+}
+
+/* Moves cur past every input that is full. */
+static void skip_full(cgs_upload *u) {
+  while (u->cur < u->ninputs && u->in_fill[u->cur] == u->in_len[u->cur])
+    u->cur++;
+}
+
+int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
+                     size_t msglen) {
+  const Convgrad__V1__ComputeHeader *h = u->req->header;
+  for (int i = 0; i < u->ninputs; i++) {
+    u->in_buf[i] = cgs_buf_alloc(u->in_len[i]);
+    if (!u->in_buf[i]) {
+      *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(msg, msglen, "inputs[%d]: cannot allocate %zu bytes", i,
+               u->in_len[i]);
+      return -1;
+    }
+    /* The header check bounds the inline data by the tensor's size. */
+    const ProtobufCBinaryData *d = &h->inputs[i]->data;
+    if (d->len)
+      memcpy(u->in_buf[i], d->data, d->len);
+    u->in_fill[i] = d->len;
+    u->bytes_in += d->len;
+  }
+  u->cur = 0;
+  skip_full(u);
+  return 0;
+}
+
+/* The third tensor of a single op is its shape tensor (a layer op's is
+ * its weights). */
+static int has_shape_tensor(const cgs_upload *u) {
+  return u->ninputs == 3 && !cg_op_is_layer(u->prob.op);
+}
+
+int cgs_upload_needs_shape(const cgs_upload *u) {
+  return has_shape_tensor(u) && u->in_fill[2] < u->in_len[2];
+}
+
+int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
+                       grpc_status_code *code, char *msg, size_t msglen) {
+  if (has_shape_tensor(u)) {
+    /* Little-endian s32 or s64 values; the header check bounds their
+     * count by CG_MAX_RANK. */
+    const Convgrad__V1__Tensor *t = u->req->header->inputs[2];
+    size_t k = (size_t)t->shape[0],
+           w = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
+    for (size_t i = 0; i < k; i++) {
+      const unsigned char *p = u->in_buf[2] + i * w;
+      uint64_t v = 0;
+      for (size_t b = 0; b < w; b++)
+        v |= (uint64_t)p[b] << (8 * b);
+      u->shape_in[i] = w == 4 ? (int64_t)(int32_t)(uint32_t)v : (int64_t)v;
+    }
+    u->prob.has_shape_input = 1;
+    u->prob.shape_input = (cg_ints){u->shape_in, k};
+  }
+  cg_layer *l = &u->layer;
+  char err[512];
+  int rc = cg_layer_resolve(&u->prob, l, err, sizeof err);
+  if (rc != 0) {
+    *code = cgs_wire_status(rc);
+    snprintf(msg, msglen, "%s", err);
+    return -1;
+  }
+  protobuf_c_message_free_unpacked(&u->req->base, NULL);
+  u->req = NULL;
+  for (int i = 0; i < l->ninputs; i++)
+    if (l->in_bytes[i] != u->in_len[i]) {
+      *code = GRPC_STATUS_INTERNAL;
+      snprintf(msg, msglen, "input sizes disagree with the geometry");
+      return -1;
+    }
+  /* A running oneDNN primitive cannot be interrupted: this bounds how
+   * long one request can hold a worker. */
+  uint64_t flops = cg_layer_flops(l);
+  if (cfg->max_request_flops && flops > cfg->max_request_flops) {
+    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, msglen,
+             "request: needs %" PRIu64 " flops, more than --max-request-flops "
+             "%" PRIu64 "; it cannot run on this server",
+             flops, cfg->max_request_flops);
+    return -1;
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((l->grads & CG_GRAD_BIT(g)) &&
+        l->out_elems[g] > cfg->max_tensor_elements) {
+      *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(msg, msglen,
+               "%s: %zu elements exceed the limit %" PRIu64
+               " (--max-tensor-elements); it cannot run on this server",
+               cg_grad_name((cg_grad)g), l->out_elems[g],
+               cfg->max_tensor_elements);
+      return -1;
+    }
+  u->resolved = 1;
+  return 0;
+}
+
+uint64_t cgs_upload_out_bytes(const cgs_upload *u) {
+  uint64_t n = 0;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (u->layer.grads & CG_GRAD_BIT(g))
+      n += u->layer.out_bytes[g]; /* each below 2^48 * 8 */
+  return n;
+}
+
+int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
+                     grpc_byte_buffer *bb, grpc_status_code *code, char *msg,
+                     size_t msglen) {
+  int i = u->cur;
+  *code = GRPC_STATUS_INVALID_ARGUMENT;
+  if (v->input != (uint32_t)i) {
+    if (v->input >= (uint32_t)u->ninputs)
+      snprintf(msg, msglen, "chunk.input: %u is out of range (%d inputs)",
+               v->input, u->ninputs);
+    else
+      snprintf(msg, msglen,
+               "chunk.input: got %u, expected %d (inputs are sent in order "
+               "and inputs[%d] still lacks %zu bytes)",
+               v->input, i, i, u->in_len[i] - u->in_fill[i]);
+    return -1;
+  }
+  size_t left = u->in_len[i] - u->in_fill[i];
+  if (v->data_len > left) {
+    snprintf(msg, msglen,
+             "inputs[%d].data: chunk of %zu bytes overruns the tensor (%zu "
+             "of %zu bytes left)",
+             i, v->data_len, left, u->in_len[i]);
+    return -1;
+  }
+  if (cgw_copy(bb, v->data_off, v->data_len, u->in_buf[i] + u->in_fill[i]) !=
+      0) {
+    snprintf(msg, msglen, "request: malformed ComputeRequest message");
+    return -1;
+  }
+  u->in_fill[i] += v->data_len;
+  u->bytes_in += v->data_len;
+  skip_full(u);
+  return 0;
+}
+
+size_t cgs_upload_missing(const cgs_upload *u) {
+  size_t n = 0;
+  for (int i = 0; i < u->ninputs; i++)
+    n += u->in_len[i] - u->in_fill[i];
+  return n;
+}
+
+int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v) {
+  return u->cur < u->ninputs && v->input == (uint32_t)u->cur &&
+         v->data_len <= u->in_len[u->cur] - u->in_fill[u->cur] &&
+         v->data_len < cgs_upload_missing(u);
+}
+
+int cgs_upload_complete(const cgs_upload *u) {
+  return u->cur == u->ninputs;
+}
