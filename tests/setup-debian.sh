@@ -8,7 +8,8 @@
 #   --tests  adds what only the tests use: torch (convgrad.torch, the
 #            torch_* and python_* groups), sklearn (the digits example),
 #            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
-#            manifests check), prometheus-client (the metrics parser).
+#            manifests check), prometheus-client (the metrics parser),
+#            clang and its runtimes (the libFuzzer target).
 #            torch alone is
 #            ~1 GB installed, so the main job does not pull it in.
 set -euo pipefail
@@ -22,6 +23,7 @@ main_packages=(
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
   python3-yaml python3-prometheus-client clang-format clang-tidy
+  clang libclang-rt-14-dev
 )
 
 packages=("${main_packages[@]}")

@@ -1,0 +1,133 @@
+/* fuzz_request.c - libFuzzer target over a Compute request's path without
+ * sockets: the messages a client streams are decoded (cgs_wire_scan_request,
+ * the header's protobuf), checked (cgs_header_check through cgs_upload) and
+ * assembled chunk by chunk into the input tensors, in the order and with
+ * the limits call.c applies; a request that resolves is then computed by
+ * the plain reference (cg_reference_layer) on its assembled tensors, so
+ * that a geometry the checks let through is also walked.
+ *
+ * Input: messages, each a little-endian u16 length and that many bytes of
+ * a serialized ComputeRequest. Each becomes a grpc_byte_buffer of two
+ * slices, cut a third of the way in, as gRPC hands over messages that
+ * straddle its reads.
+ *
+ * It aborts (a finding) when a path that must hold does not: a chunk that
+ * fits is refused, a resolved request whose inputs disagree with its
+ * geometry (INTERNAL), or the reference failing on a resolved layer. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/grpc.h>
+#include <grpc/slice.h>
+
+#include "cg/reference.h"
+#include "cgs_buf.h"
+#include "cgs_config.h"
+#include "cgs_upload.h"
+
+/* The limits the request path reads. Small ones keep each run fast and
+ * its memory low; the checks are the same whatever the numbers. */
+static const cgs_config cfg = {
+    .max_request_bytes = 1u << 20,
+    .max_tensor_elements = 1u << 18,
+    .max_request_flops = 2000000, /* the reference computes every request */
+    .chunk_bytes = 1u << 20,
+};
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  (void)argc;
+  (void)argv;
+  grpc_init();
+  cgs_buf_init(0);
+  return 0;
+}
+
+static grpc_byte_buffer *message(const uint8_t *p, size_t n) {
+  size_t cut = n / 3;
+  grpc_slice s[2] = {
+      grpc_slice_from_copied_buffer((const char *)p, cut),
+      grpc_slice_from_copied_buffer((const char *)p + cut, n - cut)};
+  grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(s, 2);
+  grpc_slice_unref(s[0]);
+  grpc_slice_unref(s[1]);
+  return bb;
+}
+
+static void must(int ok, const char *what, const char *msg) {
+  if (!ok) {
+    fprintf(stderr, "fuzz_request: %s: %s\n", what, msg);
+    abort();
+  }
+}
+
+/* The request is whole: resolve if the shape tensor held it back, then
+ * compute it with the reference. */
+static void run(cgs_upload *u) {
+  grpc_status_code code = GRPC_STATUS_OK;
+  char msg[512] = "";
+  if (!u->resolved &&
+      cgs_upload_resolve(u, &cfg, &code, msg, sizeof msg) != 0) {
+    must(code != GRPC_STATUS_INTERNAL, "resolve", msg);
+    return;
+  }
+  void *out[CG_GRAD_COUNT] = {0};
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (u->layer.grads & CG_GRAD_BIT(g))
+      must((out[g] = malloc(u->layer.out_bytes[g] + 1)) != NULL, "malloc",
+           "outputs");
+  const void *in[3] = {u->in_buf[0], u->in_buf[1], u->in_buf[2]};
+  int rc = cg_reference_layer(&u->layer, in, out, msg, sizeof msg);
+  must(rc == 0, "cg_reference_layer", msg);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(out[g]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  cgs_upload u;
+  cgs_upload_init(&u);
+  int header_done = 0;
+  while (size >= 2) {
+    size_t n = (size_t)data[0] | (size_t)data[1] << 8;
+    data += 2;
+    size -= 2;
+    if (n > size)
+      n = size;
+    grpc_byte_buffer *bb = message(data, n);
+    data += n;
+    size -= n;
+    grpc_status_code code = GRPC_STATUS_OK;
+    char msg[512] = "";
+    cgs_msg_kind kind;
+    cgs_chunk_view v;
+    int stop = cgs_wire_scan_request(bb, &kind, &v, msg, sizeof msg) != 0;
+    if (!stop && !header_done) {
+      header_done = 1;
+      stop = kind != CGS_MSG_HEADER ||
+             cgs_upload_header(&u, bb, &cfg, &code, msg, sizeof msg) != 0 ||
+             cgs_upload_alloc(&u, &code, msg, sizeof msg) != 0 ||
+             (!cgs_upload_needs_shape(&u) &&
+              cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0);
+      must(code != GRPC_STATUS_INTERNAL, "header", msg);
+    } else if (!stop) {
+      int fits = kind == CGS_MSG_CHUNK && cgs_upload_fits(&u, &v);
+      stop = kind != CGS_MSG_CHUNK ||
+             cgs_upload_chunk(&u, &v, bb, &code, msg, sizeof msg) != 0;
+      must(!fits || !stop, "a chunk that fits was refused", msg);
+    }
+    grpc_byte_buffer_destroy(bb);
+    if (stop)
+      break;
+    if (cgs_upload_complete(&u)) {
+      run(&u);
+      break;
+    }
+  }
+  cgs_upload_close(&u);
+  return 0;
+}

@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""make_corpus.py - writes the fuzzer's seed corpus (tests/fuzz/corpus):
+well-formed Compute requests in fuzz_request.c's input format (each
+message a little-endian u16 length and a serialized ComputeRequest), one
+per kind of request the server takes, and a few that it must refuse.
+
+Usage: /usr/bin/python3 tests/fuzz/make_corpus.py --proto proto --out tests/fuzz/corpus
+(needs protoc and python3-protobuf). The files are committed; rerun this
+after changing the schema and commit what changes."""
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+
+def stubs(proto_dir):
+    out = tempfile.mkdtemp(prefix="cg-corpus-")
+    subprocess.run(["protoc", "-I" + proto_dir, "--python_out=" + out,
+                    "convgrad/v1/convgrad.proto"], check=True)
+    sys.path.insert(0, out)
+    from convgrad.v1 import convgrad_pb2
+    return convgrad_pb2
+
+
+def frame(msgs):
+    out = b""
+    for m in msgs:
+        b = m.SerializeToString()
+        assert len(b) < 65536
+        out += struct.pack("<H", len(b)) + b
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--proto", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    pb = stubs(args.proto)
+    size = {pb.F32: 4, pb.BF16: 2, pb.F16: 2, pb.S32: 4, pb.S64: 8}
+
+    def count(shape):
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+    def request(op, attrs, tensors, chunk=64, inline=(), **header):
+        """tensors: (dtype, shape[, bytes]); inline: indices whose bytes
+        ride in the header. Data bytes are a simple ramp."""
+        h = pb.ComputeHeader(op=op, attrs=pb.Attributes(**attrs), **header)
+        datas = []
+        for i, t in enumerate(tensors):
+            dt, shape = t[0], t[1]
+            data = t[2] if len(t) > 2 else bytes(
+                (k * 7 + i) & 0x3f for k in range(count(shape) * size[dt]))
+            h.inputs.add(dtype=dt, shape=shape,
+                         data=data if i in inline else b"")
+            datas.append(b"" if i in inline else data)
+        msgs = [pb.ComputeRequest(header=h)]
+        for i, d in enumerate(datas):
+            for off in range(0, len(d), chunk):
+                msgs.append(pb.ComputeRequest(
+                    chunk=pb.DataChunk(input=i, data=d[off:off + chunk])))
+        return msgs
+
+    pad = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1])
+    nchw = dict(pad, data_format=pb.NCX, weights_format=pb.OIX)
+    seeds = {
+        "conv_bwd_data_f32_nchw": request(
+            pb.CONVOLUTION_BACKWARD_DATA, dict(nchw, dst_shape=[1, 2, 4, 4]),
+            [(pb.F32, [1, 3, 4, 4]), (pb.F32, [3, 2, 3, 3])]),
+        "conv_bwd_data_inline_nxc": request(
+            pb.CONVOLUTION_BACKWARD_DATA, dict(pad, dst_shape=[1, 4, 4, 2]),
+            [(pb.F32, [1, 4, 4, 3]), (pb.F32, [3, 3, 2, 3])], inline=(0, 1)),
+        "conv_bwd_data_shape_s32": request(
+            pb.CONVOLUTION_BACKWARD_DATA, nchw,
+            [(pb.F32, [1, 3, 4, 4]), (pb.F32, [3, 2, 3, 3]),
+             (pb.S32, [4], struct.pack("<4i", 1, 2, 4, 4))]),
+        "conv_bwd_data_shape_s64_same_upper": request(
+            pb.CONVOLUTION_BACKWARD_DATA,
+            dict(strides=[2, 2], auto_pad=pb.SAME_UPPER, data_format=pb.NCX,
+                 weights_format=pb.OIX),
+            [(pb.F32, [1, 3, 3, 3]), (pb.F32, [3, 2, 3, 3]),
+             (pb.S64, [4], struct.pack("<4q", 1, 2, 6, 6))]),
+        "conv_bwd_weights_bf16_groups": request(
+            pb.CONVOLUTION_BACKWARD_WEIGHTS,
+            dict(nchw, groups=2, dilations=[2, 1],
+                 weights_shape=[4, 1, 3, 3]),
+            [(pb.BF16, [2, 2, 6, 5]), (pb.BF16, [2, 4, 4, 5])], chunk=40),
+        "deconv_bwd_data_output_padding": request(
+            pb.CONV_TRANSPOSE_BACKWARD_DATA,
+            dict(strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1],
+                 output_padding=[1, 1], data_format=pb.NCX,
+                 weights_format=pb.IOX),
+            [(pb.F32, [1, 2, 6, 6]), (pb.F32, [3, 2, 3, 3])]),
+        "deconv_bwd_weights_f16_3d": request(
+            pb.CONV_TRANSPOSE_BACKWARD_WEIGHTS,
+            dict(strides=[1, 1, 1], pads_begin=[0, 0, 0], pads_end=[0, 0, 0],
+                 data_format=pb.NCX, weights_format=pb.IOX,
+                 weights_shape=[2, 2, 2, 2, 2]),
+            [(pb.F16, [1, 2, 2, 2, 2]), (pb.F16, [1, 2, 3, 3, 3])]),
+        "conv_bwd_layer_bias_src": request(
+            pb.CONVOLUTION_BACKWARD, nchw,
+            [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
+             (pb.F32, [3, 2, 3, 3])],
+            outputs=[pb.DIFF_BIAS, pb.DIFF_SRC],
+            weights_output_layout=pb.XIO),
+        "deconv_bwd_layer_all_1d": request(
+            pb.CONV_TRANSPOSE_BACKWARD,
+            dict(strides=[2], pads_begin=[0], pads_end=[0]),
+            [(pb.BF16, [2, 5, 2]), (pb.BF16, [2, 11, 3]),
+             (pb.BF16, [3, 3, 2])]),
+    }
+    good = seeds["conv_bwd_data_f32_nchw"]
+    seeds["refused_chunk_first"] = good[1:]
+    seeds["refused_header_twice"] = [good[0], good[0]] + good[1:]
+    seeds["refused_overrun"] = good[:1] + [pb.ComputeRequest(
+        chunk=pb.DataChunk(input=0, data=bytes(4096)))]
+    os.makedirs(args.out, exist_ok=True)
+    for name, msgs in sorted(seeds.items()):
+        with open(os.path.join(args.out, name), "wb") as f:
+            f.write(frame(msgs))
+    print("wrote %d seeds to %s" % (len(seeds), args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
