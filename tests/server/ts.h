@@ -155,9 +155,10 @@ size_t ts_problem_check(const ts_problem *tp, const void *out);
 int ts_problem_run(grpc_channel *ch, ts_problem *tp, const ts_opts *o);
 void ts_problem_free(ts_problem *tp);
 /* A compute-heavy problem with small tensors (no reference), grown until
- * one run on the server behind ch takes at least min_ms; *took gets that
- * time. On a fast core it passes the default --max-request-flops: start
- * that server with --max-request-flops 0. Returns 0 or -1. */
+ * one run on the server behind ch computes for at least min_ms; *took gets
+ * that time (the server's compute_ms). On a fast core it passes the default
+ * --max-request-flops: start that server with --max-request-flops 0. Returns 0
+ * or -1. */
 int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                     double *took);
 /* The same with a backward-data problem of big minibatch, grown to at
