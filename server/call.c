@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/grpc_security.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 
@@ -59,6 +60,7 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
+  char client[160];   /* the client certificate's subject (mutual TLS); "" */
   cgs_peer *from;     /* counts this call until it is freed */
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
@@ -131,7 +133,8 @@ static void log_call(cgs_call *c) {
       !cgs_peer_log_allowed(c->from, uv_hrtime(), c->s->cfg->peer_log_rate))
     return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
-  char out[96] = "-", peer[128], msg[2 * sizeof c->msg];
+  char out[96] = "-", peer[128], client[2 * sizeof c->client],
+       msg[2 * sizeof c->msg];
   if (c->up.resolved) {
     cg_text t;
     cg_text_init(&t, out, sizeof out);
@@ -144,6 +147,7 @@ static void log_call(cgs_call *c) {
       }
   }
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
+  cgs_log_value(client, sizeof client, c->client[0] ? c->client : "-");
   cgs_log_value(msg, sizeof msg, c->msg);
   /* A job can have run for a call that then failed (a cancel while
    * sending, say): its figures are still true. */
@@ -156,11 +160,12 @@ static void log_call(cgs_call *c) {
       path = c->job.info[g].path;
   }
   cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
-          "compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=%s out=%s "
-          "bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
+          "compute id=%" PRIu64 " peer=%s client=%s op=%s dtype=%s in=%s "
+          "out=%s bytes_in=%" PRIu64
+          " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
           "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
           "status=%s%s%s",
-          c->id, peer, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-",
+          c->id, peer, client, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-",
           c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-",
           c->up.shapes[0] ? c->up.shapes : "-", out, c->up.bytes_in,
           c->sent_all, ms_between(c->t_start, c->job.t_submit),
@@ -969,11 +974,30 @@ void cgs_call_cancel_all(cgs_server *s) {
 }
 
 /* Fills a new call object and links it into the server's list. */
+/* The subject of the certificate the client presented, if any (only
+ * mutual TLS asks for one). */
+static void read_client_identity(cgs_call *c) {
+  grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+  if (!ctx)
+    return;
+  grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
+      ctx, GRPC_X509_SUBJECT_PROPERTY_NAME);
+  const grpc_auth_property *p = grpc_auth_property_iterator_next(&it);
+  if (p) {
+    size_t n = p->value_length < sizeof c->client - 1 ? p->value_length
+                                                      : sizeof c->client - 1;
+    memcpy(c->client, p->value, n);
+    c->client[n] = '\0';
+  }
+  grpc_auth_context_release(ctx);
+}
+
 static void init_call(cgs_call *c, cgs_server *s, grpc_call *call) {
   c->s = s;
   c->call = call;
   c->id = s->next_call_id++;
   c->peer = grpc_call_get_peer(call);
+  read_client_identity(c);
   c->t_start = c->t_progress = uv_hrtime();
   c->from = cgs_peers_get(s->peers, c->peer, c->t_start);
   c->from->calls++;

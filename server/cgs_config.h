@@ -27,13 +27,22 @@ typedef enum {
   CGS_THREADS_STATIC    /* threads_per_worker, always */
 } cgs_threads_policy;
 
+/* Room of every string option, its NUL included. */
+#define CGS_CONFIG_STR 256
+
 typedef struct cgs_config {
-  char listen[256]; /* HOST:PORT and unix:PATH, comma-separated (listen.c) */
+  char listen[CGS_CONFIG_STR]; /* HOST:PORT and unix:PATH, comma-separated
+                                  (listen.c) */
   unsigned socket_mode;        /* of the unix sockets */
-  char metrics_listen[256];    /* HOST:PORT of GET /metrics; "" = off */
-  unsigned workers;            /* 0 until cgs_config_finish: auto */
-  unsigned threads_per_worker; /* cores each worker owns; 0 until
-                                  cgs_config_finish: auto (1) */
+  /* TLS on the TCP addresses: PEM files, "" = none (plaintext); with
+   * tls_client_ca, clients must present a certificate it signed. */
+  char tls_cert[CGS_CONFIG_STR], tls_key[CGS_CONFIG_STR];
+  char tls_client_ca[CGS_CONFIG_STR];
+  char metrics_listen[CGS_CONFIG_STR]; /* HOST:PORT of GET /metrics; "" =
+                                          off */
+  unsigned workers;                    /* 0 until cgs_config_finish: auto */
+  unsigned threads_per_worker;         /* cores each worker owns; 0 until
+                                          cgs_config_finish: auto (1) */
   cgs_threads_policy threads_policy;
   cgs_cpu_list cpus;            /* cores workers are pinned to, in order; empty
                                    until cgs_config_finish: all allowed */

@@ -33,13 +33,14 @@ typedef struct cgs_listeners {
  * socket address. Returns 0 or -1 with err naming the entry. */
 int cgs_listen_parse(const char *text, cgs_listeners *out, char *err,
                      size_t errlen);
-/* Binds every entry on g with creds: a unix PATH holding a stale socket
- * is unlinked first, then the new socket is given mode. Returns 0 or -1
- * with err; entries bound before the failure stay bound (see
- * cgs_listen_remove). */
+/* Binds every entry on g, TCP ones with tcp_creds and unix ones with
+ * unix_creds: a unix PATH holding a stale socket is unlinked first, then
+ * the new socket is given mode. Returns 0 or -1 with err; entries bound
+ * before the failure stay bound (see cgs_listen_remove). */
 int cgs_listen_bind(cgs_listeners *ls, grpc_server *g,
-                    grpc_server_credentials *creds, unsigned mode, char *err,
-                    size_t errlen);
+                    grpc_server_credentials *tcp_creds,
+                    grpc_server_credentials *unix_creds, unsigned mode,
+                    char *err, size_t errlen);
 /* The first TCP entry's bound port, or 0 when there is none. */
 int cgs_listen_tcp_port(const cgs_listeners *ls);
 /* Removes the socket files of the unix entries this process bound. */

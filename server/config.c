@@ -49,6 +49,14 @@ static const opt_def opt_table[] = {
      "free port) and unix:/PATH (a unix socket for trainers on this host)"},
     {"socket-mode", OPT_MODE, offsetof(cgs_config, socket_mode), "0660", 0,
      0777, "file mode of --listen's unix sockets, in octal"},
+    {"tls-cert", OPT_STRING, offsetof(cgs_config, tls_cert), "", 0, 0,
+     "PEM certificate chain: serve TLS on the TCP addresses (unix sockets "
+     "stay plaintext, guarded by their file mode); needs --tls-key"},
+    {"tls-key", OPT_STRING, offsetof(cgs_config, tls_key), "", 0, 0,
+     "PEM private key of --tls-cert (not encrypted)"},
+    {"tls-client-ca", OPT_STRING, offsetof(cgs_config, tls_client_ca), "", 0, 0,
+     "PEM CA bundle: require and verify client certificates it signed "
+     "(mutual TLS); needs --tls-cert"},
     {"metrics-listen", OPT_STRING, offsetof(cgs_config, metrics_listen), "", 0,
      0,
      "HOST:PORT serving Prometheus metrics over HTTP at GET /metrics "
@@ -224,7 +232,7 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
   int rc = 0;
   switch (o->type) {
   case OPT_STRING:
-    if (strlen(value) >= sizeof c->listen) {
+    if (strlen(value) >= CGS_CONFIG_STR) {
       snprintf(err, errlen, "%s: value too long", origin);
       return -1;
     }
@@ -450,6 +458,16 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
   cgs_listeners ls;
   if (cgs_listen_parse(c->listen, &ls, err, errlen) != 0)
     return -1;
+  if (!c->tls_cert[0] != !c->tls_key[0]) {
+    snprintf(err, errlen, "--tls-cert and --tls-key go together");
+    return -1;
+  }
+  if (c->tls_client_ca[0] && !c->tls_cert[0]) {
+    snprintf(err, errlen,
+             "--tls-client-ca needs --tls-cert and --tls-key: client "
+             "certificates are checked over TLS");
+    return -1;
+  }
   if (c->cpus.n == 0) {
     cpu_set_t set;
     CPU_ZERO(&set);

@@ -129,13 +129,15 @@ static int clear_stale(const char *path, char *err, size_t errlen) {
 }
 
 int cgs_listen_bind(cgs_listeners *ls, grpc_server *g,
-                    grpc_server_credentials *creds, unsigned mode, char *err,
-                    size_t errlen) {
+                    grpc_server_credentials *tcp_creds,
+                    grpc_server_credentials *unix_creds, unsigned mode,
+                    char *err, size_t errlen) {
   for (int i = 0; i < ls->n; i++) {
     cgs_listener *l = &ls->l[i];
     if (l->path && clear_stale(l->path, err, errlen) != 0)
       return -1;
-    int port = grpc_server_add_http2_port(g, l->target, creds);
+    int port = grpc_server_add_http2_port(g, l->target,
+                                          l->path ? unix_creds : tcp_creds);
     if (port <= 0) {
       snprintf(err, errlen, "--listen: cannot bind '%s' (%s)", l->target,
                l->path ? "is its directory writable?" : "in use?");

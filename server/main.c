@@ -125,6 +125,11 @@ static void print_ready(const app *a) {
     snprintf(listen + n, sizeof listen - n, " metrics=%.*s:%d",
              (int)(colon - m), m, a->server.metrics_port);
   }
+  if (a->cfg.tls_cert[0]) {
+    size_t n = strlen(listen);
+    snprintf(listen + n, sizeof listen - n, " tls=%s",
+             a->cfg.tls_client_ca[0] ? "mutual" : "on");
+  }
   /* stdout, one line, flushed: scripts and tests parse it. */
   printf("convgrad-server ready %s workers=%u threads_per_worker=%u "
          "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",

@@ -20,6 +20,7 @@
 #include "cgs_info.h"
 #include "cgs_log.h"
 #include "cgs_peers.h"
+#include "cgw_tls.h"
 
 /* Period of the peer sweep and the heap trim. */
 #define HOUSEKEEPING_MS 2000
@@ -282,6 +283,36 @@ static int start_metrics(cgs_server *s, char *err, size_t errlen) {
   return rc;
 }
 
+/* With --tls-cert, *creds becomes TLS credentials (mutual with
+ * --tls-client-ca) from files checked first; else it is left as it is. */
+static int tls_credentials(const cgs_config *cfg,
+                           grpc_server_credentials **creds, char *err,
+                           size_t errlen) {
+  if (!cfg->tls_cert[0])
+    return 0;
+  static const char *const names[3] = {"--tls-client-ca", "--tls-cert",
+                                       "--tls-key"};
+  cgw_tls_files files = {cfg->tls_client_ca, cfg->tls_cert, cfg->tls_key};
+  cgw_tls_pem pem;
+  int rc = cgw_tls_load(&files, names, &pem, err, errlen);
+  if (rc != 0)
+    return rc;
+  grpc_ssl_pem_key_cert_pair pair = {pem.key, pem.cert};
+  /* grpc keeps copies of the PEM strings. */
+  *creds = grpc_ssl_server_credentials_create_ex(
+      pem.ca, &pair, 1,
+      pem.ca ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+             : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+      NULL);
+  cgw_tls_free(&pem);
+  if (!*creds)
+    return cg_errorf(err, errlen, CG_EINTERNAL,
+                     "--tls-cert: grpc would not create TLS credentials");
+  cgs_info("TLS on the TCP addresses, certificate %s%s", cfg->tls_cert,
+           cfg->tls_client_ca[0] ? ", client certificates required" : "");
+  return 0;
+}
+
 /* Creates s->grpc with the channel arguments below, registers the method
  * table and binds cfg->listen. On failure s->grpc may exist: the caller
  * destroys it. */
@@ -334,10 +365,15 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
   }
   if (cgs_listen_parse(cfg->listen, &s->listeners, err, errlen) != 0)
     return CG_EINVAL;
-  grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-  int rc = cgs_listen_bind(&s->listeners, s->grpc, creds, cfg->socket_mode, err,
-                           errlen);
-  grpc_server_credentials_release(creds);
+  grpc_server_credentials *plain = grpc_insecure_server_credentials_create();
+  grpc_server_credentials *tcp = plain;
+  int rc = tls_credentials(cfg, &tcp, err, errlen);
+  if (rc == 0)
+    rc = cgs_listen_bind(&s->listeners, s->grpc, tcp, plain, cfg->socket_mode,
+                         err, errlen);
+  if (tcp != plain)
+    grpc_server_credentials_release(tcp);
+  grpc_server_credentials_release(plain);
   s->port = cgs_listen_tcp_port(&s->listeners);
   return rc ? CG_EINVAL : 0;
 }

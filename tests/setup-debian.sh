@@ -9,21 +9,22 @@
 #            torch_* and python_* groups), sklearn (the digits example),
 #            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
 #            manifests check), prometheus-client (the metrics parser),
-#            clang and its runtimes (the libFuzzer target).
-#            torch alone is
-#            ~1 GB installed, so the main job does not pull it in.
+#            clang and its runtimes (the libFuzzer target), openssl (test
+#            certificates). torch alone is ~1 GB installed, so the main
+#            job does not pull it in.
 set -euo pipefail
 
 main_packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
-  protobuf-compiler libuv1-dev libmicrohttpd-dev libdnnl-dev libcmocka-dev libcjson-dev
+  protobuf-compiler libuv1-dev libmicrohttpd-dev libssl-dev libdnnl-dev
+  libcmocka-dev libcjson-dev
   python3 python3-numpy
 )
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
   python3-yaml python3-prometheus-client clang-format clang-tidy
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev openssl
 )
 
 packages=("${main_packages[@]}")

@@ -144,6 +144,51 @@ def check(dep, svc, pdb, uid):
         fail("minAvailable must be at least 1 and below the replicas")
 
 
+def check_tls_overlay(directory, dep):
+    """docker/k8s/tls: a kustomization over the base whose patch names
+    the base Deployment and container, mounts the Secret it names where the
+    server's TLS files are read, and probes health over TLS on the gRPC
+    port with the mounted CA."""
+    kust = yaml.safe_load(open(os.path.join(directory, "kustomization.yaml")))
+    if kust.get("resources") != [".."]:
+        fail("the TLS overlay must build on the base (resources: [..])")
+    (patch_ref,) = kust["patches"]
+    patch = yaml.safe_load(open(os.path.join(directory, patch_ref["path"])))
+    if patch["metadata"]["name"] != dep["metadata"]["name"]:
+        fail("the TLS patch names Deployment %r, the base is %r"
+             % (patch["metadata"]["name"], dep["metadata"]["name"]))
+    spec = patch["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    if c["name"] != container(dep)["name"]:
+        fail("the TLS patch's container %r is not the base's" % c["name"])
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = c["volumeMounts"]
+    if "secret" not in volumes.get(mount["name"], {}):
+        fail("the TLS mount %r is not a Secret volume" % mount["name"])
+    root = mount["mountPath"].rstrip("/") + "/"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    for var in ("CONVGRAD_TLS_CERT", "CONVGRAD_TLS_KEY"):
+        if not env.get(var, "").startswith(root):
+            fail("%s %r is not in the Secret's mount %s"
+                 % (var, env.get(var), root))
+    port = {p["name"]: p["containerPort"]
+            for p in container(dep)["ports"]}["grpc"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        p = c[probe]
+        cmd = p.get("exec", {}).get("command", [])
+        if cmd[:2] != ["convgrad", "health"] or p.get("$patch") != "replace":
+            fail("%s must replace the gRPC probe with convgrad health"
+                 % probe)
+        opts = dict(zip(cmd[2::2], cmd[3::2]))
+        if opts.get("--target") != "127.0.0.1:%d" % port:
+            fail("%s checks %s, the server listens on %d"
+                 % (probe, opts.get("--target"), port))
+        if not opts.get("--tls-ca", "").startswith(root):
+            fail("%s's --tls-ca is not in the Secret's mount" % probe)
+        if int(opts.get("--deadline", "0")) >= 1000 * p["timeoutSeconds"]:
+            fail("%s's deadline outlasts its timeout" % probe)
+
+
 def container(dep):
     return dep["spec"]["template"]["spec"]["containers"][0]
 
@@ -181,6 +226,7 @@ def main():
     try:
         dep, svc, pdb = load(args.dir)
         check(dep, svc, pdb, uid)
+        check_tls_overlay(os.path.join(args.dir, "tls"), dep)
     except Inconsistent as e:
         raise SystemExit("test_k8s: %s" % e)
     for name, brk in BREAKS:
@@ -192,7 +238,8 @@ def main():
             continue
         raise SystemExit("test_k8s: the broken copy '%s' passed" % name)
     print("k8s manifests: Deployment (%s replicas, %s cores), headless "
-          "Service, PodDisruptionBudget consistent; %d broken copies refused"
+          "Service, PodDisruptionBudget, TLS overlay consistent; %d broken "
+          "copies refused"
           % (dep["spec"]["replicas"],
              container(dep)["resources"]["limits"]["cpu"], len(BREAKS)))
     return 0

@@ -15,6 +15,10 @@ enum {
   CGC__OPT_DEADLINE,
   CGC__OPT_RETRIES,
   CGC__OPT_CHUNK,
+  CGC__OPT_TLS_CA,
+  CGC__OPT_TLS_CERT,
+  CGC__OPT_TLS_KEY,
+  CGC__OPT_TLS_NAME,
   CGC__OPT_LOCAL = 1100
 };
 
@@ -23,6 +27,10 @@ static const struct option cgc__common_opts[] = {
     {"deadline", required_argument, NULL, CGC__OPT_DEADLINE},
     {"retries", required_argument, NULL, CGC__OPT_RETRIES},
     {"chunk-bytes", required_argument, NULL, CGC__OPT_CHUNK},
+    {"tls-ca", required_argument, NULL, CGC__OPT_TLS_CA},
+    {"tls-cert", required_argument, NULL, CGC__OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, CGC__OPT_TLS_KEY},
+    {"tls-server-name", required_argument, NULL, CGC__OPT_TLS_NAME},
     {"help", no_argument, NULL, 'h'}};
 #define CGC__NCOMMON (sizeof cgc__common_opts / sizeof cgc__common_opts[0])
 
@@ -35,6 +43,14 @@ static const char cgc__common_help[] =
     "  --deadline MS    deadline of each call, retries included\n"
     "  --retries N      retries after UNAVAILABLE (default 5)\n"
     "  --chunk-bytes N  upload chunk size, 1024..4190208 (default 1048576)\n"
+    "  --tls-ca FILE    use TLS; the server's certificate must chain to these\n"
+    "                   PEM roots\n"
+    "  --tls-cert FILE, --tls-key FILE\n"
+    "                   this client's PEM certificate and key, for a server\n"
+    "                   that requires one (mutual TLS)\n"
+    "  --tls-server-name NAME\n"
+    "                   the name the server's certificate must carry, when\n"
+    "                   the target's host is an address or another name\n"
     "  -h, --help       this help\n";
 
 void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
@@ -121,6 +137,18 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
     if (cgc__cli_int(arg, 0, 1000, &v))
       return -1;
     cli->opts.retries = (int)v;
+    return 0;
+  case CGC__OPT_TLS_CA:
+    cli->opts.tls_ca_file = arg;
+    return 0;
+  case CGC__OPT_TLS_CERT:
+    cli->opts.tls_cert_file = arg;
+    return 0;
+  case CGC__OPT_TLS_KEY:
+    cli->opts.tls_key_file = arg;
+    return 0;
+  case CGC__OPT_TLS_NAME:
+    cli->opts.tls_server_name = arg;
     return 0;
   default: /* CGC__OPT_CHUNK */
     /* Chunk plus framing must fit the server's 4 MiB receive cap. */

@@ -10,6 +10,7 @@
 
 #include <grpc/grpc_security.h>
 
+#include "cgw_tls.h"
 #include "internal.h"
 
 #define CGC__MIB ((size_t)1 << 20)
@@ -30,7 +31,16 @@ void cgc_options_init(cgc_options *o) {
   o->backoff_initial_ms = 50;
   o->backoff_max_ms = 2000;
   o->backoff_multiplier = 2.0;
-  o->tls_root_certs = NULL;
+}
+
+static int cgc__given(const char *s) {
+  return s && *s;
+}
+
+/* 1 when o asks for TLS. */
+static int cgc__tls(const cgc_options *o) {
+  return cgc__given(o->tls_ca_file) || cgc__given(o->tls_cert_file) ||
+         cgc__given(o->tls_key_file);
 }
 
 static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
@@ -60,10 +70,10 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
     return cg_errorf(err, errlen, CG_EINVAL,
                      "retries/backoff: counts and times must be >= 0 and the "
                      "multiplier >= 1");
-  if (o->tls_root_certs)
+  if (cgc__given(o->tls_server_name) && !cgc__tls(o))
     return cg_errorf(err, errlen, CG_EINVAL,
-                     "tls_root_certs: TLS is not available; only insecure "
-                     "channels are supported");
+                     "tls_server_name: needs TLS (tls_ca_file, or "
+                     "tls_cert_file and tls_key_file)");
   return 0;
 }
 
@@ -278,6 +288,33 @@ fail:
   return rc;
 }
 
+/* Plaintext, or TLS from the files o names (read and checked here). */
+static int cgc__credentials(const cgc_options *o,
+                            grpc_channel_credentials **out, char *err,
+                            size_t errlen) {
+  if (!cgc__tls(o)) {
+    *out = grpc_insecure_credentials_create();
+    return *out
+               ? 0
+               : cg_errorf(err, errlen, CG_ENOMEM, "cannot create credentials");
+  }
+  static const char *const names[3] = {"tls_ca_file", "tls_cert_file",
+                                       "tls_key_file"};
+  cgw_tls_files files = {o->tls_ca_file, o->tls_cert_file, o->tls_key_file};
+  cgw_tls_pem pem;
+  int rc = cgw_tls_load(&files, names, &pem, err, errlen);
+  if (rc)
+    return rc;
+  grpc_ssl_pem_key_cert_pair pair = {pem.key, pem.cert};
+  /* grpc keeps copies of the PEM strings. */
+  *out =
+      grpc_ssl_credentials_create(pem.ca, pem.cert ? &pair : NULL, NULL, NULL);
+  cgw_tls_free(&pem);
+  return *out ? 0
+              : cg_errorf(err, errlen, CG_EINVAL,
+                          "TLS: grpc would not create credentials");
+}
+
 int cgc_channel_new(cgc_channel **out, const char *target,
                     const cgc_options *opts, char *err, size_t errlen) {
   int rc = 0;
@@ -330,13 +367,17 @@ int cgc_channel_new(cgc_channel **out, const char *target,
       {GRPC_ARG_INTEGER,
        GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
        {.integer = reconnect_max}},
+      {GRPC_ARG_STRING,
+       GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+       {.string = (char *)ch->opts.tls_server_name}},
   };
+  /* The last argument only with a name to check. */
   grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
-  creds = grpc_insecure_credentials_create();
-  if (!creds) {
-    rc = cg_errorf(err, errlen, CG_ENOMEM, "cannot create credentials");
+  if (!cgc__given(ch->opts.tls_server_name))
+    cargs.num_args--;
+  rc = cgc__credentials(&ch->opts, &creds, err, errlen);
+  if (rc)
     goto fail_grpc;
-  }
   ch->chan = grpc_channel_create(ch->target, creds, &cargs);
   grpc_channel_credentials_release(creds);
   if (!ch->chan) {

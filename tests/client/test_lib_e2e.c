@@ -454,10 +454,21 @@ static void test_targets_and_options(void **state) {
       CG_EINVAL);
   assert_non_null(strstr(err, "numeric port"));
   cgc_options_init(&o);
-  o.tls_root_certs = "-----BEGIN CERTIFICATE-----";
+  o.tls_server_name = "convgrad.example";
   assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
                    CG_EINVAL);
-  assert_non_null(strstr(err, "tls_root_certs"));
+  assert_non_null(strstr(err, "tls_server_name: needs TLS"));
+  cgc_options_init(&o);
+  o.tls_ca_file = "/nonexistent/ca.pem";
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
+                   CG_EINVAL);
+  assert_string_equal(err, "tls_ca_file /nonexistent/ca.pem: No such file or "
+                           "directory");
+  cgc_options_init(&o);
+  o.tls_cert_file = "/nonexistent/cert.pem";
+  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "tls_cert_file and tls_key_file go together"));
   cgc_options_init(&o);
   o.upload_chunk_bytes = (size_t)o.max_message_bytes;
   assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err),

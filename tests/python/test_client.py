@@ -9,8 +9,10 @@ Ground truth is torch autograd in float64 on the inputs rounded to the
 request's dtype. Usage: test_client.py --server PATH (with CONVGRAD_LIBRARY
 set); exits 1 when a check fails."""
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import unittest
 
@@ -374,6 +376,56 @@ class Errors(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("ImportError: CONVGRAD_LIBRARY=/nonexistent/"
                       "libcgclient.so cannot be loaded", r.stderr)
+
+
+class TLS(unittest.TestCase):
+    """The package's TLS keywords against a mutual-TLS server, with
+    certificates made by openssl (test_server_tls.py's make_certs)."""
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(cgtest.HERE, "..", "server"))
+        from test_server_tls import make_certs
+        cls.dir = tempfile.mkdtemp(prefix="cgpy-tls-")
+        f = make_certs(cls.dir)
+        cls.f = staticmethod(f)
+        cls.server = cgtest.Server(ARGS.server, [
+            "--tls-cert", f("server.pem"), "--tls-key", f("server.key"),
+            "--tls-client-ca", f("ca.pem")])
+        cls.tls = dict(tls_ca=f("ca.pem"), tls_server_name="convgrad.test")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.dir)
+
+    def test_mutual_tls(self):
+        f = self.f
+        with convgrad.Client(self.server.target, deadline=30,
+                             tls_cert=f("client.pem"), tls_key=f("client.key"),
+                             **self.tls) as c:
+            self.assertEqual(c.health(), "SERVING")
+            dy = torch.randn(2, 4, 6, 6)
+            w = torch.randn(4, 3, 3, 3)
+            a = dict(data_format="NCX", weights_format="OIX",
+                     pads_begin=[1, 1], pads_end=[1, 1])
+            dx = c.conv_backward_data(dy, w, dst_shape=[2, 3, 6, 6], **a)
+            ref = torch.nn.grad.conv2d_input([2, 3, 6, 6], w, dy, padding=1)
+            self.assertLess(cgtest.rel_err(dx, ref), 2e-5)
+
+    def test_refused(self):
+        with convgrad.Client(self.server.target, deadline=5, retries=0,
+                             **self.tls) as c:  # no client certificate
+            with self.assertRaises(convgrad.Unavailable):
+                c.health()
+        with self.assertRaises(convgrad.InvalidArgument) as cm:
+            convgrad.Client(self.server.target, tls_ca=self.f("none.pem"))
+        self.assertIn("tls_ca_file", cm.exception.message)
+        with self.assertRaises(convgrad.InvalidArgument) as cm:
+            convgrad.Client(self.server.target, tls_ca=self.f("ca.pem"),
+                            tls_cert=self.f("client.pem"),
+                            tls_key=self.f("lone.key"))
+        self.assertIn("does not match", cm.exception.message)
 
 
 def main():

@@ -89,9 +89,20 @@ typedef struct cgc_options {
   int64_t backoff_initial_ms; /* default 50 */
   int64_t backoff_max_ms;     /* default 2000; also caps gRPC reconnects */
   double backoff_multiplier;  /* default 2.0 */
-  /* Reserved for TLS: a PEM root certificate bundle. Only insecure
-   * channels exist today; cgc_channel_new rejects a non-NULL value. */
-  const char *tls_root_certs;
+  /* TLS: paths of PEM files, each NULL (or "") for none; all NULL is
+   * plaintext. tls_ca_file: the roots the server's certificate must chain
+   * to (NULL with a client certificate: the system's roots). tls_cert_file
+   * and tls_key_file (together): this client's certificate, for a server
+   * that requires one (mutual TLS). The files are read and checked by
+   * cgc_channel_new: a missing file, a key that does not match, or a
+   * certificate past its dates is refused there. */
+  const char *tls_ca_file;
+  const char *tls_cert_file;
+  const char *tls_key_file;
+  /* The name the server's certificate must carry, instead of the
+   * target's host (an IP address, or a name the certificate lacks);
+   * needs TLS. */
+  const char *tls_server_name;
 } cgc_options;
 
 /* Fills o with the defaults above. Thread-safe. */

@@ -92,7 +92,9 @@ class Options(C.Structure):
                 ("backoff_initial_ms", C.c_int64),
                 ("backoff_max_ms", C.c_int64),
                 ("backoff_multiplier", C.c_double),
-                ("tls_root_certs", C.c_char_p)]
+                ("tls_ca_file", C.c_char_p), ("tls_cert_file", C.c_char_p),
+                ("tls_key_file", C.c_char_p),
+                ("tls_server_name", C.c_char_p)]
 
 
 class OpInfo(C.Structure):

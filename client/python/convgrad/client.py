@@ -1,5 +1,6 @@
 """convgrad.Client: the four ops, health and server info over libcgclient."""
 import ctypes as C
+import os
 import sys
 import threading
 
@@ -21,6 +22,9 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_BF16: "bf16", L.DTYPE_F16: "f16",
 _OPTIONS = ("max_message_bytes", "upload_chunk_bytes", "download_chunk_bytes",
             "max_output_bytes", "backoff_initial_ms", "backoff_max_ms",
             "backoff_multiplier")
+# Keyword -> cgc_options field: paths, encoded as the file system does.
+_TLS_OPTIONS = {"tls_ca": "tls_ca_file", "tls_cert": "tls_cert_file",
+                "tls_key": "tls_key_file", "tls_server_name": "tls_server_name"}
 
 
 def _torch_dtypes():
@@ -149,7 +153,12 @@ class Client:
     set the remaining fields of libcgclient's cgc_options by name
     (upload_chunk_bytes, download_chunk_bytes, max_message_bytes,
     max_output_bytes, backoff_initial_ms, backoff_max_ms,
-    backoff_multiplier).
+    backoff_multiplier). TLS: tls_ca (PEM roots the server's certificate
+    must chain to), tls_cert and tls_key (this client's certificate, for a
+    server that requires one), tls_server_name (the name the server's
+    certificate must carry when the target's host is an address); paths,
+    read and checked when the Client is made (InvalidArgument for a
+    missing file or a key that does not match its certificate).
 
     Each op takes its two arrays (numpy arrays or CPU torch tensors of one
     dtype: float32, bfloat16 - uint16 bits for numpy - or float16) and the
@@ -175,9 +184,14 @@ class Client:
         opts.deadline_ms = _ms(deadline)
         opts.retries = retries
         for k, v in options.items():
+            if k in _TLS_OPTIONS:
+                if v is not None:
+                    setattr(opts, _TLS_OPTIONS[k], os.fsencode(v))
+                continue
             if k not in _OPTIONS:
                 raise TypeError("Client: unknown option %r (known: %s)"
-                                % (k, ", ".join(_OPTIONS)))
+                                % (k, ", ".join(_OPTIONS + tuple(
+                                    _TLS_OPTIONS))))
             setattr(opts, k, v)
         ch = C.c_void_p()
         err = C.create_string_buffer(L.MESSAGE_MAX)
