@@ -60,7 +60,8 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
-  char client[160];   /* the client certificate's subject (mutual TLS); "" */
+  char client[160];   /* the caller: its token's label, else its certificate's
+                         subject (mutual TLS); "" when neither */
   cgs_peer *from;     /* counts this call until it is freed */
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
@@ -1067,7 +1068,7 @@ static int accept_call(cgs_call *c, gpr_timespec deadline) {
 }
 
 static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload) {
+                  grpc_byte_buffer *payload, const char *client) {
   (void)payload; /* registered without: the call receives its own */
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
@@ -1076,6 +1077,8 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     return;
   }
   init_call(c, s, call);
+  if (client) /* the token's label names the caller before its certificate */
+    snprintf(c->client, sizeof c->client, "%s", client);
   /* From the first receive on, the fast path may run for this call. */
   pthread_mutex_lock(&c->mu);
   if (accept_call(c, deadline) == 0) {
@@ -1094,5 +1097,6 @@ const cgs_method_def cgs_call_method = {
     .path = "/convgrad.v1.ConvGrad/Compute",
     .reads_first = 0,
     .slots = 32,
+    .needs_token = 1,
     .start = start,
 };

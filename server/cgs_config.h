@@ -38,6 +38,9 @@ typedef struct cgs_config {
    * tls_client_ca, clients must present a certificate it signed. */
   char tls_cert[CGS_CONFIG_STR], tls_key[CGS_CONFIG_STR];
   char tls_client_ca[CGS_CONFIG_STR];
+  char auth_tokens[CGS_CONFIG_STR];    /* token file; "" = no authentication */
+  unsigned auth_health;                /* health needs a token too */
+  unsigned allow_insecure_auth;        /* tokens on non-loopback plaintext */
   char metrics_listen[CGS_CONFIG_STR]; /* HOST:PORT of GET /metrics; "" =
                                           off */
   unsigned workers;                    /* 0 until cgs_config_finish: auto */

@@ -21,6 +21,7 @@
 #include <grpc/grpc.h>
 #include <uv.h>
 
+#include "cgs_auth.h"
 #include "cgs_config.h"
 #include "cgs_cq.h"
 #include "cgs_httpd.h"
@@ -44,10 +45,14 @@ typedef struct cgs_method_def {
   /* Requests kept posted, so that bursts of new calls find one waiting
    * (grpc queues the rest until the loop posts more). */
   int slots;
+  /* 1: with --auth-tokens the call needs a token (0: only with
+   * --auth-health). The server checks it before start. */
+  int needs_token;
   /* Loop thread. Takes ownership of call's reference and of payload;
-   * deadline as grpc reported it. */
+   * deadline as grpc reported it; client: the label of the caller's token,
+   * or NULL without --auth-tokens (valid during the call only). */
   void (*start)(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                grpc_byte_buffer *payload);
+                grpc_byte_buffer *payload, const char *client);
 } cgs_method_def;
 
 /* Room for the registered handles of the server's method table. */
@@ -68,6 +73,7 @@ struct cgs_server {
   cgs_peers *peers; /* live calls and log budgets per client address */
   uv_timer_t housekeeping_timer;
   uint64_t calls_ended, calls_ended_at_tick; /* Compute calls freed */
+  cgs_auth *auth; /* the token table; NULL without --auth-tokens */
   cgs_metrics *metrics;
   cgs_httpd *metrics_http; /* NULL without --metrics-listen */
   int metrics_port;        /* its bound port; 0 without */
@@ -102,6 +108,10 @@ void cgs_server_drain(cgs_server *s);
  * and removes the unix sockets. Call after uv_run returns, whether the
  * start succeeded or not. */
 void cgs_server_close(cgs_server *s);
+
+/* Reloads --auth-tokens (SIGHUP): the new table replaces the old one only
+ * if the file loads; calls already admitted go on either way. */
+void cgs_server_reload(cgs_server *s);
 
 /* Called by call.c when a Compute call object is freed: lets a draining
  * server finish. */

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cg/text.h"
@@ -23,7 +24,9 @@ typedef enum {
   OPT_CPUS,   /* cgs_cpu_list */
   OPT_LEVEL,  /* cgs_log_level */
   OPT_POLICY, /* cgs_threads_policy */
-  OPT_MODE    /* unsigned field, a file mode in octal */
+  OPT_MODE,   /* unsigned field, a file mode in octal */
+  OPT_FLAG    /* unsigned field, 0 or 1: a flag without a value; its
+                 variable takes 1/0, true/false, yes/no */
 } opt_type;
 
 typedef struct opt_def {
@@ -57,6 +60,18 @@ static const opt_def opt_table[] = {
     {"tls-client-ca", OPT_STRING, offsetof(cgs_config, tls_client_ca), "", 0, 0,
      "PEM CA bundle: require and verify client certificates it signed "
      "(mutual TLS); needs --tls-cert"},
+    {"auth-tokens", OPT_STRING, offsetof(cgs_config, auth_tokens), "", 0, 0,
+     "file of bearer tokens (one a line, or sha256:HEX, each optionally "
+     "followed by a label): Compute and GetServerInfo then need "
+     "'authorization: Bearer TOKEN' metadata, else UNAUTHENTICATED; "
+     "SIGHUP reloads it"},
+    {"auth-health", OPT_FLAG, offsetof(cgs_config, auth_health), "0", 0, 1,
+     "with --auth-tokens, health checks need a token too (by default they "
+     "stay open for probes)"},
+    {"allow-insecure-auth", OPT_FLAG, offsetof(cgs_config, allow_insecure_auth),
+     "0", 0, 1,
+     "allow --auth-tokens on a TCP address other than loopback without TLS, "
+     "where a token crosses the network in clear"},
     {"metrics-listen", OPT_STRING, offsetof(cgs_config, metrics_listen), "", 0,
      0,
      "HOST:PORT serving Prometheus metrics over HTTP at GET /metrics "
@@ -290,6 +305,17 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
     rc = !*value || *end || errno ? -1 : 0;
     break;
   }
+  case OPT_FLAG:
+    if (strcmp(value, "1") == 0 || strcasecmp(value, "true") == 0 ||
+        strcasecmp(value, "yes") == 0) {
+      v = 1;
+    } else if (!(strcmp(value, "0") == 0 || strcasecmp(value, "false") == 0 ||
+                 strcasecmp(value, "no") == 0)) {
+      snprintf(err, errlen, "%s: expected 1/0, true/false or yes/no, got '%s'",
+               origin, value);
+      return -1;
+    }
+    break;
   }
   if (rc != 0 || v < o->min || v > o->max) {
     if (o->type == OPT_MS)
@@ -311,7 +337,7 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
                value);
     return -1;
   }
-  if (o->type == OPT_UINT || o->type == OPT_MODE)
+  if (o->type == OPT_UINT || o->type == OPT_MODE || o->type == OPT_FLAG)
     *(unsigned *)(void *)field = (unsigned)v;
   else
     *(uint64_t *)(void *)field = v;
@@ -346,8 +372,10 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
   const char *flag_value[OPT_COUNT_ALL] = {0};
   struct option longopts[OPT_COUNT_ALL + 2];
   for (size_t i = 0; i < OPT_COUNT_ALL; i++)
-    longopts[i] = (struct option){opt_table[i].name, required_argument, NULL,
-                                  (int)(256 + i)};
+    longopts[i] = (struct option){
+        opt_table[i].name,
+        opt_table[i].type == OPT_FLAG ? no_argument : required_argument, NULL,
+        (int)(256 + i)};
   longopts[OPT_COUNT_ALL] = (struct option){"help", no_argument, NULL, 'h'};
   longopts[OPT_COUNT_ALL + 1] = (struct option){NULL, 0, NULL, 0};
   optind = 1;
@@ -364,7 +392,7 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
                argv[optind - 1]);
       return -1;
     }
-    flag_value[ch - 256] = optarg;
+    flag_value[ch - 256] = optarg ? optarg : "1";
   }
   if (optind < argc) {
     snprintf(err, errlen, "unexpected argument '%s' (try --help)",
@@ -545,8 +573,8 @@ void cgs_config_usage(FILE *out, const char *argv0) {
     const opt_def *o = &opt_table[i];
     char var[64];
     env_name(o, var, sizeof var);
-    fprintf(out, "  --%s VALUE   (%s, default '%s')\n      %s\n", o->name, var,
-            o->def, o->help);
+    fprintf(out, "  --%s%s   (%s, default '%s')\n      %s\n", o->name,
+            o->type == OPT_FLAG ? "" : " VALUE", var, o->def, o->help);
     if (o->type == OPT_UINT || o->type == OPT_COUNT || o->type == OPT_SIZE ||
         o->type == OPT_FLOPS)
       fprintf(out, "      bounds: %llu .. %llu%s\n", (unsigned long long)o->min,

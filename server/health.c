@@ -98,9 +98,10 @@ static char *parse_service(grpc_byte_buffer *payload) {
 }
 
 static void check(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload) {
+                  grpc_byte_buffer *payload, const char *client) {
   cgs_health *h = s->health;
   (void)deadline; /* answered at once */
+  (void)client;
   char *service = parse_service(payload);
   if (!service) {
     cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
@@ -221,10 +222,11 @@ static void on_watch_recv(cgs_tag *t, int ok) {
 
 /* Registered without the first message: it is received here. */
 static void watch(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload) {
+                  grpc_byte_buffer *payload, const char *client) {
   cgs_health *h = s->health;
   (void)deadline; /* a Watch lasts until the client or the server ends it */
   (void)payload;
+  (void)client;
   watcher *w = calloc(1, sizeof *w);
   if (!w) {
     cgs_cq_reply(&h->s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,

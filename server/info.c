@@ -14,8 +14,9 @@
 #endif
 
 static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload) {
+                  grpc_byte_buffer *payload, const char *client) {
   (void)deadline; /* answered at once */
+  (void)client;
   const cgs_config *cfg = s->cfg;
   if (!payload) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
@@ -120,5 +121,6 @@ const cgs_method_def cgs_info_method = {
     .path = "/convgrad.v1.ConvGrad/GetServerInfo",
     .reads_first = 1,
     .slots = 2,
+    .needs_token = 1,
     .start = start,
 };

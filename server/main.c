@@ -25,7 +25,7 @@ typedef struct app {
   cgs_config cfg;
   uv_loop_t loop;
   cgs_server server;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup;
   int signals_open;
 } app;
 
@@ -75,6 +75,12 @@ static void on_signal(uv_signal_t *h, int signum) {
   cgs_server_drain(&a->server);
 }
 
+static void on_sighup(uv_signal_t *h, int signum) {
+  app *a = h->data;
+  (void)signum;
+  cgs_server_reload(&a->server);
+}
+
 static void on_signal_closed(uv_handle_t *h) {
   (void)h;
 }
@@ -85,6 +91,7 @@ static void close_signals(app *a) {
   a->signals_open = 0;
   uv_close((uv_handle_t *)&a->sigterm, on_signal_closed);
   uv_close((uv_handle_t *)&a->sigint, on_signal_closed);
+  uv_close((uv_handle_t *)&a->sighup, on_signal_closed);
 }
 
 static void on_server_stopped(cgs_server *s) {
@@ -176,6 +183,7 @@ int main(int argc, char **argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &sigs, &old);
   signal(SIGPIPE, SIG_IGN);
 
@@ -193,10 +201,12 @@ int main(int argc, char **argv) {
   } else {
     uv_signal_init(&a.loop, &a.sigterm);
     uv_signal_init(&a.loop, &a.sigint);
-    a.sigterm.data = a.sigint.data = &a;
+    uv_signal_init(&a.loop, &a.sighup);
+    a.sigterm.data = a.sigint.data = a.sighup.data = &a;
     a.signals_open = 1;
     uv_signal_start(&a.sigterm, on_signal, SIGTERM);
     uv_signal_start(&a.sigint, on_signal, SIGINT);
+    uv_signal_start(&a.sighup, on_sighup, SIGHUP);
     print_ready(&a);
   }
   /* Runs until every handle is closed: after a drain, or at once after a

@@ -99,9 +99,45 @@ static void answer_unknown(cgs_server *s, slot *sl) {
   cgs_cq_reply(&s->cq, sl->call, NULL, GRPC_STATUS_UNIMPLEMENTED, msg);
 }
 
+/* With --auth-tokens: 0 with *client set when the call may go on, else
+ * -1 after answering it UNAUTHENTICATED (logged, rate-limited by peer, and
+ * counted as a Compute call when it is one). */
+static int authenticate(cgs_server *s, slot *sl, const char **client) {
+  const cgs_method_def *d = method_table[sl->m];
+  *client = NULL;
+  if (!s->auth || (!d->needs_token && !s->cfg->auth_health))
+    return 0;
+  cgs_auth_result r = cgs_auth_check(s->auth, &sl->md, client);
+  if (r == CGS_AUTH_OK)
+    return 0;
+  const char *msg = r == CGS_AUTH_MISSING
+                        ? "authorization: this server needs "
+                          "'authorization: Bearer TOKEN' metadata"
+                        : "authorization: unknown token";
+  char *peer = grpc_call_get_peer(sl->call);
+  uint64_t now = uv_hrtime();
+  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, now), now,
+                           s->cfg->peer_log_rate)) {
+    char from[128];
+    cgs_log_value(from, sizeof from, peer);
+    cgs_info("call method=%s peer=%s status=UNAUTHENTICATED msg=\"%s\"",
+             d->path, from, msg);
+  }
+  gpr_free(peer);
+  if (d == &cgs_call_method) {
+    cgs_metrics_call m = {.code = GRPC_STATUS_UNAUTHENTICATED};
+    cgs_metrics_call_ended(s->metrics, &m);
+  }
+  if (sl->payload)
+    grpc_byte_buffer_destroy(sl->payload);
+  cgs_cq_reply(&s->cq, sl->call, NULL, GRPC_STATUS_UNAUTHENTICATED, msg);
+  return -1;
+}
+
 static void on_slot(cgs_tag *t, int ok) {
   slot *sl = cgs_container_of(t, slot, tag);
   cgs_server *s = sl->s;
+  const char *client;
   if (ok) {
     /* Draining keeps taking calls (to refuse them with UNAVAILABLE) until
      * the listener closes. */
@@ -109,8 +145,9 @@ static void on_slot(cgs_tag *t, int ok) {
       request_slot(s, sl->m);
     if (sl->m == N_METHODS)
       answer_unknown(s, sl);
-    else
-      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload);
+    else if (authenticate(s, sl, &client) == 0)
+      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload,
+                                 client);
   }
   /* !ok: the server is shutting down and the request was withdrawn. */
   grpc_metadata_array_destroy(&sl->md);
@@ -200,6 +237,8 @@ void cgs_server_close(cgs_server *s) {
   s->peers = NULL;
   cgs_metrics_free(s->metrics);
   s->metrics = NULL;
+  cgs_auth_free(s->auth);
+  s->auth = NULL;
   cgs_listen_remove(&s->listeners);
 }
 
@@ -313,6 +352,56 @@ static int tls_credentials(const cgs_config *cfg,
   return 0;
 }
 
+/* 1 when a TCP listener's host is a loopback address. */
+static int loopback(const char *target) {
+  const char *colon = strrchr(target, ':');
+  size_t n = colon ? (size_t)(colon - target) : strlen(target);
+  return (n >= 4 && strncmp(target, "127.", 4) == 0) ||
+         (n == 9 && strncmp(target, "localhost", 9) == 0) ||
+         (n == 5 && strncmp(target, "[::1]", 5) == 0);
+}
+
+/* --auth-tokens: loads the table, refusing a plaintext TCP address off
+ * loopback unless --allow-insecure-auth (a token sent in clear there can
+ * be read and replayed). */
+static int load_tokens(cgs_server *s, char *err, size_t errlen) {
+  const cgs_config *cfg = s->cfg;
+  if (!cfg->auth_tokens[0])
+    return 0;
+  for (int i = 0; i < s->listeners.n; i++) {
+    const cgs_listener *l = &s->listeners.l[i];
+    if (!l->path && !loopback(l->target) && !cfg->tls_cert[0] &&
+        !cfg->allow_insecure_auth)
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "--auth-tokens: %s is not loopback and has no TLS: "
+                       "tokens would cross the network in clear (add "
+                       "--tls-cert and --tls-key, or --allow-insecure-auth)",
+                       l->target);
+  }
+  int rc = cgs_auth_load(&s->auth, cfg->auth_tokens, err, errlen);
+  if (rc == 0)
+    cgs_info("--auth-tokens: %zu tokens; health %s", cgs_auth_count(s->auth),
+             cfg->auth_health ? "needs a token too" : "stays open");
+  return rc;
+}
+
+void cgs_server_reload(cgs_server *s) {
+  if (!s->auth) {
+    cgs_info("SIGHUP: no --auth-tokens to reload");
+    return;
+  }
+  cgs_auth *fresh;
+  char err[512];
+  if (cgs_auth_load(&fresh, s->cfg->auth_tokens, err, sizeof err) != 0) {
+    cgs_error("SIGHUP: %s; the %zu tokens loaded before stay", err,
+              cgs_auth_count(s->auth));
+    return;
+  }
+  cgs_auth_free(s->auth);
+  s->auth = fresh;
+  cgs_info("SIGHUP: reloaded %zu tokens", cgs_auth_count(s->auth));
+}
+
 /* Creates s->grpc with the channel arguments below, registers the method
  * table and binds cfg->listen. On failure s->grpc may exist: the caller
  * destroys it. */
@@ -365,9 +454,12 @@ static int create_grpc_server(cgs_server *s, char *err, size_t errlen) {
   }
   if (cgs_listen_parse(cfg->listen, &s->listeners, err, errlen) != 0)
     return CG_EINVAL;
+  int rc = load_tokens(s, err, errlen);
+  if (rc != 0)
+    return rc;
   grpc_server_credentials *plain = grpc_insecure_server_credentials_create();
   grpc_server_credentials *tcp = plain;
-  int rc = tls_credentials(cfg, &tcp, err, errlen);
+  rc = tls_credentials(cfg, &tcp, err, errlen);
   if (rc == 0)
     rc = cgs_listen_bind(&s->listeners, s->grpc, tcp, plain, cfg->socket_mode,
                          err, errlen);

@@ -36,7 +36,7 @@ cmake --build "$out/fuzz" -j "$jobs"
 fuzz_work=$(mktemp -d)
 echo "== fuzz: ${FUZZ_SECONDS:-60} s"
 "$out/fuzz/tests/fuzz/fuzz_request" -max_total_time="${FUZZ_SECONDS:-60}" \
-  -print_final_stats=1 -artifact_prefix="$out/fuzz/" "$fuzz_work" \
+  -max_len=16384 -print_final_stats=1 -artifact_prefix="$out/fuzz/" "$fuzz_work" \
   "$root/tests/fuzz/corpus" 2>&1 | grep -v '^#[0-9]'
 rm -rf "$fuzz_work"
 run_config release -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON

@@ -19,6 +19,7 @@ enum {
   CGC__OPT_TLS_CERT,
   CGC__OPT_TLS_KEY,
   CGC__OPT_TLS_NAME,
+  CGC__OPT_TOKEN,
   CGC__OPT_LOCAL = 1100
 };
 
@@ -31,6 +32,7 @@ static const struct option cgc__common_opts[] = {
     {"tls-cert", required_argument, NULL, CGC__OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, CGC__OPT_TLS_KEY},
     {"tls-server-name", required_argument, NULL, CGC__OPT_TLS_NAME},
+    {"token", required_argument, NULL, CGC__OPT_TOKEN},
     {"help", no_argument, NULL, 'h'}};
 #define CGC__NCOMMON (sizeof cgc__common_opts / sizeof cgc__common_opts[0])
 
@@ -51,6 +53,9 @@ static const char cgc__common_help[] =
     "  --tls-server-name NAME\n"
     "                   the name the server's certificate must carry, when\n"
     "                   the target's host is an address or another name\n"
+    "  --token TOKEN    bearer token for a server with --auth-tokens\n"
+    "                   (default $CONVGRAD_TOKEN; prefer the variable: a\n"
+    "                   flag shows in the process list)\n"
     "  -h, --help       this help\n";
 
 void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
@@ -149,6 +154,9 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
     return 0;
   case CGC__OPT_TLS_NAME:
     cli->opts.tls_server_name = arg;
+    return 0;
+  case CGC__OPT_TOKEN:
+    cli->opts.token = arg;
     return 0;
   default: /* CGC__OPT_CHUNK */
     /* Chunk plus framing must fit the server's 4 MiB receive cap. */

@@ -80,9 +80,12 @@ void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
   grpc_metadata_array_destroy(&io->trailing_md);
 }
 
-void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io) {
+void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io,
+                          const cgc_channel *ch) {
   memset(ops, 0, 5 * sizeof *ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = ch->auth_md_count;
+  ops[0].data.send_initial_metadata.metadata = (grpc_metadata *)&ch->auth_md;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = io->send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -129,7 +132,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     rc = CGC_ERPC;
     goto out;
   }
-  cgc__ops_one_message(ops, &io);
+  cgc__ops_one_message(ops, &io, ch);
   cgc__op_recv_status(&ops[5], &io);
   if (grpc_call_start_batch(call, ops, 6, (void *)1, NULL) != GRPC_CALL_OK) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call to %s",

@@ -70,6 +70,10 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
     return cg_errorf(err, errlen, CG_EINVAL,
                      "retries/backoff: counts and times must be >= 0 and the "
                      "multiplier >= 1");
+  for (const char *p = o->token; p && *p; p++)
+    if (*p <= ' ' || *p > '~')
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "token: printable ASCII without spaces only");
   if (cgc__given(o->tls_server_name) && !cgc__tls(o))
     return cg_errorf(err, errlen, CG_EINVAL,
                      "tls_server_name: needs TLS (tls_ca_file, or "
@@ -331,6 +335,8 @@ int cgc_channel_new(cgc_channel **out, const char *target,
     cgc_options_init(&ch->opts);
   if (ch->opts.upload_chunk_bytes == 0)
     ch->opts.upload_chunk_bytes = CGC__MIB;
+  if (!ch->opts.token)
+    ch->opts.token = getenv("CONVGRAD_TOKEN");
   rc = cgc__check_options(&ch->opts, err, errlen);
   if (rc)
     goto fail_opts;
@@ -378,6 +384,20 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   rc = cgc__credentials(&ch->opts, &creds, err, errlen);
   if (rc)
     goto fail_grpc;
+  if (cgc__given(ch->opts.token)) {
+    size_t n = strlen(ch->opts.token) + 8;
+    char *v = malloc(n);
+    if (!v) {
+      grpc_channel_credentials_release(creds);
+      rc = cg_errorf(err, errlen, CG_ENOMEM, "out of memory");
+      goto fail_grpc;
+    }
+    snprintf(v, n, "Bearer %s", ch->opts.token);
+    ch->auth_md.key = grpc_slice_from_static_string("authorization");
+    ch->auth_md.value = grpc_slice_from_copied_string(v);
+    ch->auth_md_count = 1;
+    free(v);
+  }
   ch->chan = grpc_channel_create(ch->target, creds, &cargs);
   grpc_channel_credentials_release(creds);
   if (!ch->chan) {
@@ -389,6 +409,8 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   return 0;
 
 fail_grpc:
+  if (ch->auth_md_count)
+    grpc_slice_unref(ch->auth_md.value);
   grpc_shutdown();
   free(ch->target);
 fail_opts:
@@ -400,6 +422,8 @@ void cgc_channel_free(cgc_channel *ch) {
   if (!ch)
     return;
   grpc_channel_destroy(ch->chan);
+  if (ch->auth_md_count)
+    grpc_slice_unref(ch->auth_md.value);
   free(ch->target);
   free(ch);
   grpc_shutdown();

@@ -457,10 +457,10 @@ static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
 
 /* Starts the first batches: the header, and for a long upload the status
  * too. Returns 0, or CGC_ERPC when a batch cannot start. */
-static int cgc__open(cgc__attempt *a, cgc__flight *f) {
+static int cgc__open(cgc__attempt *a, cgc__flight *f, const cgc_channel *ch) {
   grpc_op ops[5];
   cgc__op_recv_status(&f->status_op, &f->io);
-  cgc__ops_one_message(ops, &f->io);
+  cgc__ops_one_message(ops, &f->io, ch);
   f->sending = cgc__upload_left(a);
   if (!f->sending) {
     /* The whole request fits one message: a single batch sends it and
@@ -661,7 +661,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   if (!f.call) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
     rc = CGC_ERPC;
-  } else if (cgc__open(a, &f) != 0) {
+  } else if (cgc__open(a, &f, ch) != 0) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
     rc = CGC_ERPC;
     cgc__drain(&f);

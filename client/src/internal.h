@@ -13,6 +13,9 @@ struct cgc_channel {
   grpc_channel *chan;
   cgc_options opts; /* immutable after cgc_channel_new */
   char *target;
+  /* The token's metadata, sent with every call; count 0 without one. */
+  grpc_metadata auth_md;
+  size_t auth_md_count;
 };
 
 /* Writes code and a printf-style message into st (may be NULL). */
@@ -50,9 +53,11 @@ typedef struct cgc__call_io {
 void cgc__call_io_init(cgc__call_io *io);
 
 /* The opening ops of a call whose request fits one message: send the
- * initial metadata, io->send_bb and the half-close, receive the initial
- * metadata and the first response message. Fills ops[0..4]. */
-void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io);
+ * initial metadata (ch's token, if any), io->send_bb and the half-close,
+ * receive the initial metadata and the first response message. Fills ops[0..4].
+ */
+void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io,
+                          const cgc_channel *ch);
 /* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into io. */
 void cgc__op_recv_status(grpc_op *op, cgc__call_io *io);
 /* One unary call of method with the serialized request req. On success

@@ -103,6 +103,11 @@ typedef struct cgc_options {
    * target's host (an IP address, or a name the certificate lacks);
    * needs TLS. */
   const char *tls_server_name;
+  /* Bearer token sent with every call ("authorization: Bearer TOKEN"),
+   * for a server started with --auth-tokens. NULL: $CONVGRAD_TOKEN if set,
+   * else none; "": none. Printable ASCII without spaces. Sent in clear
+   * without TLS: keep it to loopback and unix sockets then. */
+  const char *token;
 } cgc_options;
 
 /* Fills o with the defaults above. Thread-safe. */

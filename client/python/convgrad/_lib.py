@@ -94,7 +94,7 @@ class Options(C.Structure):
                 ("backoff_multiplier", C.c_double),
                 ("tls_ca_file", C.c_char_p), ("tls_cert_file", C.c_char_p),
                 ("tls_key_file", C.c_char_p),
-                ("tls_server_name", C.c_char_p)]
+                ("tls_server_name", C.c_char_p), ("token", C.c_char_p)]
 
 
 class OpInfo(C.Structure):

@@ -22,9 +22,11 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_BF16: "bf16", L.DTYPE_F16: "f16",
 _OPTIONS = ("max_message_bytes", "upload_chunk_bytes", "download_chunk_bytes",
             "max_output_bytes", "backoff_initial_ms", "backoff_max_ms",
             "backoff_multiplier")
-# Keyword -> cgc_options field: paths, encoded as the file system does.
-_TLS_OPTIONS = {"tls_ca": "tls_ca_file", "tls_cert": "tls_cert_file",
-                "tls_key": "tls_key_file", "tls_server_name": "tls_server_name"}
+# Keyword -> cgc_options string field (paths and the token), encoded as the
+# file system does.
+_STRING_OPTIONS = {"tls_ca": "tls_ca_file", "tls_cert": "tls_cert_file",
+                "tls_key": "tls_key_file", "tls_server_name": "tls_server_name",
+                "token": "token"}
 
 
 def _torch_dtypes():
@@ -158,7 +160,9 @@ class Client:
     server that requires one), tls_server_name (the name the server's
     certificate must carry when the target's host is an address); paths,
     read and checked when the Client is made (InvalidArgument for a
-    missing file or a key that does not match its certificate).
+    missing file or a key that does not match its certificate). token: a
+    bearer token for a server started with --auth-tokens (default: the
+    CONVGRAD_TOKEN environment variable).
 
     Each op takes its two arrays (numpy arrays or CPU torch tensors of one
     dtype: float32, bfloat16 - uint16 bits for numpy - or float16) and the
@@ -184,14 +188,14 @@ class Client:
         opts.deadline_ms = _ms(deadline)
         opts.retries = retries
         for k, v in options.items():
-            if k in _TLS_OPTIONS:
+            if k in _STRING_OPTIONS:
                 if v is not None:
-                    setattr(opts, _TLS_OPTIONS[k], os.fsencode(v))
+                    setattr(opts, _STRING_OPTIONS[k], os.fsencode(v))
                 continue
             if k not in _OPTIONS:
                 raise TypeError("Client: unknown option %r (known: %s)"
                                 % (k, ", ".join(_OPTIONS + tuple(
-                                    _TLS_OPTIONS))))
+                                    _STRING_OPTIONS))))
             setattr(opts, k, v)
         ch = C.c_void_p()
         err = C.create_string_buffer(L.MESSAGE_MAX)
