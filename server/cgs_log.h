@@ -35,6 +35,13 @@ void cgs_log_value(char *dst, size_t cap, const char *s);
 void cgs_log(cgs_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Sends gRPC's own log lines (gpr_log, e.g. a failed TLS handshake) here
+ * instead of raw to stderr: as `grpc FILE:LINE msg=...`, the message
+ * escaped like any client value (it may quote what a client sent, such as
+ * a TLS server name), at most GRPC_LINES_PER_S a second, with the count
+ * of those left out on the next line. Call once, before grpc_init. */
+void cgs_log_capture_grpc(void);
+
 #define cgs_error(...) cgs_log(CGS_LOG_ERROR, __VA_ARGS__)
 #define cgs_warn(...) cgs_log(CGS_LOG_WARN, __VA_ARGS__)
 #define cgs_info(...) cgs_log(CGS_LOG_INFO, __VA_ARGS__)

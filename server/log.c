@@ -2,12 +2,19 @@
  * one record per line, whatever a client sends. */
 #include "cgs_log.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
+#include <grpc/support/log.h>
+
 #include "cg/text.h"
+
+/* gRPC lines a second; a flood of failed handshakes writes one each. */
+#define GRPC_LINES_PER_S 20
 
 static cgs_log_level log_level = CGS_LOG_INFO;
 
@@ -102,4 +109,45 @@ void cgs_log(cgs_log_level level, const char *fmt, ...) {
   size_t len = (size_t)n + t.len;
   line[len++] = '\n';
   fwrite(line, 1, len, stderr);
+}
+
+/* The per-second budget of gRPC's lines; gpr_log runs on any thread. */
+static pthread_mutex_t grpc_mu = PTHREAD_MUTEX_INITIALIZER;
+static time_t grpc_second;
+static unsigned grpc_lines;
+static uint64_t grpc_dropped;
+
+static void on_grpc_log(gpr_log_func_args *a) {
+  time_t now = time(NULL);
+  uint64_t dropped = 0;
+  pthread_mutex_lock(&grpc_mu);
+  if (now != grpc_second) {
+    grpc_second = now;
+    grpc_lines = 0;
+  }
+  int allowed = grpc_lines < GRPC_LINES_PER_S;
+  if (allowed) {
+    grpc_lines++;
+    dropped = grpc_dropped;
+    grpc_dropped = 0;
+  } else {
+    grpc_dropped++;
+  }
+  pthread_mutex_unlock(&grpc_mu);
+  if (!allowed)
+    return;
+  const char *file = strrchr(a->file, '/');
+  char msg[600], note[80] = "";
+  cgs_log_value(msg, sizeof msg, a->message);
+  if (dropped)
+    snprintf(note, sizeof note, " (%llu grpc lines before not logged)",
+             (unsigned long long)dropped);
+  cgs_log(a->severity == GPR_LOG_SEVERITY_ERROR  ? CGS_LOG_WARN
+          : a->severity == GPR_LOG_SEVERITY_INFO ? CGS_LOG_INFO
+                                                 : CGS_LOG_DEBUG,
+          "grpc %s:%d msg=%s%s", file ? file + 1 : a->file, a->line, msg, note);
+}
+
+void cgs_log_capture_grpc(void) {
+  gpr_set_log_function(on_grpc_log);
 }

@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
   /* Freed tensor buffers kept for reuse: up to a quarter of the budget. */
   cgs_buf_init((size_t)(a.cfg.max_inflight_bytes / 4));
   uv_loop_init(&a.loop);
+  cgs_log_capture_grpc();
   grpc_init();
   rc = cgs_server_start(&a.server, &a.loop, &a.cfg, on_server_stopped, err,
                         sizeof err);

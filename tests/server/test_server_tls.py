@@ -150,6 +150,11 @@ def main():
         stop(proc)
     log.seek(0)
     text = log.read()
+    # gRPC's own lines (the failed handshakes) come in the server's format,
+    # their message escaped.
+    assert re.search(r"Z warn  grpc ssl_transport_security\.cc:\d+ msg=\"", text), \
+        text[-2000:]
+    assert not re.search(r"^E\d{4} ", text, re.M), text[-2000:]
     assert re.search(r'compute id=\d+ peer=\S+ client="CN=trainer-1" ', text), \
         text[-2000:]
 
