@@ -19,6 +19,8 @@
 #include <grpc/grpc.h>
 #include <uv.h>
 
+#include "cgw.h"
+
 #define cgs_container_of(ptr, type, member)                                    \
   ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
@@ -43,31 +45,13 @@ struct cgs_tag {
  * cgs_cq_acquire(p). A tag's completion comes after the call that handed
  * it to grpc (cgs_cq_batch, and the cq thread, declare that one), a zero-
  * copy slice's free after the batch that sent it. No-ops without
- * ThreadSanitizer. */
-#if defined(__SANITIZE_THREAD__)
-#define CGS_CQ_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define CGS_CQ_TSAN 1
-#endif
-#endif
-#ifdef CGS_CQ_TSAN
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
+ * ThreadSanitizer (cgw.h). */
 static inline void cgs_cq_release(void *p) {
-  __tsan_release(p);
+  cgw_tsan_release(p);
 }
 static inline void cgs_cq_acquire(void *p) {
-  __tsan_acquire(p);
+  cgw_tsan_acquire(p);
 }
-#else
-static inline void cgs_cq_release(void *p) {
-  (void)p;
-}
-static inline void cgs_cq_acquire(void *p) {
-  (void)p;
-}
-#endif
 
 typedef struct cgs_cq cgs_cq;
 struct cgs_cq {

@@ -26,8 +26,10 @@ typedef struct cgc__pin {
   atomic_long refs; /* 1 for the attempt + 1 per live slice */
 } cgc__pin;
 
+/* Also gRPC's slice free, on any of its threads. */
 static void cgc__pin_unref(void *p) {
   cgc__pin *pin = p;
+  cgw_tsan_acquire(pin);
   if (atomic_fetch_sub(&pin->refs, 1) == 1)
     free(pin);
 }
@@ -218,6 +220,7 @@ static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
   size_t n =
       left < a->opts->upload_chunk_bytes ? left : a->opts->upload_chunk_bytes;
   atomic_fetch_add(&a->pin->refs, 1);
+  cgw_tsan_release(a->pin); /* the pin as made, for the slice's free */
   grpc_byte_buffer *bb =
       cgw_request_chunk((uint32_t)a->cur, (const char *)v->data + a->off, n,
                         cgc__pin_unref, a->pin);
