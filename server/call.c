@@ -126,6 +126,20 @@ static double ms_between(uint64_t from, uint64_t to) {
   return from && to > from ? (double)(to - from) / 1e6 : 0.0;
 }
 
+/* 1 when the call's job ran to the end (a call can still have failed
+ * after it, a cancel while sending, say: its figures are true). */
+static int computed(const cgs_call *c) {
+  return c->job_picked && c->job.rc == 0;
+}
+
+/* The job's time over every output it computed; 0 without one. */
+static double compute_ms(const cgs_call *c) {
+  double ms = 0;
+  for (int g = 0; computed(c) && g < CG_GRAD_COUNT; g++)
+    ms += c->job.info[g].compute_ms;
+  return ms;
+}
+
 static void log_call(cgs_call *c) {
   /* A flood of failing calls (resets, refusals) must not flood the log:
    * a peer's failure lines are rate-limited, and the sweep reports how
@@ -150,31 +164,25 @@ static void log_call(cgs_call *c) {
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
   cgs_log_value(client, sizeof client, c->client[0] ? c->client : "-");
   cgs_log_value(msg, sizeof msg, c->msg);
-  /* A job can have run for a call that then failed (a cancel while
-   * sending, say): its figures are still true. */
-  int computed = c->job_picked && c->job.rc == 0;
-  double compute_ms = 0;
   cg_compute_path path = CG_PATH_NATIVE;
-  for (int g = 0; computed && g < CG_GRAD_COUNT; g++) {
-    compute_ms += c->job.info[g].compute_ms;
+  for (int g = 0; computed(c) && g < CG_GRAD_COUNT; g++)
     if (c->job.info[g].path != CG_PATH_NATIVE)
       path = c->job.info[g].path;
-  }
-  cgs_log(c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
-          "compute id=%" PRIu64 " peer=%s client=%s op=%s dtype=%s in=%s "
-          "out=%s bytes_in=%" PRIu64
-          " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
-          "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
-          "status=%s%s%s",
-          c->id, peer, client, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-",
-          c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-",
-          c->up.shapes[0] ? c->up.shapes : "-", out, c->up.bytes_in,
-          c->sent_all, ms_between(c->t_start, c->job.t_submit),
-          c->job_picked ? c->job.queue_ms : 0.0, compute_ms,
-          ms_between(c->t_send, c->t_sent), total_ms,
-          computed ? (path == CG_PATH_NATIVE ? "native" : "f32_convert") : "-",
-          c->job_picked ? c->worker : "-", cgw_status_name(c->status),
-          c->msg[0] ? " msg=" : "", c->msg[0] ? msg : "");
+  cgs_log(
+      c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO,
+      "compute id=%" PRIu64 " peer=%s client=%s op=%s dtype=%s in=%s "
+      "out=%s bytes_in=%" PRIu64 " bytes_out=%zu recv_ms=%.3f queue_ms=%.3f "
+      "compute_ms=%.3f send_ms=%.3f total_ms=%.3f path=%s worker=%s "
+      "status=%s%s%s",
+      c->id, peer, client, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-",
+      c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-",
+      c->up.shapes[0] ? c->up.shapes : "-", out, c->up.bytes_in, c->sent_all,
+      ms_between(c->t_start, c->job.t_submit),
+      c->job_picked ? c->job.queue_ms : 0.0, compute_ms(c),
+      ms_between(c->t_send, c->t_sent), total_ms,
+      computed(c) ? (path == CG_PATH_NATIVE ? "native" : "f32_convert") : "-",
+      c->job_picked ? c->worker : "-", cgw_status_name(c->status),
+      c->msg[0] ? " msg=" : "", c->msg[0] ? msg : "");
 }
 
 static void count_call(cgs_call *c) {
@@ -184,15 +192,13 @@ static void count_call(cgs_call *c) {
                         .request_s = ms_between(c->t_start, uv_hrtime()) / 1e3,
                         .queued = c->job_picked,
                         .queue_s = c->job_picked ? c->job.queue_ms / 1e3 : 0,
-                        .computed = c->job_picked && c->job.rc == 0,
+                        .computed = computed(c),
+                        .compute_s = compute_ms(c) / 1e3,
                         .bytes_in = c->up.bytes_in,
                         .bytes_out = c->sent_all};
   for (int g = 0; m.computed && g < CG_GRAD_COUNT; g++) {
-    if (!(c->up.layer.grads & CG_GRAD_BIT(g)))
-      continue;
-    m.compute_s += c->job.info[g].compute_ms / 1e3;
     /* diff_bias is a plain pass, no primitive to look up. */
-    if (g == CG_GRAD_DIFF_BIAS)
+    if (!(c->up.layer.grads & CG_GRAD_BIT(g)) || g == CG_GRAD_DIFF_BIAS)
       continue;
     if (c->job.info[g].cache_hit)
       m.cache_hits++;

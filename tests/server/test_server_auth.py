@@ -20,7 +20,8 @@ import threading
 import time
 import urllib.request
 
-LOGS = []  # the servers' stderr files, shown when the test fails
+from test_server_tls import LOGS, start as tls_start, stop
+
 TOKEN_A = "alpha-0123456789abcdef"
 TOKEN_B = "bravo-0123456789abcdef"
 TOKEN_C = "charlie-0123456789abcdef"
@@ -29,22 +30,8 @@ PROBLEM = ["--op", "ConvolutionBackwardData", "--problem",
 
 
 def start(server, args):
-    log = tempfile.NamedTemporaryFile("w+", prefix="cgs-auth-", suffix=".log")
-    LOGS.append(log)
-    proc = subprocess.Popen([server, "--listen", "127.0.0.1:0"] + args,
-                            stdout=subprocess.PIPE, stderr=log, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
-    if not m:
-        proc.kill()
-        raise AssertionError("not ready: %r" % line)
-    return proc, "127.0.0.1:" + m.group(1), line, log
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-    proc.stdout.close()
+    """test_server_tls's start on 127.0.0.1:0 (a later --listen wins)."""
+    return tls_start(server, ["--listen", "127.0.0.1:0"] + args)
 
 
 def cli(tool, target, *args, token=None):

@@ -313,15 +313,13 @@ static grpc_byte_buffer *header_message(hdr *x) {
   return cgw_pack(&r.base);
 }
 
-/* Passes a chunk of n bytes of value b for input to u; returns what
+/* Passes a chunk of the n bytes at data for input to u; returns what
  * cgs_upload_chunk returns, with msg. */
-static int chunk(cgs_upload *u, uint32_t input, size_t n, unsigned char b,
-                 char *msg, size_t msglen) {
-  static unsigned char data[4096];
-  memset(data, b, n);
+static int chunk_of(cgs_upload *u, uint32_t input, const void *data, size_t n,
+                    char *msg, size_t msglen) {
   Convgrad__V1__DataChunk d = CONVGRAD__V1__DATA_CHUNK__INIT;
   d.input = input;
-  d.data.data = data;
+  d.data.data = (uint8_t *)data;
   d.data.len = n;
   Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
   r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
@@ -340,6 +338,14 @@ static int chunk(cgs_upload *u, uint32_t input, size_t n, unsigned char b,
   if (rc != 0)
     assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
   return rc;
+}
+
+/* A chunk of n bytes of value b. */
+static int chunk(cgs_upload *u, uint32_t input, size_t n, unsigned char b,
+                 char *msg, size_t msglen) {
+  static unsigned char data[4096];
+  memset(data, b, n);
+  return chunk_of(u, input, data, n, msg, msglen);
 }
 
 /* Opens u with x's header and allocates its inputs. */
@@ -426,22 +432,10 @@ static void test_upload_waits_for_shape_tensor(void **state) {
   assert_int_equal(chunk(&u, 1, w, 0, msg, sizeof msg), 0);
   /* dst_shape 2x4x7x7 as four little-endian s32 values. */
   static const int32_t shape[4] = {2, 4, 7, 7};
-  Convgrad__V1__DataChunk d = CONVGRAD__V1__DATA_CHUNK__INIT;
-  d.input = 2;
-  d.data.data = (uint8_t *)shape;
-  d.data.len = sizeof shape;
-  Convgrad__V1__ComputeRequest r = CONVGRAD__V1__COMPUTE_REQUEST__INIT;
-  r.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_CHUNK;
-  r.chunk = &d;
-  grpc_byte_buffer *bb = cgw_pack(&r.base);
-  cgs_msg_kind kind;
-  cgs_chunk_view v;
-  grpc_status_code code;
-  assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, msg, sizeof msg), 0);
-  assert_int_equal(cgs_upload_chunk(&u, &v, bb, &code, msg, sizeof msg), 0);
-  grpc_byte_buffer_destroy(bb);
+  assert_int_equal(chunk_of(&u, 2, shape, sizeof shape, msg, sizeof msg), 0);
   assert_false(cgs_upload_needs_shape(&u));
   assert_true(cgs_upload_complete(&u));
+  grpc_status_code code;
   if (cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0)
     fail_msg("not resolved: %s", msg);
   assert_int_equal(u.layer.out_dims[CG_GRAD_DIFF_SRC][2], 7);
