@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks formatting and clang-tidy (tests/check-style.sh), fuzzes the
-# request path for a minute (tests/fuzz, clang's libFuzzer), then builds
+# request path for half a minute (tests/fuzz, clang's libFuzzer), then builds
 # convgrad three times (release, ASan+UBSan, ThreadSanitizer) and runs every
 # ctest entry in the first two, the server's in the third.
 # Usage: tests/run-all.sh [build-root]   (default: build-ci)
@@ -26,7 +26,7 @@ run_config() {
 # Style first: formatting and clang-tidy take a minute and fail fast.
 bash "$root/tests/check-style.sh" "$out/tidy"
 # The request path under libFuzzer with ASan+UBSan: the seed corpus
-# replayed (ctest), then FUZZ_SECONDS (default 60) of new inputs; a crash
+# replayed (ctest), then FUZZ_SECONDS (default 30) of new inputs; a crash
 # fails the run and leaves its input in $out/fuzz/crash-*.
 echo "== fuzz: configure and build"
 cmake -S "$root" -B "$out/fuzz" -DCMAKE_C_COMPILER=clang -DCG_FUZZ=ON \
@@ -34,8 +34,8 @@ cmake -S "$root" -B "$out/fuzz" -DCMAKE_C_COMPILER=clang -DCG_FUZZ=ON \
 cmake --build "$out/fuzz" -j "$jobs"
 (cd "$out/fuzz" && ctest --output-on-failure)
 fuzz_work=$(mktemp -d)
-echo "== fuzz: ${FUZZ_SECONDS:-60} s"
-"$out/fuzz/tests/fuzz/fuzz_request" -max_total_time="${FUZZ_SECONDS:-60}" \
+echo "== fuzz: ${FUZZ_SECONDS:-30} s"
+"$out/fuzz/tests/fuzz/fuzz_request" -max_total_time="${FUZZ_SECONDS:-30}" \
   -max_len=16384 -print_final_stats=1 -artifact_prefix="$out/fuzz/" "$fuzz_work" \
   "$root/tests/fuzz/corpus" 2>&1 | grep -v '^#[0-9]'
 rm -rf "$fuzz_work"

@@ -24,22 +24,30 @@
 static ts_server srv;
 static grpc_channel *ch;
 static ts_problem small; /* fast, checked */
+/* --idle-timeout in seconds: short, so that the stall tests end soon, but
+ * longer under a sanitizer, where the instrumented client and server can
+ * pause for seconds while the big problem's 52 MB stream (every
+ * assert_big_fits) is read. */
+static int idle_s;
 
 static int setup(void **state) {
   (void)state;
-  static const char *const args[] = {"--workers",
-                                     "1",
-                                     "--queue-depth",
-                                     "2",
-                                     "--max-inflight-bytes",
-                                     "160M",
-                                     "--log-level",
-                                     "debug",
-                                     "--idle-timeout",
-                                     "2",
-                                     "--max-request-flops",
-                                     "0",
-                                     NULL};
+  idle_s = getenv("CG_SANITIZED") ? 6 : 2;
+  char idle[16];
+  snprintf(idle, sizeof idle, "%d", idle_s);
+  const char *const args[] = {"--workers",
+                              "1",
+                              "--queue-depth",
+                              "2",
+                              "--max-inflight-bytes",
+                              "160M",
+                              "--log-level",
+                              "debug",
+                              "--idle-timeout",
+                              idle,
+                              "--max-request-flops",
+                              "0",
+                              NULL};
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
   ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
@@ -233,7 +241,7 @@ static void test_cancel_while_streaming(void **state) {
 }
 
 /* A client that sends the header and one chunk of 52 MB, then nothing:
- * after --idle-timeout (2 s) the call ends and frees its reservation. */
+ * after --idle-timeout the call ends and frees its reservation. */
 static void test_idle_upload(void **state) {
   (void)state;
   ts_problem big;
@@ -246,10 +254,12 @@ static void test_idle_upload(void **state) {
                    GRPC_STATUS_DEADLINE_EXCEEDED);
   double waited = ts_now_ms() - t0;
   ts_call_free(&c);
-  assert_non_null(strstr(msg, "no request data for 2 s"));
+  char want[64];
+  snprintf(want, sizeof want, "no request data for %d s", idle_s);
+  assert_non_null(strstr(msg, want));
   assert_non_null(strstr(msg, "inputs[0] (1048576 of 51840000 bytes)"));
   assert_non_null(strstr(msg, "--idle-timeout"));
-  assert_true(waited >= 1900 && waited < 20000);
+  assert_true(waited >= idle_s * 1000 - 100 && waited < idle_s * 1000 + 18000);
   assert_big_fits(&big);
 }
 
@@ -277,7 +287,9 @@ static void test_idle_download(void **state) {
   ts_call_free(&c);
   grpc_channel_destroy(narrow);
   assert_true(chunks < big.g.out_bytes / (64 * 1024) - 2); /* cut short */
-  assert_non_null(strstr(msg, "took no result data for 2 s"));
+  char want[64];
+  snprintf(want, sizeof want, "took no result data for %d s", idle_s);
+  assert_non_null(strstr(msg, want));
   assert_non_null(strstr(msg, "--idle-timeout"));
   assert_big_fits(&big);
 }
