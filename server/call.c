@@ -28,6 +28,7 @@
 #include "cgs_buf.h"
 #include "cgs_log.h"
 #include "cgs_peers.h"
+#include "cgs_shm.h"
 #include "cgs_upload.h"
 #include "cgs_wire.h"
 #include "cgw.h"
@@ -480,8 +481,16 @@ static void send_header(cgs_call *c, int out) {
   h.pads_begin = pb;
   h.pads_end = pe;
   h.worker = c->worker;
-  int whole = bytes <= INLINE_RESULT_MAX && bytes <= c->up.chunk_bytes;
-  if (whole) {
+  Convgrad__V1__RegionRef at = CONVGRAD__V1__REGION_REF__INIT;
+  int in_region = c->up.out_at[out] != NULL;
+  int whole =
+      in_region || (bytes <= INLINE_RESULT_MAX && bytes <= c->up.chunk_bytes);
+  if (in_region) {
+    at.name = (char *)cgs_region_name(c->up.out_region[out]);
+    at.offset = c->up.out_offset[out];
+    at.byte_size = bytes;
+    h.region = &at;
+  } else if (whole) {
     h.data.data = c->out[out]->data; /* packed by copy: at most 64 KiB */
     h.data.len = bytes;
   }
@@ -505,7 +514,8 @@ static void send_header(cgs_call *c, int out) {
   c->sent = 0;
   if (whole) {
     c->sent = bytes;
-    c->sent_all += bytes;
+    if (!in_region)
+      c->sent_all += bytes;
     /* Waiting for the client's half-close here would cost a second
      * send batch on most calls: its notification trails the compute. */
     if (next_output(c, out) < 0)
@@ -590,8 +600,12 @@ void cgs_call_job_done(cgs_job *job, void *data) {
   snprintf(c->worker, sizeof c->worker, "%s",
            cgs_pool_worker_name(c->s->pool, job->worker));
   if (!c->finished) {
+    grpc_status_code code;
+    char msg[sizeof c->msg];
     if (job->rc != 0)
       finish(c, cgs_wire_status(job->rc), "%s", job->err);
+    else if (cgs_upload_regions_check(&c->up, &code, msg, sizeof msg) != 0)
+      finish(c, code, "%s", msg);
     else
       send_header(c, next_output(c, -1));
   }
@@ -643,6 +657,10 @@ static void inputs_complete(cgs_call *c) {
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!(c->up.layer.grads & CG_GRAD_BIT(g)))
       continue;
+    if (c->up.out_at[g]) { /* written in place: nothing to stream */
+      c->job.out[g] = c->up.out_at[g];
+      continue;
+    }
     size_t bytes = c->up.layer.out_bytes[g];
     outbuf *o = calloc(1, sizeof *o);
     void *data = o ? cgs_buf_alloc(bytes) : NULL;
@@ -683,8 +701,7 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
     return;
   }
   c->place_held = 1;
-  uint64_t in_total = c->up.in_len[0] + c->up.in_len[1] + c->up.in_len[2];
-  if (reserve(c, in_total, "inputs") != 0)
+  if (reserve(c, cgs_upload_in_bytes(&c->up), "inputs") != 0)
     return;
   if (cgs_upload_alloc(&c->up, &code, msg, sizeof msg) != 0) {
     finish(c, code, "%s", msg);
@@ -1085,6 +1102,9 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   init_call(c, s, call);
   if (client) /* the token's label names the caller before its certificate */
     snprintf(c->client, sizeof c->client, "%s", client);
+  const char *no_shm = NULL;
+  cgs_regions *rs = cgs_shm_for_peer(s, c->peer, &no_shm);
+  cgs_upload_use_regions(&c->up, rs, no_shm, client);
   /* From the first receive on, the fast path may run for this call. */
   pthread_mutex_lock(&c->mu);
   if (accept_call(c, deadline) == 0) {

@@ -27,6 +27,13 @@ typedef enum {
   CGS_THREADS_STATIC    /* threads_per_worker, always */
 } cgs_threads_policy;
 
+/* Who may use shared-memory regions. */
+typedef enum {
+  CGS_SHM_OFF = 0,
+  CGS_SHM_LOCAL, /* callers on a unix socket or a loopback address */
+  CGS_SHM_ON     /* every caller (another container sharing IPC) */
+} cgs_shm_policy;
+
 /* Room of every string option, its NUL included. */
 #define CGS_CONFIG_STR 256
 
@@ -63,7 +70,10 @@ typedef struct cgs_config {
   unsigned max_calls_per_peer;  /* 0 until cgs_config_finish: auto */
   uint64_t min_upload_rate;     /* bytes/s per --idle-timeout window; 0 = off */
   unsigned max_streams_per_connection; /* HTTP/2 concurrent streams */
-  unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
+  cgs_shm_policy shm;        /* who may register shared-memory regions */
+  unsigned max_regions;      /* registered at once */
+  uint64_t max_region_bytes; /* byte_size of one region */
+  unsigned peer_log_rate;    /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
 } cgs_config;
 
@@ -94,6 +104,8 @@ uint64_t cgs_config_cgroup_memory(const char *root, const char *self);
 void cgs_config_usage(FILE *out, const char *argv0);
 /* "adaptive", "static" or "auto"; static string. */
 const char *cgs_threads_policy_name(cgs_threads_policy tp);
+/* "off", "local" or "on"; static string. */
+const char *cgs_shm_policy_name(cgs_shm_policy sp);
 /* Writes the cpu list as "0,1,2" into buf ("any" when empty). */
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len);
 

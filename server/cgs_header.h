@@ -29,6 +29,10 @@ typedef struct cgs_header_info {
   cg_problem prob;    /* its lists point into the header: keep it alive */
   int ninputs;        /* 2, 3 with a shape tensor, 3 for the layer ops */
   size_t in_len[3];   /* bytes of each input */
+  size_t in_esize[3]; /* bytes of one of its elements */
+  /* header.output_regions by cg_grad (NULL: streamed back); they point
+   * into the header */
+  const Convgrad__V1__RegionRef *out_region[CG_GRAD_COUNT];
   size_t chunk_bytes; /* response chunk size: asked for, or cfg's default */
 } cgs_header_info;
 

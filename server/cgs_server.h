@@ -29,6 +29,7 @@
 #include "cgs_metrics.h"
 #include "cgs_peers.h"
 #include "cgs_pool.h"
+#include "cgs_region.h"
 
 typedef struct cgs_call cgs_call;
 typedef struct cgs_health cgs_health;
@@ -73,7 +74,8 @@ struct cgs_server {
   cgs_peers *peers; /* live calls and log budgets per client address */
   uv_timer_t housekeeping_timer;
   uint64_t calls_ended, calls_ended_at_tick; /* Compute calls freed */
-  cgs_auth *auth; /* the token table; NULL without --auth-tokens */
+  cgs_auth *auth;       /* the token table; NULL without --auth-tokens */
+  cgs_regions *regions; /* shared-memory regions; NULL with --shm off */
   cgs_metrics *metrics;
   cgs_httpd *metrics_http; /* NULL without --metrics-listen */
   int metrics_port;        /* its bound port; 0 without */

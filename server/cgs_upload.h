@@ -19,6 +19,7 @@
 
 #include "cg/layer.h"
 #include "cgs_config.h"
+#include "cgs_region.h"
 #include "cgs_wire.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 
@@ -38,10 +39,27 @@ typedef struct cgs_upload {
   cg_layer layer;
   int64_t shape_in[CG_MAX_RANK]; /* the shape tensor's values */
   char shapes[160];              /* the input shapes asked for, for the log */
+
+  /* Shared-memory regions: the table references resolve in (NULL: they
+   * are refused with shm_refused), and whose regions they name. */
+  cgs_regions *regions;
+  const char *shm_refused;
+  char owner[160];
+  size_t in_esize[3];
+  const Convgrad__V1__RegionRef *out_ref[CG_GRAD_COUNT]; /* into req */
+  /* References held until close: an input in a region has in_buf pointing
+   * into it; an output in a region is written at out_at. */
+  cgs_region *in_region[3], *out_region[CG_GRAD_COUNT];
+  unsigned char *out_at[CG_GRAD_COUNT];
+  uint64_t out_offset[CG_GRAD_COUNT]; /* out_at's offset in its region */
 } cgs_upload;
 
 /* Sets u empty. */
 void cgs_upload_init(cgs_upload *u);
+/* Lets u's request use owner's regions in rs (owner NULL: ""); rs NULL
+ * refuses them with refused, a static text. Before cgs_upload_header. */
+void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
+                            const char *owner);
 /* Frees u's buffers and header message; u is empty again. */
 void cgs_upload_close(cgs_upload *u);
 
@@ -50,18 +68,24 @@ void cgs_upload_close(cgs_upload *u);
 int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
                       const cgs_config *cfg, grpc_status_code *code, char *msg,
                       size_t msglen);
-/* Allocates every input and copies the header's inline data into it.
- * Returns 0, or -1 with RESOURCE_EXHAUSTED. */
+/* Bytes the server holds for the inputs: those not in regions. */
+uint64_t cgs_upload_in_bytes(const cgs_upload *u);
+/* Allocates every input and copies the header's inline data into it; an
+ * input in a region is found there, complete. Returns 0, or -1 with
+ * RESOURCE_EXHAUSTED or a region's refusal (NOT_FOUND, INVALID_ARGUMENT,
+ * FAILED_PRECONDITION). */
 int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
                      size_t msglen);
 /* 1 while resolving must wait for the bytes of a shape tensor. */
 int cgs_upload_needs_shape(const cgs_upload *u);
 /* Resolves the layer (with the shape tensor's values, if any), checks it
- * against --max-request-flops and --max-tensor-elements and frees the
- * header message. Returns 0, or -1 with *code and msg. */
+ * against --max-request-flops and --max-tensor-elements, finds the output
+ * regions and frees the header message. Returns 0, or -1 with *code and
+ * msg. */
 int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
                        grpc_status_code *code, char *msg, size_t msglen);
-/* Bytes of every output asked for, once resolved. */
+/* Bytes of every output asked for that streams back (not written into
+ * a region), once resolved. */
 uint64_t cgs_upload_out_bytes(const cgs_upload *u);
 
 /* Takes a data chunk of bb (v from cgs_wire_scan_request): it must go to
@@ -77,5 +101,9 @@ int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v);
 size_t cgs_upload_missing(const cgs_upload *u);
 /* 1 once every input is full. */
 int cgs_upload_complete(const cgs_upload *u);
+/* After the computation: 0 while every region the request used is whole,
+ * else -1 with FAILED_PRECONDITION and msg (cgs_region_check). */
+int cgs_upload_regions_check(const cgs_upload *u, grpc_status_code *code,
+                             char *msg, size_t msglen);
 
 #endif

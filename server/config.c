@@ -25,6 +25,7 @@ typedef enum {
   OPT_LEVEL,  /* cgs_log_level */
   OPT_POLICY, /* cgs_threads_policy */
   OPT_MODE,   /* unsigned field, a file mode in octal */
+  OPT_SHM,    /* cgs_shm_policy */
   OPT_FLAG    /* unsigned field, 0 or 1: a flag without a value; its
                  variable takes 1/0, true/false, yes/no */
 } opt_type;
@@ -103,6 +104,16 @@ static const opt_def opt_table[] = {
      "header"},
     {"max-request-bytes", OPT_SIZE, offsetof(cgs_config, max_request_bytes),
      "3G", 1, 64 * TIB, "largest total of one request's tensor bytes"},
+    {"shm", OPT_SHM, offsetof(cgs_config, shm), "local", 0, 0,
+     "shared-memory regions (RegisterRegion): local = served to callers on "
+     "a unix socket or loopback address, on = to every caller (clients in "
+     "other containers sharing the IPC namespace), off = refused"},
+    {"max-regions", OPT_UINT, offsetof(cgs_config, max_regions), "64", 1, 4096,
+     "shared-memory regions registered at once, all callers together"},
+    {"max-region-bytes", OPT_SIZE, offsetof(cgs_config, max_region_bytes),
+     "16G", 4 * KIB, 64 * TIB,
+     "largest shared-memory region; the server maps it (address space, not "
+     "memory: the pages are the client's)"},
     {"max-tensor-elements", OPT_COUNT,
      offsetof(cgs_config, max_tensor_elements), "1073741824", 1,
      UINT64_C(1) << 48, "largest element count of any input or output tensor"},
@@ -285,6 +296,15 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
     *(cgs_threads_policy *)(void *)field = tp;
     return 0;
   }
+  case OPT_SHM:
+    for (int sp = CGS_SHM_OFF; sp <= CGS_SHM_ON; sp++)
+      if (strcmp(value, cgs_shm_policy_name((cgs_shm_policy)sp)) == 0) {
+        *(cgs_shm_policy *)(void *)field = (cgs_shm_policy)sp;
+        return 0;
+      }
+    snprintf(err, errlen, "%s: expected local, on or off, got '%s'", origin,
+             value);
+    return -1;
   case OPT_MS:
     rc = parse_ms(value, &v);
     break;
@@ -550,6 +570,10 @@ const char *cgs_threads_policy_name(cgs_threads_policy tp) {
   return tp == CGS_THREADS_ADAPTIVE ? "adaptive"
          : tp == CGS_THREADS_STATIC ? "static"
                                     : "auto";
+}
+
+const char *cgs_shm_policy_name(cgs_shm_policy sp) {
+  return sp == CGS_SHM_LOCAL ? "local" : sp == CGS_SHM_ON ? "on" : "off";
 }
 
 void cgs_config_format_cpus(const cgs_cpu_list *l, char *buf, size_t len) {

@@ -239,6 +239,41 @@ static int check_shape_input(refusal *r, const Convgrad__V1__Tensor *t,
   return 0;
 }
 
+/* A RegionRef's name: what RegisterRegion accepts is checked there; here
+ * only that it is set. */
+static int check_region_name(refusal *r, const char *field,
+                             const Convgrad__V1__RegionRef *ref) {
+  if (!ref->name || !ref->name[0] || strlen(ref->name) > 64) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "%s.name: must name a registered region (1 to 64 characters)",
+           field);
+    return -1;
+  }
+  return 0;
+}
+
+/* inputs[i].region, when set: instead of data, exactly the tensor. */
+static int check_input_region(refusal *r, int i, const Convgrad__V1__Tensor *t,
+                              size_t len) {
+  if (!t->region)
+    return 0;
+  char field[32];
+  snprintf(field, sizeof field, "inputs[%d].region", i);
+  if (t->data.len) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d]: data and region are exclusive (%zu bytes of data)", i,
+           t->data.len);
+    return -1;
+  }
+  if (t->region->byte_size != len) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "%s.byte_size: %" PRIu64 ", but shape and dtype make %zu", field,
+           t->region->byte_size, len);
+    return -1;
+  }
+  return check_region_name(r, field, t->region);
+}
+
 /* dtypes, layouts and sizes of the tensors, and their total. */
 static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
                         const cgs_config *cfg, cgs_header_info *info,
@@ -258,8 +293,10 @@ static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
       esize = t->dtype == CONVGRAD__V1__DTYPE__S32 ? 4 : 8;
     }
     if (tensor_size(r, i, t, esize, cfg->max_tensor_elements,
-                    &info->in_len[i]) != 0)
+                    &info->in_len[i]) != 0 ||
+        check_input_region(r, i, t, info->in_len[i]) != 0)
       return -1;
+    info->in_esize[i] = esize;
     total += info->in_len[i];
   }
   if (total > cfg->max_request_bytes) {
@@ -353,6 +390,52 @@ static int check_outputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
   return 0;
 }
 
+/* header.output_regions: each names an output the call answers, once,
+ * and a region; info->out_region[g] points at each. */
+static int check_output_regions(refusal *r,
+                                const Convgrad__V1__ComputeHeader *h,
+                                const cg_problem *p, cgs_header_info *info) {
+  int layer = cg_op_is_layer(p->op);
+  int own = cg_op_outputs_weights(p->op) ? CONVGRAD__V1__OUTPUT__DIFF_WEIGHTS
+                                         : CONVGRAD__V1__OUTPUT__DIFF_SRC;
+  for (size_t k = 0; k < h->n_output_regions; k++) {
+    const Convgrad__V1__OutputRegion *o = h->output_regions[k];
+    char field[48];
+    snprintf(field, sizeof field, "header.output_regions[%zu]", k);
+    int out = o->output;
+    if (!out && !layer)
+      out = own;
+    if (out < CONVGRAD__V1__OUTPUT__DIFF_SRC ||
+        out > CONVGRAD__V1__OUTPUT__DIFF_BIAS) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "%s.output: %s value %d", field,
+             out ? "unknown" : "the layer ops need an output,", out);
+      return -1;
+    }
+    int g = out - CONVGRAD__V1__OUTPUT__DIFF_SRC;
+    if ((layer && p->grads && !(p->grads & CG_GRAD_BIT(g))) ||
+        (!layer && out != own)) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+             "%s.output: %s is not an output this call answers", field,
+             output_name(out));
+      return -1;
+    }
+    if (info->out_region[g]) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "%s.output: %s is listed twice",
+             field, output_name(out));
+      return -1;
+    }
+    if (!o->region) {
+      refuse(r, GRPC_STATUS_INVALID_ARGUMENT, "%s.region: missing", field);
+      return -1;
+    }
+    snprintf(field + strlen(field), sizeof field - strlen(field), ".region");
+    if (check_region_name(r, field, o->region) != 0)
+      return -1;
+    info->out_region[g] = o->region;
+  }
+  return 0;
+}
+
 /* The problem's attributes and input dims, viewing the header's lists. */
 static void take_attrs(cg_problem *p, const Convgrad__V1__ComputeHeader *h,
                        const Convgrad__V1__Attributes *a, int data_fmt,
@@ -406,7 +489,8 @@ int cgs_header_check(const Convgrad__V1__ComputeHeader *h,
   if (check_attrs(&r, a) != 0 ||
       check_inputs(&r, h, cfg, info, &data_fmt, &w_fmt) != 0 ||
       check_output_layouts(&r, h, &info->prob) != 0 ||
-      check_outputs(&r, h, &info->prob) != 0)
+      check_outputs(&r, h, &info->prob) != 0 ||
+      check_output_regions(&r, h, &info->prob, info) != 0)
     return -1;
   take_attrs(&info->prob, h, a, data_fmt, w_fmt);
   return take_chunk_bytes(&r, h, cfg, info);

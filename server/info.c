@@ -97,6 +97,8 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   limits.idle_timeout_ms = cfg->idle_timeout_ms;
   limits.stream_window_bytes = cfg->stream_window_bytes;
   limits.max_request_flops = cfg->max_request_flops;
+  limits.max_regions = cfg->max_regions;
+  limits.max_region_bytes = cfg->max_region_bytes;
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;
@@ -114,6 +116,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   info.n_io_cpus = cfg->io_cpus.n;
   info.io_cpus = io_cpus;
   info.limits = &limits;
+  info.shm = (char *)cgs_shm_policy_name(cfg->shm);
   cgs_cq_reply(&s->cq, call, cgw_pack(&info.base), GRPC_STATUS_OK, NULL);
 }
 

@@ -20,6 +20,7 @@
 #include "cgs_info.h"
 #include "cgs_log.h"
 #include "cgs_peers.h"
+#include "cgs_shm.h"
 #include "cgw_tls.h"
 
 /* Period of the peer sweep and the heap trim. */
@@ -27,8 +28,10 @@
 
 /* Every method served; any other path is answered UNIMPLEMENTED. */
 static const cgs_method_def *const method_table[] = {
-    &cgs_call_method, &cgs_info_method, &cgs_health_check_method,
-    &cgs_health_watch_method};
+    &cgs_call_method,         &cgs_info_method,
+    &cgs_health_check_method, &cgs_health_watch_method,
+    &cgs_shm_register_method, &cgs_shm_unregister_method,
+    &cgs_shm_list_method};
 #define N_METHODS (sizeof method_table / sizeof method_table[0])
 _Static_assert(N_METHODS <= CGS_METHODS_MAX, "CGS_METHODS_MAX too small");
 
@@ -233,6 +236,8 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
 }
 
 void cgs_server_close(cgs_server *s) {
+  cgs_regions_free(s->regions);
+  s->regions = NULL;
   cgs_peers_free(s->peers);
   s->peers = NULL;
   cgs_metrics_free(s->metrics);
@@ -503,6 +508,12 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     cg_errorf(err, errlen, rc, "peers: out of memory");
     goto fail_grpc;
   }
+  if (cfg->shm != CGS_SHM_OFF &&
+      cgs_regions_new(&s->regions, cfg->max_regions, cfg->max_region_bytes, err,
+                      errlen) != 0) {
+    rc = CG_EINTERNAL;
+    goto fail_grpc;
+  }
   if ((rc = cgs_health_new(&s->health, s)) != 0) {
     cg_errorf(err, errlen, rc, "health: out of memory");
     goto fail_grpc;
@@ -539,6 +550,8 @@ fail_pool:
 fail_health:
   cgs_health_free(s->health);
 fail_grpc:
+  cgs_regions_free(s->regions);
+  s->regions = NULL;
   cgs_peers_free(s->peers);
   s->peers = NULL;
   destroy_unstarted(s);

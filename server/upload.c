@@ -16,9 +16,23 @@ void cgs_upload_init(cgs_upload *u) {
   memset(u, 0, sizeof *u);
 }
 
+void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
+                            const char *owner) {
+  u->regions = rs;
+  u->shm_refused = refused;
+  snprintf(u->owner, sizeof u->owner, "%s", owner ? owner : "");
+}
+
 void cgs_upload_close(cgs_upload *u) {
-  for (int i = 0; i < 3; i++)
-    cgs_buf_free(u->in_buf[i]);
+  for (int i = 0; i < 3; i++) {
+    if (u->in_region[i])
+      cgs_region_release(u->in_region[i]);
+    else
+      cgs_buf_free(u->in_buf[i]);
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (u->out_region[g])
+      cgs_region_release(u->out_region[g]);
   if (u->req)
     protobuf_c_message_free_unpacked(&u->req->base, NULL);
   cgs_upload_init(u);
@@ -55,8 +69,39 @@ int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
   u->prob = info.prob;
   u->ninputs = info.ninputs;
   memcpy(u->in_len, info.in_len, sizeof u->in_len);
+  memcpy(u->in_esize, info.in_esize, sizeof u->in_esize);
+  memcpy(u->out_ref, info.out_region, sizeof u->out_ref);
   u->chunk_bytes = info.chunk_bytes;
   return 0;
+}
+
+static const Convgrad__V1__RegionRef *input_ref(const cgs_upload *u, int i) {
+  return u->req->header->inputs[i]->region;
+}
+
+uint64_t cgs_upload_in_bytes(const cgs_upload *u) {
+  uint64_t n = 0;
+  for (int i = 0; i < u->ninputs; i++)
+    if (!input_ref(u, i))
+      n += u->in_len[i];
+  return n;
+}
+
+/* Finds ref's bytes (len of them, aligned to align) in a region; the
+ * reference goes to *r. */
+static int acquire(cgs_upload *u, const char *field,
+                   const Convgrad__V1__RegionRef *ref, uint64_t len,
+                   size_t align, cgs_region **r, unsigned char **at,
+                   grpc_status_code *code, char *msg, size_t msglen) {
+  if (!u->regions) {
+    *code = GRPC_STATUS_FAILED_PRECONDITION;
+    snprintf(msg, msglen, "%s: %s", field,
+             u->shm_refused ? u->shm_refused
+                            : "shared-memory regions are not served here");
+    return -1;
+  }
+  return cgs_region_acquire(u->regions, u->owner, field, ref->name, ref->offset,
+                            len, align, r, at, code, msg, msglen);
 }
 
 /* Moves cur past every input that is full. */
@@ -69,6 +114,15 @@ int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
                      size_t msglen) {
   const Convgrad__V1__ComputeHeader *h = u->req->header;
   for (int i = 0; i < u->ninputs; i++) {
+    if (input_ref(u, i)) {
+      char field[32];
+      snprintf(field, sizeof field, "inputs[%d].region", i);
+      if (acquire(u, field, input_ref(u, i), u->in_len[i], u->in_esize[i],
+                  &u->in_region[i], &u->in_buf[i], code, msg, msglen) != 0)
+        return -1;
+      u->in_fill[i] = u->in_len[i];
+      continue;
+    }
     u->in_buf[i] = cgs_buf_alloc(u->in_len[i]);
     if (!u->in_buf[i]) {
       *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -98,6 +152,56 @@ int cgs_upload_needs_shape(const cgs_upload *u) {
   return has_shape_tensor(u) && u->in_fill[2] < u->in_len[2];
 }
 
+/* 1 when [a, a + an) and [b, b + bn) share a byte. */
+static int overlap(const unsigned char *a, size_t an, const unsigned char *b,
+                   size_t bn) {
+  return a < b + bn && b < a + an;
+}
+
+/* The output regions of the resolved layer: each output's bytes found,
+ * fitting the room asked for and overlapping nothing else of the call. */
+static int acquire_outputs(cgs_upload *u, grpc_status_code *code, char *msg,
+                           size_t msglen) {
+  const cg_layer *l = &u->layer;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    const Convgrad__V1__RegionRef *ref = u->out_ref[g];
+    if (!ref)
+      continue;
+    char field[64];
+    snprintf(field, sizeof field, "header.output_regions[%s].region",
+             cg_grad_name((cg_grad)g));
+    size_t len = l->out_bytes[g];
+    if (ref->byte_size && ref->byte_size < len) {
+      *code = GRPC_STATUS_INVALID_ARGUMENT;
+      snprintf(msg, msglen,
+               "%s.byte_size: %" PRIu64 " bytes cannot hold %s's %zu", field,
+               ref->byte_size, cg_grad_name((cg_grad)g), len);
+      return -1;
+    }
+    if (acquire(u, field, ref, len, cg_dtype_size(u->prob.dtype),
+                &u->out_region[g], &u->out_at[g], code, msg, msglen) != 0)
+      return -1;
+    u->out_offset[g] = ref->offset;
+    for (int i = 0; i < u->ninputs; i++)
+      if (u->in_region[i] &&
+          overlap(u->out_at[g], len, u->in_buf[i], u->in_len[i])) {
+        *code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, msglen, "%s: %s's bytes overlap inputs[%d]'s", field,
+                 cg_grad_name((cg_grad)g), i);
+        return -1;
+      }
+    for (int o = 0; o < g; o++)
+      if (u->out_at[o] &&
+          overlap(u->out_at[g], len, u->out_at[o], l->out_bytes[o])) {
+        *code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(msg, msglen, "%s: %s's bytes overlap %s's", field,
+                 cg_grad_name((cg_grad)g), cg_grad_name((cg_grad)o));
+        return -1;
+      }
+  }
+  return 0;
+}
+
 int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
                        grpc_status_code *code, char *msg, size_t msglen) {
   if (has_shape_tensor(u)) {
@@ -124,8 +228,12 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
     snprintf(msg, msglen, "%s", err);
     return -1;
   }
+  if (acquire_outputs(u, code, msg, msglen) != 0)
+    return -1;
   protobuf_c_message_free_unpacked(&u->req->base, NULL);
   u->req = NULL;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    u->out_ref[g] = NULL; /* pointed into req */
   for (int i = 0; i < l->ninputs; i++)
     if (l->in_bytes[i] != u->in_len[i]) {
       *code = GRPC_STATUS_INTERNAL;
@@ -161,7 +269,7 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
 uint64_t cgs_upload_out_bytes(const cgs_upload *u) {
   uint64_t n = 0;
   for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if (u->layer.grads & CG_GRAD_BIT(g))
+    if ((u->layer.grads & CG_GRAD_BIT(g)) && !u->out_at[g])
       n += u->layer.out_bytes[g]; /* each below 2^48 * 8 */
   return n;
 }
@@ -216,4 +324,17 @@ int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v) {
 
 int cgs_upload_complete(const cgs_upload *u) {
   return u->cur == u->ninputs;
+}
+
+int cgs_upload_regions_check(const cgs_upload *u, grpc_status_code *code,
+                             char *msg, size_t msglen) {
+  for (int i = 0; i < 3; i++)
+    if (u->in_region[i] &&
+        cgs_region_check(u->in_region[i], code, msg, msglen) != 0)
+      return -1;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (u->out_region[g] &&
+        cgs_region_check(u->out_region[g], code, msg, msglen) != 0)
+      return -1;
+  return 0;
 }

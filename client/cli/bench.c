@@ -28,7 +28,9 @@ static const char cgc__bench_help[] =
     "  --concurrency N  concurrent callers (default 1)\n"
     "  --requests N     timed requests per row (default 200)\n"
     "  --warmup N       untimed requests per row first (default 10)\n"
-    "  --json           print JSON instead of a table\n";
+    "  --json           print JSON instead of a table\n"
+    "  --shm            pass tensors in a shared-memory region per caller\n"
+    "                   (a server on this host: unix:PATH or loopback)\n";
 
 #define CGC__MAX_PROBLEMS 256
 
@@ -51,7 +53,18 @@ typedef struct cgc__bench_row {
 typedef struct cgc__bench_worker {
   cgc_channel *ch;
   cgc__bench_row *row;
+  int shm; /* --shm */
 } cgc__bench_worker;
+
+/* Keeps a caller's first failure as the row's. */
+static void cgc__bench_failed(cgc__bench_row *r, int rc, const cgc_status *st) {
+  pthread_mutex_lock(&r->mu);
+  if (!r->first_rc) {
+    r->first_rc = rc;
+    r->first_st = *st;
+  }
+  pthread_mutex_unlock(&r->mu);
+}
 
 static double cgc__now_s(void) {
   struct timespec ts;
@@ -68,9 +81,30 @@ static void *cgc__bench_thread(void *arg) {
   double qsum = 0, csum = 0;
   long errs = 0;
   /* One result buffer per thread, reused like a trainer's gradient
-   * buffer: the figures leave out allocation and first-touch faults. */
+   * buffer: the figures leave out allocation and first-touch faults. With
+   * --shm it lies in the thread's region, beside the inputs' copies. */
   size_t cap = r->geom.out_bytes ? r->geom.out_bytes : 1;
-  void *buf = malloc(cap);
+  cgc_cli_shm m = {0};
+  void *buf = NULL;
+  if (w->shm) {
+    size_t out_bytes[CG_GRAD_COUNT] = {0};
+    int g = cg_op_outputs_weights(r->geom.op) ? CG_GRAD_DIFF_WEIGHTS
+                                              : CG_GRAD_DIFF_SRC;
+    int rc;
+    cgc_status st;
+    out_bytes[g] = cap;
+    if (cgc_cli_shm_stage(&m, w->ch, &req, out_bytes, &rc, &st) != 0) {
+      cgc__bench_failed(r, rc, &st);
+      pthread_mutex_lock(&r->mu);
+      r->errors++;
+      pthread_mutex_unlock(&r->mu);
+      cgc_cli_shm_close(&m);
+      return NULL;
+    }
+    buf = m.into[g];
+  } else {
+    buf = malloc(cap);
+  }
   for (;;) {
     long i = atomic_fetch_add(&r->next, 1);
     if (i >= r->n)
@@ -88,18 +122,16 @@ static void *cgc__bench_thread(void *arg) {
     r->lat_ms[i] = (cgc__now_s() - t0) * 1e3;
     if (rc) {
       errs++;
-      pthread_mutex_lock(&r->mu);
-      if (!r->first_rc) {
-        r->first_rc = rc;
-        r->first_st = st;
-      }
-      pthread_mutex_unlock(&r->mu);
+      cgc__bench_failed(r, rc, &st);
     } else {
       qsum += res.queue_ms;
       csum += res.compute_ms;
     }
   }
-  free(buf);
+  if (w->shm)
+    cgc_cli_shm_close(&m);
+  else
+    free(buf);
   pthread_mutex_lock(&r->mu);
   r->errors += errs;
   r->queue_ms_sum += qsum;
@@ -125,9 +157,9 @@ static double cgc__pct(const double *v, long n, double p) {
 
 /* Runs warmup then n timed requests of row r on `conc` threads. */
 static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
-                              long n, int conc) {
+                              long n, int conc, int shm) {
   pthread_t th[256];
-  cgc__bench_worker w = {ch, r};
+  cgc__bench_worker w = {ch, r, shm};
   r->lat_ms = calloc((size_t)(n > warmup ? n : warmup) + 1, sizeof(double));
   if (!r->lat_ms)
     return CGC_EXIT_INTERNAL;
@@ -297,7 +329,7 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
 /* Measures every row in turn on random inputs, printing each as it ends;
  * jrows collects them for --json (NULL for the table). */
 static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
-                          int nrows, long warmup, long nreq, int conc,
+                          int nrows, long warmup, long nreq, int conc, int shm,
                           cJSON *jrows) {
   uint64_t seed = 7;
   int code, w = 7; /* the problem column fits the longest name */
@@ -318,7 +350,7 @@ static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
       }
       cg_fill_uniform(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
     }
-    if ((code = cgc__bench_row_run(ch, r, warmup, nreq, conc)) != 0)
+    if ((code = cgc__bench_row_run(ch, r, warmup, nreq, conc, shm)) != 0)
       return code;
     if (r->errors)
       return cgc_cli_fail(cli, r->first_rc, &r->first_st);
@@ -331,7 +363,7 @@ int cgc_cmd_bench(int argc, char **argv) {
   cgc_cli cli;
   const char *file = NULL;
   cgc_cli_strs descs = {{NULL}, 0};
-  int deconv = 0, json = 0, code = 0;
+  int deconv = 0, json = 0, shm = 0, code = 0;
   cg_op only = CG_OP_INVALID;
   cg_dtype dt = CG_DTYPE_F32;
   cg_data_format df = CG_DATA_DEFAULT;
@@ -350,6 +382,7 @@ int cgc_cmd_bench(int argc, char **argv) {
                               {"requests", CGC_CLI_NUM, &nreq},
                               {"warmup", CGC_CLI_NUM, &warmup},
                               {"json", CGC_CLI_FLAG, &json},
+                              {"shm", CGC_CLI_FLAG, &shm},
                               {NULL, 0, NULL}};
   cgc_cli_init(&cli, "bench", cgc__bench_help, 0);
   if (cgc_cli_parse(&cli, opts, argc, argv, &code))
@@ -369,7 +402,7 @@ int cgc_cmd_bench(int argc, char **argv) {
       (code = cgc_cli_connect(&cli, &ch)) == 0) {
     cJSON *jrows = json ? cJSON_CreateArray() : NULL;
     code = cgc__bench_run(&cli, ch, rows, nrows, (long)warmup.v, (long)nreq.v,
-                          (int)conc.v, jrows);
+                          (int)conc.v, shm, jrows);
     char *text = !code && jrows ? cJSON_Print(jrows) : NULL;
     if (text)
       printf("%s\n", text);

@@ -58,7 +58,9 @@ static const char cgc__run_help[] =
     "                       file per output, FILE.diff_src.npy, ...\n"
     "  --check              compare with the local reference; prints max abs\n"
     "                       and max rel error (|diff| / max|ref|); exit 1 if\n"
-    "                       above the dtype's tolerance\n";
+    "                       above the dtype's tolerance\n"
+    "  --shm                pass the tensors in a shared-memory region (a\n"
+    "                       server on this host: unix:PATH or loopback)\n";
 
 /* run's string-valued options, in the order of the option table; their
  * values are read once every flag is known, because --graph and --problem
@@ -512,6 +514,32 @@ static int cgc__run_write(const cgc_spec *s, const char *out,
   return CGC_EXIT_OK;
 }
 
+/* --shm: the request staged in a region (m), its outputs written there
+ * and described by placed[g], which out[g] points at. */
+static int cgc__run_shm(const cgc_spec *s, cgc_channel *ch, cgc_request *req,
+                        cgc_cli_shm *m, cgc_tensor placed[CG_GRAD_COUNT],
+                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                        cgc_status *st) {
+  cg_problem p;
+  cg_layer l;
+  size_t out_bytes[CG_GRAD_COUNT] = {0};
+  int rc;
+  cgc_spec_problem(s, &p);
+  if ((rc = cg_layer_resolve(&p, &l, st->message, sizeof st->message)) != 0) {
+    st->code = GRPC_STATUS_INVALID_ARGUMENT;
+    return rc;
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (l.grads & CG_GRAD_BIT(g))
+      out_bytes[g] = l.out_bytes[g];
+  if (cgc_cli_shm_stage(m, ch, req, out_bytes, &rc, st) != 0)
+    return rc;
+  rc = cgc_compute_layer_into(ch, req, m->into, m->cap, placed, res, st);
+  for (int g = 0; g < CG_GRAD_COUNT && !rc; g++)
+    out[g] = placed[g].data ? &placed[g] : NULL;
+  return rc;
+}
+
 int cgc_cmd_run(int argc, char **argv) {
   const char *v[R_COUNT] = {NULL};
   cgc_cli cli;
@@ -520,16 +548,19 @@ int cgc_cmd_run(int argc, char **argv) {
   size_t nbytes[3] = {0, 0, 0};
   cgc_channel *ch = NULL;
   cgc_tensor *out[CG_GRAD_COUNT] = {NULL};
-  int code = 0, shape_input = 0, check = 0;
+  cgc_cli_shm m = {0};
+  cgc_tensor placed[CG_GRAD_COUNT];
+  int code = 0, shape_input = 0, check = 0, shm = 0;
   cgc_cli_num seed = {1, 0, INT64_MAX,
                       "--seed: expected a non-negative integer"};
   cgc_cli_num graph_op = {0, 0, 1000, "--graph-op: expected an index"};
-  cgc_cli_opt opts[R_COUNT + 3];
+  cgc_cli_opt opts[R_COUNT + 4];
   for (int i = 0; i < R_COUNT; i++)
     opts[i] = (cgc_cli_opt){cgc__run_names[i], CGC_CLI_STR, &v[i]};
   opts[R_COUNT] = (cgc_cli_opt){"shape-input", CGC_CLI_FLAG, &shape_input};
   opts[R_COUNT + 1] = (cgc_cli_opt){"check", CGC_CLI_FLAG, &check};
-  opts[R_COUNT + 2] = (cgc_cli_opt){NULL, 0, NULL};
+  opts[R_COUNT + 2] = (cgc_cli_opt){"shm", CGC_CLI_FLAG, &shm};
+  opts[R_COUNT + 3] = (cgc_cli_opt){NULL, 0, NULL};
 
   cgc_cli_init(&cli, "run", cgc__run_help, 0);
   if (cgc_cli_parse(&cli, opts, argc, argv, &code))
@@ -545,7 +576,8 @@ int cgc_cmd_run(int argc, char **argv) {
   cgc_result res;
   cgc_status st;
   cgc_spec_request_n(&s, (const void *const *)in, nbytes, &req);
-  int rc = cgc_compute_layer(ch, &req, out, &res, &st);
+  int rc = shm ? cgc__run_shm(&s, ch, &req, &m, placed, out, &res, &st)
+               : cgc_compute_layer(ch, &req, out, &res, &st);
   if (rc) {
     code = cgc_cli_fail(&cli, rc, &st);
     goto out;
@@ -556,8 +588,9 @@ int cgc_cmd_run(int argc, char **argv) {
   if (check)
     code = cgc__run_check(&s, (const void *const *)in, out);
 out:
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
+  for (int g = 0; g < CG_GRAD_COUNT && !shm; g++)
     cgc_tensor_free(out[g]);
+  cgc_cli_shm_close(&m);
   cgc_channel_free(ch);
   for (int i = 0; i < 3; i++)
     free(in[i]);

@@ -329,6 +329,7 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   ch = calloc(1, sizeof *ch);
   if (!ch)
     return CG_ENOMEM;
+  pthread_mutex_init(&ch->regions_mu, NULL);
   if (opts)
     ch->opts = *opts;
   else
@@ -421,6 +422,8 @@ fail_opts:
 void cgc_channel_free(cgc_channel *ch) {
   if (!ch)
     return;
+  cgc__regions_close(ch);
+  pthread_mutex_destroy(&ch->regions_mu);
   grpc_channel_destroy(ch->chan);
   if (ch->auth_md_count)
     grpc_slice_unref(ch->auth_md.value);

@@ -65,6 +65,10 @@ typedef struct cgc__attempt {
   size_t into_cap[CG_GRAD_COUNT];
   /* The outputs; their data is into[g] when that is set, else owned. */
   cgc_tensor *out[CG_GRAD_COUNT];
+  /* Inputs and outputs in regions registered on the channel (else NULL),
+   * and their offsets there: sent as references. */
+  const cgc_region *in_reg[3], *out_reg[CG_GRAD_COUNT];
+  uint64_t in_off[3], out_off[CG_GRAD_COUNT];
   uint64_t received; /* bytes of out[out_cur] */
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
@@ -119,6 +123,18 @@ static int cgc__check_view(const cgc_tensor_view *v, int index,
   return 0;
 }
 
+/* Fills ref with n bytes at offset in r; returns ref. */
+static Convgrad__V1__RegionRef *cgc__ref(Convgrad__V1__RegionRef *ref,
+                                         const cgc_region *r, uint64_t offset,
+                                         uint64_t n) {
+  Convgrad__V1__RegionRef init = CONVGRAD__V1__REGION_REF__INIT;
+  *ref = init;
+  ref->name = (char *)cgc__region_name(r);
+  ref->offset = offset;
+  ref->byte_size = n;
+  return ref;
+}
+
 /* Packs the first message: the header, carrying the tensors too when the
  * whole request fits one upload chunk. A bigger request sends the header
  * alone: the server gets the call (and reserves and allocates) while the
@@ -157,9 +173,12 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   size_t room = a->opts->upload_chunk_bytes;
   int all_inline = 1;
   for (int i = 0; i < a->nin && all_inline; i++) {
-    all_inline = r->inputs[i].nbytes <= room;
-    room -= all_inline ? r->inputs[i].nbytes : 0;
+    size_t n = a->in_reg[i] ? 0 : r->inputs[i].nbytes;
+    all_inline = n <= room;
+    room -= all_inline ? n : 0;
   }
+  Convgrad__V1__RegionRef refs[3 + CG_GRAD_COUNT];
+  a->res.bytes_sent = 0;
   for (int i = 0; i < a->nin; i++) {
     const cgc_tensor_view *v = &r->inputs[i];
     memcpy(dims[i], v->dims, sizeof dims[i]);
@@ -167,11 +186,31 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
     t[i].n_shape = (size_t)v->rank;
     t[i].shape = dims[i];
     t[i].layout = (Convgrad__V1__Layout)v->layout;
+    if (a->in_reg[i]) {
+      t[i].region = cgc__ref(&refs[i], a->in_reg[i], a->in_off[i], v->nbytes);
+      a->inline_len[i] = v->nbytes; /* nothing left to upload */
+      continue;
+    }
     size_t n = all_inline ? v->nbytes : 0;
     t[i].data.len = n;
     t[i].data.data = (uint8_t *)v->data;
     a->inline_len[i] = n;
+    a->res.bytes_sent += n;
   }
+  Convgrad__V1__OutputRegion placed[CG_GRAD_COUNT];
+  Convgrad__V1__OutputRegion *placed_ptrs[CG_GRAD_COUNT];
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!a->out_reg[g])
+      continue;
+    Convgrad__V1__OutputRegion init = CONVGRAD__V1__OUTPUT_REGION__INIT;
+    Convgrad__V1__OutputRegion *o = &placed[hdr.n_output_regions];
+    *o = init;
+    o->output = (Convgrad__V1__Output)(CONVGRAD__V1__OUTPUT__DIFF_SRC + g);
+    o->region =
+        cgc__ref(&refs[3 + g], a->out_reg[g], a->out_off[g], a->into_cap[g]);
+    placed_ptrs[hdr.n_output_regions++] = o;
+  }
+  hdr.output_regions = placed_ptrs;
   int64_t shape_dims[1];
   if (r->has_shape_input) {
     /* Tiny, so always inline: a prefix of nothing but itself. */
@@ -283,6 +322,12 @@ static int cgc__check_result(cgc__attempt *a,
     return cgc__perr(a, "ResultHeader pads have a bad length");
   if (h->data.len != 0 && h->data.len != *n)
     return cgc__perr(a, "ResultHeader.data is not the whole result");
+  if (h->region && (!a->out_reg[g] || h->data.len ||
+                    strcmp(h->region->name ? h->region->name : "",
+                           cgc__region_name(a->out_reg[g])) != 0 ||
+                    h->region->offset != a->out_off[g]))
+    return cgc__perr(a, "ResultHeader.region is not where the output was "
+                        "asked to go");
   if (a->into[g] && *n > a->into_cap[g]) {
     snprintf(a->perr, sizeof a->perr,
              "%s of %zu bytes does not fit the caller's %zu-byte buffer",
@@ -315,14 +360,16 @@ static int cgc__take_result(cgc__attempt *a,
   t->data = data;
   t->nbytes = n;
   a->received = 0;
-  if (h->data.len) {
+  if (h->region) {
+    a->received = n; /* the server wrote it in place */
+  } else if (h->data.len) {
     memcpy(data, h->data.data, n);
     a->received = n;
+    a->res.bytes_received += n;
   }
   a->out[g] = t;
   a->out_cur = g;
   a->got |= CG_GRAD_BIT(g);
-  a->res.bytes_received += a->received;
   if (!a->have_header)
     a->t_header = cgc__now_ms();
   a->have_header = 1;
@@ -655,7 +702,6 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   if (rc)
     goto out;
   f.io.send_bb = cgc__encode_header(a);
-  a->res.bytes_sent = a->inline_len[0] + a->inline_len[1] + a->inline_len[2];
 
   f.call = grpc_channel_create_call(
       ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
@@ -726,6 +772,47 @@ static unsigned cgc__wants(const cgc_request *req, cgc_status *st) {
   return req->grads ? req->grads : CG_GRADS_ALL;
 }
 
+/* Finds which of a's inputs and caller buffers lie in regions registered
+ * on ch; returns 1 when any does. */
+static int cgc__find_regions(cgc__attempt *a, cgc_channel *ch) {
+  int any = 0;
+  for (int i = 0; i < a->nin; i++) {
+    const cgc_tensor_view *v = &a->req->inputs[i];
+    a->in_reg[i] = v->nbytes
+                       ? cgc__region_find(ch, v->data, v->nbytes, &a->in_off[i])
+                       : NULL;
+    any |= a->in_reg[i] != NULL;
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    a->out_reg[g] =
+        (a->wants & CG_GRAD_BIT(g)) && a->into[g]
+            ? cgc__region_find(ch, a->into[g], a->into_cap[g], &a->out_off[g])
+            : NULL;
+    any |= a->out_reg[g] != NULL;
+  }
+  return any;
+}
+
+/* A call's regions were unknown to the server (it restarted since they
+ * were registered): registers each again. */
+static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
+                               cgc_status *st) {
+  const cgc_region *done[3 + CG_GRAD_COUNT];
+  int ndone = 0;
+  for (int k = 0; k < 3 + CG_GRAD_COUNT; k++) {
+    const cgc_region *r = k < 3 ? a->in_reg[k] : a->out_reg[k - 3];
+    int seen = 0;
+    for (int j = 0; j < ndone; j++)
+      seen |= done[j] == r;
+    if (!r || seen)
+      continue;
+    if (cgc__region_send_register(ch, r, st) != 0)
+      return -1;
+    done[ndone++] = r;
+  }
+  return 0;
+}
+
 /* Every cgc_compute* call: output g lands in into[g] when into and
  * into[g] are set, else in a new allocation; out[g] receives each output
  * asked for. */
@@ -758,8 +845,17 @@ static int cgc__compute(cgc_channel *ch, const cgc_request *req,
     a.into[g] = into[g];
     a.into_cap[g] = into_cap[g];
   }
-  rc = cgc__with_retry(ch, cgc__deadline(ch, req->deadline_ms),
-                       cgc__compute_attempt, &a, &attempts, st);
+  int in_regions = cgc__find_regions(&a, ch);
+  cgc_status local;
+  cgc_status *s = st ? st : &local;
+  gpr_timespec deadline = cgc__deadline(ch, req->deadline_ms);
+  rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &attempts, s);
+  if (rc == CGC_ERPC && s->code == GRPC_STATUS_NOT_FOUND && in_regions &&
+      cgc__register_again(&a, ch, s) == 0) {
+    int more = 0;
+    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &more, s);
+    attempts += more;
+  }
   a.res.attempts = attempts;
   if (res)
     *res = a.res;

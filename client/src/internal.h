@@ -3,6 +3,8 @@
 #ifndef CGC_INTERNAL_H
 #define CGC_INTERNAL_H
 
+#include <pthread.h>
+
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
@@ -16,6 +18,9 @@ struct cgc_channel {
   /* The token's metadata, sent with every call; count 0 without one. */
   grpc_metadata auth_md;
   size_t auth_md_count;
+  /* Regions registered through this channel (region.c). */
+  pthread_mutex_t regions_mu;
+  cgc_region *regions;
 };
 
 /* Writes code and a printf-style message into st (may be NULL). */
@@ -71,6 +76,19 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
  * destroys its completion queue, then frees what io holds. */
 void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
                    cgc__call_io *io);
+
+/* The region registered on ch that holds the n bytes at p, or NULL;
+ * *offset gets p's offset in it. */
+const cgc_region *cgc__region_find(cgc_channel *ch, const void *p, size_t n,
+                                   uint64_t *offset);
+/* The name r is registered under. */
+const char *cgc__region_name(const cgc_region *r);
+/* RegisterRegion for r again (the server restarted); r stays in its
+ * channel's list. Returns like cgc__unary. */
+int cgc__region_send_register(cgc_channel *ch, const cgc_region *r,
+                              cgc_status *st);
+/* Unregisters every region still registered on ch (cgc_channel_free). */
+void cgc__regions_close(cgc_channel *ch);
 
 /* Copies every byte of bb into one malloc'ed buffer (small messages only).
  * Returns 0 or CG_ENOMEM. */

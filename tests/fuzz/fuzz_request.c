@@ -11,13 +11,20 @@
  * slices, cut a third of the way in, as gRPC hands over messages that
  * straddle its reads.
  *
+ * Requests may name a shared-memory region "r" of 64 KiB (registered at
+ * start on an object of this process): tensors in it are read and outputs
+ * written there, as the server does.
+ *
  * It aborts (a finding) when a path that must hold does not: a chunk that
  * fits is refused, a resolved request whose inputs disagree with its
  * geometry (INTERNAL), or the reference failing on a resolved layer. */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
@@ -40,11 +47,37 @@ static const cgs_config cfg = {
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static void must(int ok, const char *what, const char *msg) {
+  if (!ok) {
+    fprintf(stderr, "fuzz_request: %s: %s\n", what, msg);
+    abort();
+  }
+}
+
+static cgs_regions *regions;
+
+/* Region "r": an object made here and unlinked again once mapped. */
+static void register_region(void) {
+  char key[64], msg[256];
+  grpc_status_code code;
+  snprintf(key, sizeof key, "/cg-fuzz-%ld", (long)getpid());
+  int fd = shm_open(key, O_RDWR | O_CREAT | O_EXCL, 0600);
+  must(fd >= 0 && ftruncate(fd, 65536) == 0, "shm_open", key);
+  must(cgs_regions_new(&regions, 4, 1u << 20, msg, sizeof msg) == 0, "regions",
+       msg);
+  must(cgs_regions_register(regions, "", "r", key, 0, 65536, &code, msg,
+                            sizeof msg) == 0,
+       "register", msg);
+  shm_unlink(key);
+  close(fd);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   grpc_init();
   cgs_buf_init(0);
+  register_region();
   return 0;
 }
 
@@ -59,13 +92,6 @@ static grpc_byte_buffer *message(const uint8_t *p, size_t n) {
   return bb;
 }
 
-static void must(int ok, const char *what, const char *msg) {
-  if (!ok) {
-    fprintf(stderr, "fuzz_request: %s: %s\n", what, msg);
-    abort();
-  }
-}
-
 /* The request is whole: resolve if the shape tensor held it back, then
  * compute it with the reference. */
 static void run(cgs_upload *u) {
@@ -76,21 +102,25 @@ static void run(cgs_upload *u) {
     must(code != GRPC_STATUS_INTERNAL, "resolve", msg);
     return;
   }
-  void *out[CG_GRAD_COUNT] = {0};
+  void *out[CG_GRAD_COUNT] = {0}, *own[CG_GRAD_COUNT] = {0};
   for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if (u->layer.grads & CG_GRAD_BIT(g))
-      must((out[g] = malloc(u->layer.out_bytes[g] + 1)) != NULL, "malloc",
-           "outputs");
+    if (u->layer.grads & CG_GRAD_BIT(g)) {
+      out[g] = u->out_at[g];
+      if (!out[g])
+        must((out[g] = own[g] = malloc(u->layer.out_bytes[g] + 1)) != NULL,
+             "malloc", "outputs");
+    }
   const void *in[3] = {u->in_buf[0], u->in_buf[1], u->in_buf[2]};
   int rc = cg_reference_layer(&u->layer, in, out, msg, sizeof msg);
   must(rc == 0, "cg_reference_layer", msg);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
-    free(out[g]);
+    free(own[g]);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cgs_upload u;
   cgs_upload_init(&u);
+  cgs_upload_use_regions(&u, regions, NULL, "");
   int header_done = 0;
   while (size >= 2) {
     size_t n = (size_t)data[0] | (size_t)data[1] << 8;

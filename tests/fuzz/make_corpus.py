@@ -47,17 +47,25 @@ def main():
             n *= d
         return n
 
-    def request(op, attrs, tensors, chunk=64, inline=(), **header):
+    def request(op, attrs, tensors, chunk=64, inline=(), shared=None,
+                **header):
         """tensors: (dtype, shape[, bytes]); inline: indices whose bytes
-        ride in the header. Data bytes are a simple ramp."""
+        ride in the header; shared: index -> offset in the fuzzer's region
+        "r" (no bytes sent). Data bytes are a simple ramp."""
+        shared = shared or {}
         h = pb.ComputeHeader(op=op, attrs=pb.Attributes(**attrs), **header)
         datas = []
         for i, t in enumerate(tensors):
             dt, shape = t[0], t[1]
             data = t[2] if len(t) > 2 else bytes(
                 (k * 7 + i) & 0x3f for k in range(count(shape) * size[dt]))
-            h.inputs.add(dtype=dt, shape=shape,
-                         data=data if i in inline else b"")
+            if i in shared:
+                h.inputs.add(dtype=dt, shape=shape, region=pb.RegionRef(
+                    name="r", offset=shared[i], byte_size=len(data)))
+                data = b""
+            else:
+                h.inputs.add(dtype=dt, shape=shape,
+                             data=data if i in inline else b"")
             datas.append(b"" if i in inline else data)
         msgs = [pb.ComputeRequest(header=h)]
         for i, d in enumerate(datas):
@@ -113,6 +121,25 @@ def main():
             dict(strides=[2], pads_begin=[0], pads_end=[0]),
             [(pb.BF16, [2, 5, 2]), (pb.BF16, [2, 11, 3]),
              (pb.BF16, [3, 3, 2])]),
+        "conv_bwd_layer_regions": request(
+            pb.CONVOLUTION_BACKWARD, nchw,
+            [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
+             (pb.F32, [3, 2, 3, 3])], shared={0: 4, 1: 1024, 2: 2048},
+            output_regions=[
+                pb.OutputRegion(output=pb.DIFF_SRC,
+                                region=pb.RegionRef(name="r", offset=4096)),
+                pb.OutputRegion(output=pb.DIFF_BIAS,
+                                region=pb.RegionRef(name="r", offset=8192,
+                                                    byte_size=12))]),
+        "deconv_bwd_weights_mixed_region_bf16": request(
+            pb.CONV_TRANSPOSE_BACKWARD_WEIGHTS,
+            dict(strides=[2, 2], pads_begin=[1, 1], pads_end=[1, 1],
+                 data_format=pb.NCX, weights_format=pb.IOX,
+                 weights_shape=[2, 3, 3, 3]),
+            [(pb.BF16, [1, 2, 3, 3]), (pb.BF16, [1, 3, 5, 5])],
+            shared={1: 66},
+            output_regions=[pb.OutputRegion(
+                region=pb.RegionRef(name="r", offset=30002))]),
     }
     good = seeds["conv_bwd_data_f32_nchw"]
     seeds["refused_chunk_first"] = good[1:]

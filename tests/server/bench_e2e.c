@@ -192,9 +192,10 @@ static int server_cpu(void) {
   return last;
 }
 
-/* Forks the echo server, pinned like convgrad-server's tiny runs; returns
- * its pid and writes its port. */
-static pid_t echo_start(int *port) {
+/* Forks the echo server on addr ("127.0.0.1:0" or "unix:PATH"), pinned
+ * like convgrad-server's tiny runs; returns its pid and writes its port
+ * (for a unix socket: non-zero once it listens). */
+static pid_t echo_start(const char *addr, int *port) {
   int fd[2];
   if (pipe(fd) != 0)
     return -1;
@@ -217,7 +218,7 @@ static pid_t echo_start(int *port) {
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv, cq, NULL);
     grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
-    int p = grpc_server_add_http2_port(srv, "127.0.0.1:0", cr);
+    int p = grpc_server_add_http2_port(srv, addr, cr);
     grpc_server_credentials_release(cr);
     grpc_server_start(srv);
     if (write(fd[1], &p, sizeof p) != sizeof p)
@@ -313,6 +314,18 @@ static double echo_unary_us(grpc_channel *ch) {
   return t * 1e6;
 }
 
+/* p50 of 2000 unary echoes after 200 of warm-up. */
+static double echo_p50_us(grpc_channel *ch) {
+  enum { E = 2000 };
+  static double lat[E];
+  for (int i = 0; i < 200 + E; i++) {
+    double us = echo_unary_us(ch);
+    if (i >= 200)
+      lat[i - 200] = us;
+  }
+  return percentile(lat, E, 0.5);
+}
+
 /* Seconds the bare server takes to swallow nbufs buffers sent in 1 MiB
  * messages over their own memory, as the client library sends tensors. */
 static double bare_up_s(grpc_channel *ch, void *const *bufs, const size_t *lens,
@@ -378,14 +391,7 @@ static void measure_bare(bare *b, int port) {
   b->bps = (b->up_bps + b->down_bps) / 2;
   free(big);
 
-  enum { E = 2000 };
-  static double lat[E];
-  for (int i = 0; i < 200 + E; i++) {
-    double us = echo_unary_us(ch);
-    if (i >= 200)
-      lat[i - 200] = us;
-  }
-  b->echo_p50_us = percentile(lat, E, 0.5);
+  b->echo_p50_us = echo_p50_us(ch);
   b->ch = ch;
 }
 
@@ -436,21 +442,21 @@ typedef struct prob {
   void *in[2], *out;
 } prob;
 
-static int prob_init(prob *p, const cg_bdesc *d, cg_op op) {
+static int prob_init(prob *p, const cg_bdesc *d, cg_op op, cg_dtype dt) {
   char err[256];
   memset(p, 0, sizeof *p);
-  if (cg_bdesc_problem_init(&p->bp, d, op, CG_DTYPE_F32, CG_DATA_DEFAULT,
+  if (cg_bdesc_problem_init(&p->bp, d, op, dt, CG_DATA_DEFAULT,
                             CG_WEIGHTS_DEFAULT, err, sizeof err) != 0 ||
       cg_problem_resolve(&p->bp.problem, &p->g, err, sizeof err) != 0) {
     fprintf(stderr, "%s: %s\n", d->name, err);
     return -1;
   }
+  uint64_t seed = 37;
   for (int i = 0; i < 2; i++) {
     p->in[i] = malloc(p->g.in_bytes[i]);
     if (!p->in[i])
       return -1;
-    for (size_t e = 0; e < p->g.in_elems[i]; e++)
-      ((float *)p->in[i])[e] = (float)((e * 37 % 101) / 50.0 - 1.0);
+    cg_fill_uniform(dt, p->in[i], p->g.in_elems[i], &seed);
   }
   p->out = malloc(p->g.out_bytes);
   return p->out ? 0 : -1;
@@ -482,19 +488,24 @@ static void request_of(cgc_request *r, const prob *p) {
   r->deadline_ms = 600000;
 }
 
-/* One call whose result lands in out (p's output size), as a trainer
+/* One call of r whose result lands in out (cap bytes), as a trainer
  * reusing its gradient buffers would receive it. */
-static int e2e_once(cgc_channel *ch, const prob *p, void *out, double *ms) {
-  cgc_request r;
-  request_of(&r, p);
+static int call_into(cgc_channel *ch, const cgc_request *r, void *out,
+                     size_t cap, double *ms) {
   cgc_tensor t;
   cgc_status st;
   double t0 = ts_now_ms();
-  int rc = cgc_compute_into(ch, &r, out, p->g.out_bytes, &t, NULL, &st);
+  int rc = cgc_compute_into(ch, r, out, cap, &t, NULL, &st);
   *ms = ts_now_ms() - t0;
   if (rc != 0)
     fprintf(stderr, "  compute failed: %s\n", st.message);
   return rc;
+}
+
+static int e2e_once(cgc_channel *ch, const prob *p, void *out, double *ms) {
+  cgc_request r;
+  request_of(&r, p);
+  return call_into(ch, &r, out, p->g.out_bytes, ms);
 }
 
 static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
@@ -529,7 +540,7 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
                              : CG_OP_CONV_BWD_WEIGHTS};
     for (int k = 0; k < 2; k++) {
       prob p;
-      if (prob_init(&p, &d, ops[k]) != 0) {
+      if (prob_init(&p, &d, ops[k], CG_DTYPE_F32) != 0) {
         prob_free(&p);
         continue;
       }
@@ -698,7 +709,7 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
   if (cg_bdesc_parse("mb1ic4ih8oc4oh8kh3ph1", 0, &d, err, sizeof err) != 0)
     return;
   prob p;
-  if (prob_init(&p, &d, CG_OP_CONV_BWD_DATA) != 0)
+  if (prob_init(&p, &d, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32) != 0)
     return;
   /* The loop and gRPC threads share the server core with worker 0. */
   char cpu[16];
@@ -777,15 +788,234 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
   prob_free(&p);
 }
 
+/* ---- shared-memory regions over a unix socket ---- */
+
+/* A region registered on ch holding copies of p's inputs and room for its
+ * output: r's views point at the copies, *out at the room. NULL after a
+ * message. */
+static cgc_region *stage(cgc_channel *ch, const prob *p, cgc_request *r,
+                         void **out) {
+  size_t a0 = (p->g.in_bytes[0] + 63) & ~(size_t)63;
+  size_t a1 = (p->g.in_bytes[1] + 63) & ~(size_t)63;
+  cgc_region *reg;
+  char err[256];
+  cgc_status st;
+  if (cgc_region_create(&reg, NULL, a0 + a1 + p->g.out_bytes, err,
+                        sizeof err) != 0) {
+    fprintf(stderr, "region: %s\n", err);
+    return NULL;
+  }
+  char *base = cgc_region_data(reg);
+  memcpy(base, p->in[0], p->g.in_bytes[0]);
+  memcpy(base + a0, p->in[1], p->g.in_bytes[1]);
+  request_of(r, p);
+  r->inputs[0].data = base;
+  r->inputs[1].data = base + a0;
+  *out = base + a0 + a1;
+  if (cgc_region_register(ch, reg, &st) != 0) {
+    fprintf(stderr, "register: %s\n", st.message);
+    cgc_region_free(reg);
+    return NULL;
+  }
+  return reg;
+}
+
+/* Every row of the problem list at or above 1 ms of in-process compute,
+ * each op of its family, f32 and bf16: inputs and output in a region over
+ * the unix socket (uch) against the in-process engine on the same layouts
+ * and thread count, and the same call over TCP loopback without regions
+ * (tch) for comparison; the three back to back in each rep. */
+static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
+                     cgc_channel *tch) {
+  FILE *f = fopen(path, "r");
+  cg_engine *e = NULL;
+  cg_engine_config ecfg = {.threads = threads};
+  char err[256], line[512];
+  if (!f || cg_engine_new(&e, &ecfg, err, sizeof err) != 0) {
+    fprintf(stderr, "cannot open %s or start the engine\n", path);
+    if (f)
+      fclose(f);
+    return;
+  }
+  printf("\n%-40s %-28s %-4s %8s %8s %8s %9s %9s\n", "problem", "op", "type",
+         "kern ms", "shm ms", "tcp ms", "shm/kern", "tcp/kern");
+  int rows = 0, rows_ok = 0;
+  double worst = 0;
+  static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16};
+  while (fgets(line, sizeof line, f)) {
+    cg_bdesc d;
+    int is_problem = 0;
+    if (cg_bdesc_parse_line(line, &d, &is_problem, err, sizeof err) != 0 ||
+        !is_problem)
+      continue;
+    cg_op ops[2] = {d.deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA,
+                    d.deconv ? CG_OP_DECONV_BWD_WEIGHTS
+                             : CG_OP_CONV_BWD_WEIGHTS};
+    for (int k = 0; k < 4; k++) {
+      prob p;
+      cgc_request rs, rt;
+      void *shm_out = NULL;
+      cgc_region *reg = NULL;
+      double *t[3] = {calloc((size_t)reps, sizeof(double)),
+                      calloc((size_t)reps, sizeof(double)),
+                      calloc((size_t)reps, sizeof(double))};
+      int ok = t[0] && t[1] && t[2] &&
+               prob_init(&p, &d, ops[k / 2], dts[k % 2]) == 0 &&
+               (reg = stage(uch, &p, &rs, &shm_out)) != NULL;
+      request_of(&rt, &p);
+      double warm;
+      ok = ok && cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err,
+                               sizeof err) == 0;
+      ok = ok && call_into(uch, &rs, shm_out, p.g.out_bytes, &warm) == 0 &&
+           call_into(tch, &rt, p.out, p.g.out_bytes, &warm) == 0;
+      for (int i = 0; ok && i < reps; i++) {
+        double t0 = ts_now_ms();
+        ok = cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err,
+                           sizeof err) == 0;
+        t[0][i] = ts_now_ms() - t0;
+        usleep(30 * 1000); /* see run_rows: the engine's spinning threads */
+        ok = ok && call_into(uch, &rs, shm_out, p.g.out_bytes, &t[1][i]) == 0;
+        ok = ok && call_into(tch, &rt, p.out, p.g.out_bytes, &t[2][i]) == 0;
+      }
+      if (ok) {
+        double kms = percentile(t[0], reps, 0.5);
+        double sms = percentile(t[1], reps, 0.5);
+        double tms = percentile(t[2], reps, 0.5);
+        int counted = kms >= 1.0;
+        if (counted) {
+          rows++;
+          rows_ok += sms / kms <= 1.15;
+          worst = sms / kms > worst ? sms / kms : worst;
+        }
+        printf("%-40.40s %-28s %-4s %8.2f %8.2f %8.2f %9.2f %9.2f%s\n", d.name,
+               cg_op_name(ops[k / 2]), cg_dtype_name(dts[k % 2]), kms, sms, tms,
+               sms / kms, tms / kms,
+               counted ? "" : "  (under 1 ms: not counted)");
+        fflush(stdout);
+      }
+      cgc_region_free(reg);
+      for (int i = 0; i < 3; i++)
+        free(t[i]);
+      prob_free(&p);
+    }
+  }
+  printf("shm e2e / in-process kernel, rows at or above 1 ms, target <= "
+         "1.15: %d of %d rows, worst %.2f\n",
+         rows_ok, rows, worst);
+  cg_engine_free(e);
+  fclose(f);
+}
+
+/* The tiny problem over the unix socket of a one-core server (started
+ * here like tiny()'s), with its tensors inline and in a region, against
+ * the bare unary echo over a unix socket (echo), in alternating blocks of
+ * 100 calls. */
+static void shm_tiny(const char *sock, grpc_channel *echo, int lat_n) {
+  cg_bdesc d;
+  char err[256], cpu[16], listen[160], target[160];
+  prob p;
+  if (cg_bdesc_parse("mb1ic4ih8oc4oh8kh3ph1", 0, &d, err, sizeof err) != 0 ||
+      prob_init(&p, &d, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32) != 0)
+    return;
+  snprintf(cpu, sizeof cpu, "%d", server_cpu());
+  snprintf(listen, sizeof listen, "unix:%s,127.0.0.1:0", sock);
+  snprintf(target, sizeof target, "unix:%s", sock);
+  const char *args[] = {
+      "--listen", listen,      "--workers", "1",      "--threads-per-worker",
+      "1",        "--io-cpus", cpu,         "--cpus", cpu,
+      NULL};
+  ts_server srv;
+  cgc_channel *ch = NULL;
+  if (ts_server_start(&srv, args) != 0) {
+    prob_free(&p);
+    return;
+  }
+  cgc_request rs, rt;
+  void *shm_out;
+  cgc_region *reg = NULL;
+  double *lat[3] = {malloc(sizeof(double) * (size_t)lat_n),
+                    malloc(sizeof(double) * (size_t)lat_n),
+                    malloc(sizeof(double) * (size_t)lat_n)};
+  if (cgc_channel_new(&ch, target, NULL, err, sizeof err) == 0 &&
+      (reg = stage(ch, &p, &rs, &shm_out)) != NULL && lat[0] && lat[1] &&
+      lat[2]) {
+    request_of(&rt, &p);
+    double ms;
+    for (int i = 0; i < 200; i++) {
+      call_into(ch, &rt, p.out, p.g.out_bytes, &ms);
+      call_into(ch, &rs, shm_out, p.g.out_bytes, &ms);
+    }
+    int n[3] = {0, 0, 0};
+    for (int i = 0; n[0] < lat_n || n[1] < lat_n || n[2] < lat_n; i++) {
+      int which = i / 100 % 3;
+      if (n[which] >= lat_n)
+        continue;
+      if (which == 2)
+        lat[2][n[2]++] = echo_unary_us(echo);
+      else if (call_into(ch, which ? &rs : &rt, which ? shm_out : p.out,
+                         p.g.out_bytes, &ms) == 0)
+        lat[which][n[which]++] = ms * 1e3;
+    }
+    double inl = percentile(lat[0], lat_n, 0.5);
+    double shm = percentile(lat[1], lat_n, 0.5);
+    double e50 = percentile(lat[2], lat_n, 0.5);
+    printf("\ntiny mb1ic4ih8oc4oh8kh3ph1 ConvolutionBackwardData f32 over a "
+           "unix socket, one client: p50 inline %.1f us, in a region %.1f "
+           "us; bare C-core unary echo over a unix socket p50 %.1f us "
+           "(interleaved); ratios %.2f and %.2f (target <= 1.5)\n",
+           inl, shm, e50, inl / e50, shm / e50);
+  }
+  for (int i = 0; i < 3; i++)
+    free(lat[i]);
+  cgc_region_free(reg);
+  cgc_channel_free(ch);
+  ts_server_stop(&srv, SIGTERM, 30000);
+  prob_free(&p);
+}
+
+/* --shm: the figures of shared-memory regions; echo is the bare server
+ * listening on echo_sock (forked before grpc_init). */
+static void shm_section(const char *problems, int reps, int threads, int lat_n,
+                        const char *echo_sock) {
+  char target[160], sock[128], listen[160], tstr[16], err[256];
+  snprintf(target, sizeof target, "unix:%s", echo_sock);
+  grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+  grpc_channel *echo = grpc_channel_create(target, cr, NULL);
+  grpc_channel_credentials_release(cr);
+  printf("bare C-core unary 1 KiB echo over a unix socket: p50 %.1f us\n",
+         echo_p50_us(echo));
+  snprintf(sock, sizeof sock, "/tmp/cg-bench-%ld.sock", (long)getpid());
+  snprintf(listen, sizeof listen, "unix:%s,127.0.0.1:0", sock);
+  snprintf(tstr, sizeof tstr, "%d", threads);
+  const char *args[] = {
+      "--listen", listen, "--workers", "1", "--threads-per-worker", tstr, NULL};
+  ts_server srv;
+  if (problems && ts_server_start(&srv, args) == 0) {
+    cgc_channel *uch = NULL, *tch = NULL;
+    snprintf(target, sizeof target, "unix:%s", sock);
+    if (cgc_channel_new(&uch, target, NULL, err, sizeof err) == 0 &&
+        cgc_channel_new(&tch, srv.target, NULL, err, sizeof err) == 0) {
+      printf("server: %s", srv.ready);
+      shm_rows(problems, reps, threads, uch, tch);
+    }
+    cgc_channel_free(uch);
+    cgc_channel_free(tch);
+    ts_server_stop(&srv, SIGTERM, 60000);
+  }
+  shm_tiny(sock, echo, lat_n);
+  grpc_channel_destroy(echo);
+}
+
 int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
-  int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0;
+  int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0, shm = 0;
   static const struct option lo[] = {
       {"problems", required_argument, 0, 'p'},
       {"reps", required_argument, 0, 'r'},
       {"threads", required_argument, 0, 't'},
       {"latency-calls", required_argument, 0, 'l'},
       {"tiny-only", no_argument, 0, 's'},
+      {"shm", no_argument, 0, 'm'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int ch;
@@ -806,19 +1036,41 @@ int main(int argc, char **argv) {
     case 's':
       skip_rows = 1;
       break;
+    case 'm':
+      shm = 1;
+      break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
-             "[--latency-calls N] [--tiny-only]\n"
+             "[--latency-calls N] [--tiny-only] [--shm]\n"
              "Prints loopback gRPC bandwidth, per-row e2e vs in-process "
              "kernel times, and the tiny problem's latency and "
-             "throughput.\n",
+             "throughput; with --shm, the same for shared-memory regions "
+             "over a unix socket.\n",
              argv[0]);
       return ch == 'h' ? 0 : 2;
     }
   }
   /* The echo server forks before grpc is initialised here. */
+  if (shm) {
+    char sock[128];
+    snprintf(sock, sizeof sock, "unix:/tmp/cg-bench-echo-%ld.sock",
+             (long)getpid());
+    int listening = 0;
+    pid_t pid = echo_start(sock, &listening);
+    if (pid < 0 || !listening) {
+      fprintf(stderr, "cannot start the echo server\n");
+      return 1;
+    }
+    grpc_init();
+    shm_section(skip_rows ? NULL : problems, reps, threads, lat_n, sock + 5);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    unlink(sock + 5);
+    grpc_shutdown();
+    return 0;
+  }
   int echo_port = 0;
-  pid_t echo_pid = echo_start(&echo_port);
+  pid_t echo_pid = echo_start("127.0.0.1:0", &echo_port);
   if (echo_pid < 0 || echo_port <= 0) {
     fprintf(stderr, "cannot start the echo server\n");
     return 1;

@@ -132,8 +132,9 @@ typedef struct cgc_channel cgc_channel;
 CGC_EXPORT int cgc_channel_new(cgc_channel **out, const char *target,
                                const cgc_options *opts, char *err,
                                size_t errlen);
-/* Closes the channel; calls still running on it must have returned. NULL
- * is accepted. */
+/* Closes the channel; calls still running on it must have returned.
+ * Regions still registered through it are unregistered first. NULL is
+ * accepted. */
 CGC_EXPORT void cgc_channel_free(cgc_channel *ch);
 /* The gRPC target string the channel was created with (after rewriting a
  * HOST:PORT list). Owned by ch. */
@@ -316,6 +317,53 @@ CGC_EXPORT int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
                                       const cgc_tensor_view *diff_dst,
                                       cgc_tensor **diff_weights,
                                       cgc_result *res, cgc_status *st);
+
+/* ------------------------------------------------------------------ */
+/* Shared-memory regions: tensors passed by reference on one host */
+
+/* A POSIX shared-memory object this process created and mapped. Once it
+ * is registered on a channel, the cgc_compute* calls on that channel send
+ * every input view whose bytes lie inside it as a reference instead of
+ * bytes, and have every output whose caller buffer (the _into calls) lies
+ * inside it written there by the server: no copy, no transfer. Regions
+ * need the server on the same host, or in the same IPC namespace (a
+ * sidecar container with a shared IPC namespace); a remote server answers
+ * NOT_FOUND at registration. The caller keeps a region alive, and its
+ * bytes unchanged, while calls use it, and must not shrink it: the server
+ * fails calls on a truncated region (FAILED_PRECONDITION). */
+typedef struct cgc_region cgc_region;
+
+/* Creates and maps an object of bytes (> 0) read-write, mode 0600, under
+ * key ("/NAME", NAME of [A-Za-z0-9._-]; NULL: a fresh
+ * "/convgrad-PID-N-RANDOM"). An existing key is refused (CG_EINVAL).
+ * Returns 0 with *out owned by the caller (cgc_region_free), or a negative
+ * code with err filled. */
+CGC_EXPORT int cgc_region_create(cgc_region **out, const char *key,
+                                 size_t bytes, char *err, size_t errlen);
+/* The mapping (page-aligned), its size and the object's key. */
+CGC_EXPORT void *cgc_region_data(const cgc_region *r);
+CGC_EXPORT size_t cgc_region_size(const cgc_region *r);
+CGC_EXPORT const char *cgc_region_key(const cgc_region *r);
+/* A view of the tensor at offset in r: dtype, dims (rank of them) and
+ * layout; nbytes follows. Returns 0, or CG_EINVAL / CG_ERANGE with st
+ * filled when it does not fit r or offset is not a multiple of the element
+ * size. */
+CGC_EXPORT int cgc_region_view(cgc_region *r, size_t offset, cg_dtype dtype,
+                               int rank, const int64_t *dims, cgc_layout layout,
+                               cgc_tensor_view *v, cgc_status *st);
+/* Registers r with the server behind ch (RegisterRegion; the name is the
+ * key without its '/'). A region is registered on one channel at a time.
+ * When a call finds its regions unknown to the server (it restarted), the
+ * library registers them again and retries the call once. Returns like
+ * cgc_health. Thread-safe. */
+CGC_EXPORT int cgc_region_register(cgc_channel *ch, cgc_region *r,
+                                   cgc_status *st);
+/* UnregisterRegion; calls on the channel send r's bytes again. Calls
+ * already running on the server finish with the region. */
+CGC_EXPORT int cgc_region_unregister(cgc_region *r, cgc_status *st);
+/* Unregisters r (when registered and its channel is alive), unmaps it and
+ * removes the object. NULL is accepted. */
+CGC_EXPORT void cgc_region_free(cgc_region *r);
 
 /* ------------------------------------------------------------------ */
 /* Health and server info */

@@ -1,0 +1,250 @@
+/* region.c - cgc_region: shared-memory objects the client creates, maps
+ * and registers on a channel (RegisterRegion / UnregisterRegion), and the
+ * lookup compute.c uses to send tensors in them by reference. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "convgrad/v1/convgrad.pb-c.h"
+#include "internal.h"
+
+struct cgc_region {
+  char key[202];    /* "/NAME" */
+  void *base;       /* the mapping */
+  size_t size;      /* its bytes */
+  int fd;           /* the object, open while mapped */
+  cgc_channel *ch;  /* registered on; NULL when not */
+  cgc_region *next; /* in ch's list, under ch->regions_mu */
+};
+
+/* 1 when key is "/NAME", NAME 1..200 of [A-Za-z0-9._-], not only dots:
+ * what the server accepts. */
+static int cgc__plain_key(const char *key) {
+  size_t n = 0;
+  int dots_only = 1;
+  if (key[0] != '/')
+    return 0;
+  for (const char *p = key + 1; *p; p++, n++) {
+    char c = *p;
+    if (n == 200 ||
+        !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return 0;
+    if (c != '.')
+      dots_only = 0;
+  }
+  return n > 0 && !dots_only;
+}
+
+int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
+                      char *err, size_t errlen) {
+  static unsigned long counter;
+  *out = NULL;
+  if (bytes == 0)
+    return cg_errorf(err, errlen, CG_EINVAL, "bytes: must be > 0");
+  if (bytes > (size_t)INT64_MAX)
+    return cg_errorf(err, errlen, CG_ERANGE, "bytes: %zu is too large", bytes);
+  cgc_region *r = calloc(1, sizeof *r);
+  if (!r)
+    return cg_errorf(err, errlen, CG_ENOMEM, "out of memory");
+  if (key) {
+    if (strlen(key) >= sizeof r->key || !cgc__plain_key(key)) {
+      free(r);
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "key: must be /NAME, NAME 1 to 200 of A-Z a-z 0-9 . _ "
+                       "- (not only dots), got '%s'",
+                       key);
+    }
+    snprintf(r->key, sizeof r->key, "%s", key);
+  } else {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(r->key, sizeof r->key, "/convgrad-%ld-%lu-%08lx", (long)getpid(),
+             __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED),
+             (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 8)) & 0xfffffffful);
+  }
+  r->fd = shm_open(r->key, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (r->fd < 0) {
+    int e = errno;
+    cg_errorf(err, errlen, e == EEXIST ? CG_EINVAL : CG_EINTERNAL,
+              "shm_open %s: %s", r->key, strerror(e));
+    free(r);
+    return e == EEXIST ? CG_EINVAL : CG_EINTERNAL;
+  }
+  if (ftruncate(r->fd, (off_t)bytes) != 0 ||
+      (r->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd,
+                      0)) == MAP_FAILED) {
+    cg_errorf(err, errlen, CG_ENOMEM, "%s: cannot make %zu bytes: %s", r->key,
+              bytes, strerror(errno));
+    shm_unlink(r->key);
+    close(r->fd);
+    free(r);
+    return CG_ENOMEM;
+  }
+  r->size = bytes;
+  *out = r;
+  return 0;
+}
+
+void *cgc_region_data(const cgc_region *r) {
+  return r->base;
+}
+
+size_t cgc_region_size(const cgc_region *r) {
+  return r->size;
+}
+
+const char *cgc_region_key(const cgc_region *r) {
+  return r->key;
+}
+
+int cgc_region_view(cgc_region *r, size_t offset, cg_dtype dtype, int rank,
+                    const int64_t *dims, cgc_layout layout, cgc_tensor_view *v,
+                    cgc_status *st) {
+  size_t es = cg_dtype_size(dtype), n = es;
+  memset(v, 0, sizeof *v);
+  if (!es || rank < 1 || rank > CG_MAX_RANK) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "view: bad dtype (%d) or rank (%d)", (int)dtype, rank);
+    return CG_EINVAL;
+  }
+  for (int i = 0; i < rank; i++)
+    if (dims[i] < 0 || __builtin_mul_overflow(n, (size_t)dims[i], &n)) {
+      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                      "view: dims[%d] negative or overflowing", i);
+      return CG_ERANGE;
+    }
+  if (offset % es || offset > r->size || n > r->size - offset) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "view: %zu bytes at offset %zu do not fit %s (%zu bytes, "
+                    "offsets multiples of %zu)",
+                    n, offset, r->key, r->size, es);
+    return CG_ERANGE;
+  }
+  v->dtype = dtype;
+  v->rank = rank;
+  memcpy(v->dims, dims, (size_t)rank * sizeof *dims);
+  v->layout = layout;
+  v->data = (const char *)r->base + offset;
+  v->nbytes = n;
+  return 0;
+}
+
+/* One unary region call of method with request req (packed here). */
+static int cgc__region_rpc(cgc_channel *ch, const char *method,
+                           const ProtobufCMessage *req, cgc_status *st) {
+  uint8_t buf[512];
+  if (protobuf_c_message_get_packed_size(req) > sizeof buf) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "request too large");
+    return CG_EINVAL;
+  }
+  size_t len = protobuf_c_message_pack(req, buf);
+  void *resp = NULL;
+  size_t resplen = 0;
+  int rc = cgc__unary(ch, method, buf, len, cgc__deadline(ch, 0), &resp,
+                      &resplen, st);
+  free(resp); /* the responses carry nothing */
+  return rc;
+}
+
+int cgc__region_send_register(cgc_channel *ch, const cgc_region *r,
+                              cgc_status *st) {
+  Convgrad__V1__RegisterRegionRequest req =
+      CONVGRAD__V1__REGISTER_REGION_REQUEST__INIT;
+  req.name = (char *)cgc__region_name(r);
+  req.key = (char *)r->key;
+  req.offset = 0;
+  req.byte_size = r->size;
+  return cgc__region_rpc(ch, "/convgrad.v1.ConvGrad/RegisterRegion", &req.base,
+                         st);
+}
+
+const char *cgc__region_name(const cgc_region *r) {
+  return r->key + 1;
+}
+
+int cgc_region_register(cgc_channel *ch, cgc_region *r, cgc_status *st) {
+  if (r->ch) {
+    cgc__status_set(st, GRPC_STATUS_FAILED_PRECONDITION,
+                    "region %s is registered already", r->key);
+    return CG_EINVAL;
+  }
+  int rc = cgc__region_send_register(ch, r, st);
+  if (rc)
+    return rc;
+  pthread_mutex_lock(&ch->regions_mu);
+  r->ch = ch;
+  r->next = ch->regions;
+  ch->regions = r;
+  pthread_mutex_unlock(&ch->regions_mu);
+  return 0;
+}
+
+/* Takes r out of its channel's list. */
+static void cgc__region_detach(cgc_region *r) {
+  cgc_channel *ch = r->ch;
+  pthread_mutex_lock(&ch->regions_mu);
+  for (cgc_region **p = &ch->regions; *p; p = &(*p)->next)
+    if (*p == r) {
+      *p = r->next;
+      break;
+    }
+  pthread_mutex_unlock(&ch->regions_mu);
+  r->ch = NULL;
+  r->next = NULL;
+}
+
+int cgc_region_unregister(cgc_region *r, cgc_status *st) {
+  if (!r->ch) {
+    cgc__status_set(st, GRPC_STATUS_FAILED_PRECONDITION,
+                    "region %s is not registered", r->key);
+    return CG_EINVAL;
+  }
+  cgc_channel *ch = r->ch;
+  cgc__region_detach(r);
+  Convgrad__V1__UnregisterRegionRequest req =
+      CONVGRAD__V1__UNREGISTER_REGION_REQUEST__INIT;
+  req.name = (char *)cgc__region_name(r);
+  return cgc__region_rpc(ch, "/convgrad.v1.ConvGrad/UnregisterRegion",
+                         &req.base, st);
+}
+
+void cgc_region_free(cgc_region *r) {
+  if (!r)
+    return;
+  if (r->ch)
+    cgc_region_unregister(r, NULL); /* best effort: the server may be gone */
+  munmap(r->base, r->size);
+  close(r->fd);
+  shm_unlink(r->key);
+  free(r);
+}
+
+const cgc_region *cgc__region_find(cgc_channel *ch, const void *p, size_t n,
+                                   uint64_t *offset) {
+  const cgc_region *found = NULL;
+  uintptr_t b = (uintptr_t)p;
+  pthread_mutex_lock(&ch->regions_mu);
+  for (const cgc_region *r = ch->regions; r && !found; r = r->next) {
+    uintptr_t base = (uintptr_t)r->base;
+    if (b >= base && b - base <= r->size && n <= r->size - (b - base)) {
+      found = r;
+      *offset = (uint64_t)(b - base);
+    }
+  }
+  pthread_mutex_unlock(&ch->regions_mu);
+  return found;
+}
+
+void cgc__regions_close(cgc_channel *ch) {
+  while (ch->regions)
+    cgc_region_unregister(ch->regions, NULL);
+}

@@ -1,0 +1,22 @@
+/* cgs_shm.h - the shared-memory RPCs (shm.c): RegisterRegion,
+ * UnregisterRegion and ListRegions on the server's region table, and who
+ * may use regions under --shm. Loop thread only. */
+#ifndef CGS_SHM_H
+#define CGS_SHM_H
+
+#include "cgs_region.h"
+#include "cgs_server.h"
+
+/* /convgrad.v1.ConvGrad/RegisterRegion, UnregisterRegion, ListRegions:
+ * unary, answered at once, logged. */
+extern const cgs_method_def cgs_shm_register_method;
+extern const cgs_method_def cgs_shm_unregister_method;
+extern const cgs_method_def cgs_shm_list_method;
+
+/* The region table a caller at peer (grpc's peer string) may use, or NULL
+ * with *why, a static text saying why not (--shm off, or --shm local and
+ * a caller off this host). */
+cgs_regions *cgs_shm_for_peer(const cgs_server *s, const char *peer,
+                              const char **why);
+
+#endif

@@ -1,0 +1,368 @@
+/* test_region_e2e.c - libcgclient's shared-memory regions against a live
+ * convgrad-server on a loopback port: every op, single and layer, in f32
+ * and bf16 with its inputs and outputs in a registered region at aligned
+ * and unaligned (element-aligned) offsets, checked against the reference
+ * with no tensor byte on the wire; requests mixing inline and region
+ * tensors; an unregistered region's bytes sent inline again; two threads
+ * on two channels with regions of their own; a server restarted under a
+ * registered region (the library registers it again); the library's own
+ * checks of keys, views and registration states. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cg/bdesc.h"
+#include "cg/reference.h"
+#include "cgc/client.h"
+#include "harness.h"
+#include "spec.h"
+
+#define REGION_BYTES (4u << 20)
+
+static const char *server_exe;
+static th_server srv;
+static char target[64];
+
+static int group_setup(void **state) {
+  (void)state;
+  const char *extra[] = {"--workers", "2", NULL};
+  if (th_server_start(&srv, server_exe, th_free_port(), extra))
+    return -1;
+  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  th_server_stop(&srv);
+  return 0;
+}
+
+static cgc_channel *channel(void) {
+  cgc_channel *ch;
+  char err[256];
+  if (cgc_channel_new(&ch, target, NULL, err, sizeof err))
+    fail_msg("channel: %s", err);
+  return ch;
+}
+
+static cgc_region *region_on(cgc_channel *ch) {
+  cgc_region *r;
+  char err[256];
+  cgc_status st;
+  if (cgc_region_create(&r, NULL, REGION_BYTES, err, sizeof err))
+    fail_msg("create: %s", err);
+  if (cgc_region_register(ch, r, &st))
+    fail_msg("register: %s", st.message);
+  return r;
+}
+
+/* A grouped, strided, padded 2-D problem of op: the single ops from a
+ * descriptor, the layer ops from their family's weights problem with the
+ * weights as a third input. p points into *bp. */
+static void make_problem(cg_bdesc_problem *bp, cg_op op, cg_dtype dt) {
+  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
+               op == CG_OP_DECONV_BWD;
+  cg_bdesc d;
+  char err[256];
+  if (cg_bdesc_parse(deconv ? "g2mb2ic6ih5oc8oh9kh3sh2ph1"
+                            : "g2mb2ic8ih9oc6oh5kh3sh2ph1",
+                     deconv, &d, err, sizeof err))
+    fail_msg("descriptor: %s", err);
+  int layer = cg_op_is_layer(op);
+  cg_op base = !layer   ? op
+               : deconv ? CG_OP_DECONV_BWD_WEIGHTS
+                        : CG_OP_CONV_BWD_WEIGHTS;
+  if (cg_bdesc_problem_init(bp, &d, base, dt, CG_DATA_NCX, CG_WEIGHTS_DEFAULT,
+                            err, sizeof err))
+    fail_msg("problem: %s", err);
+  cg_problem *p = &bp->problem;
+  if (layer) {
+    p->op = op;
+    p->input_dims[2] = p->attrs.weights_shape;
+    p->attrs.weights_shape = (cg_ints){NULL, 0};
+  }
+}
+
+/* Where a run's tensors go: each input and output in the region unless
+ * its bit in inline_in / inline_out says the caller's own memory. */
+typedef struct placement {
+  size_t offset; /* of the first tensor in the region; then 64-aligned */
+  unsigned inline_in, inline_out;
+} placement;
+
+/* Runs op in dt on ch with tensors placed as pl says in r, compares every
+ * output with the reference, and checks what crossed the wire. */
+static void run_placed(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
+                       const placement *pl) {
+  cg_bdesc_problem bp;
+  cg_layer l;
+  char err[512];
+  make_problem(&bp, op, dt);
+  if (cg_layer_resolve(&bp.problem, &l, err, sizeof err))
+    fail_msg("resolve: %s", err);
+  cgc_request req;
+  cgc_request_init(&req);
+  req.op = op;
+  req.attrs = bp.problem.attrs;
+  size_t at = pl->offset;
+  uint64_t seed = (uint64_t)op * 31 + dt, inline_bytes = 0;
+  void *own[3 + CG_GRAD_COUNT] = {NULL};
+  const void *in[3];
+  cgc_status st;
+  for (int i = 0; i < l.ninputs; i++) {
+    const cg_ints *dims = &bp.problem.input_dims[i];
+    cgc_tensor_view *v = &req.inputs[i];
+    if (pl->inline_in & (1u << i)) {
+      size_t n = l.in_bytes[i];
+      own[i] = malloc(n);
+      assert_non_null(own[i]);
+      *v = (cgc_tensor_view){
+          .dtype = dt, .rank = (int)dims->len, .data = own[i], .nbytes = n};
+      memcpy(v->dims, dims->v, dims->len * sizeof *dims->v);
+      inline_bytes += n;
+    } else {
+      if (cgc_region_view(r, at, dt, (int)dims->len, dims->v,
+                          CGC_LAYOUT_DEFAULT, v, &st))
+        fail_msg("view: %s", st.message);
+      at = (at + v->nbytes + 63) & ~(size_t)63;
+    }
+    cg_fill_uniform(dt, (void *)v->data, v->nbytes / cg_dtype_size(dt), &seed);
+    in[i] = v->data;
+  }
+  void *into[CG_GRAD_COUNT] = {NULL}, *ref[CG_GRAD_COUNT] = {NULL};
+  size_t cap[CG_GRAD_COUNT] = {0};
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l.grads & CG_GRAD_BIT(g)))
+      continue;
+    cap[g] = l.out_bytes[g];
+    if (pl->inline_out & (1u << g)) {
+      into[g] = own[3 + g] = malloc(cap[g]);
+    } else {
+      into[g] = (char *)cgc_region_data(r) + at;
+      at = (at + cap[g] + 63) & ~(size_t)63;
+    }
+    ref[g] = malloc(cap[g]);
+    assert_true(into[g] && ref[g]);
+  }
+  assert_true(at <= REGION_BYTES);
+  cgc_tensor out[CG_GRAD_COUNT];
+  cgc_result res;
+  if (cgc_compute_layer_into(ch, &req, into, cap, out, &res, &st))
+    fail_msg("%s %s offset %zu: %s %s", cg_op_name(op), cg_dtype_name(dt),
+             pl->offset, cgc_status_code_name(st.code), st.message);
+  assert_int_equal(cg_reference_layer(&l, in, ref, err, sizeof err), 0);
+  uint64_t streamed = 0;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l.grads & CG_GRAD_BIT(g)))
+      continue;
+    assert_ptr_equal(out[g].data, into[g]);
+    assert_int_equal(out[g].nbytes, l.out_bytes[g]);
+    cgc_diff d;
+    cgc_compare_output(&l, g, into[g], ref[g], &d);
+    if (!d.ok)
+      fail_msg("%s %s offset %zu %s: max abs err %g > tol %g", cg_op_name(op),
+               cg_dtype_name(dt), pl->offset, cg_grad_name((cg_grad)g),
+               d.max_abs, d.tol);
+    if (pl->inline_out & (1u << g))
+      streamed += l.out_bytes[g];
+  }
+  /* Region tensors never cross the wire. */
+  assert_int_equal(res.bytes_sent, inline_bytes);
+  assert_int_equal(res.bytes_received, streamed);
+  for (int k = 0; k < 3 + CG_GRAD_COUNT; k++)
+    free(own[k]);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(ref[g]);
+}
+
+static const cg_op all_ops[] = {CG_OP_CONV_BWD_DATA,   CG_OP_CONV_BWD_WEIGHTS,
+                                CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS,
+                                CG_OP_CONV_BWD,        CG_OP_DECONV_BWD};
+
+static void test_every_op_in_regions(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  cgc_region *r = region_on(ch);
+  static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16};
+  for (size_t o = 0; o < sizeof all_ops / sizeof *all_ops; o++)
+    for (int t = 0; t < 2; t++) {
+      size_t es = cg_dtype_size(dts[t]);
+      /* Page-aligned, one element in, and element-aligned but not
+       * 8-byte aligned. */
+      const size_t offsets[] = {0, es, 64 + 3 * es};
+      for (int k = 0; k < 3; k++) {
+        placement pl = {offsets[k], 0, 0};
+        run_placed(ch, r, all_ops[o], dts[t], &pl);
+      }
+    }
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+}
+
+/* Some tensors inline, some in the region, in both directions. */
+static void test_mixed_requests(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  cgc_region *r = region_on(ch);
+  placement weights_inline = {0, 1u << 1, 0};
+  run_placed(ch, r, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32, &weights_inline);
+  placement src_and_diff_src_inline = {128, 1u << 0,
+                                       CG_GRAD_BIT(CG_GRAD_DIFF_SRC)};
+  run_placed(ch, r, CG_OP_CONV_BWD, CG_DTYPE_BF16, &src_and_diff_src_inline);
+  placement output_inline = {0, 0, CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)};
+  run_placed(ch, r, CG_OP_DECONV_BWD_WEIGHTS, CG_DTYPE_F32, &output_inline);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+}
+
+/* After cgc_region_unregister the same memory travels inline again. */
+static void test_unregistered_bytes_travel(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  cgc_region *r = region_on(ch);
+  cgc_status st;
+  assert_int_equal(cgc_region_unregister(r, &st), 0);
+  cg_bdesc_problem bp;
+  cg_layer l;
+  char err[256];
+  make_problem(&bp, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32);
+  assert_int_equal(cg_layer_resolve(&bp.problem, &l, err, sizeof err), 0);
+  cgc_request req;
+  cgc_request_init(&req);
+  req.op = CG_OP_CONV_BWD_WEIGHTS;
+  req.attrs = bp.problem.attrs;
+  size_t at = 0;
+  for (int i = 0; i < 2; i++) {
+    const cg_ints *d = &bp.problem.input_dims[i];
+    assert_int_equal(cgc_region_view(r, at, CG_DTYPE_F32, (int)d->len, d->v,
+                                     CGC_LAYOUT_DEFAULT, &req.inputs[i], &st),
+                     0);
+    at += (req.inputs[i].nbytes + 63) & ~(size_t)63;
+  }
+  cgc_tensor *out;
+  cgc_result res;
+  assert_int_equal(cgc_compute(ch, &req, &out, &res, &st), 0);
+  assert_int_equal(res.bytes_sent, l.in_bytes[0] + l.in_bytes[1]);
+  assert_int_equal(res.bytes_received, l.out_bytes[CG_GRAD_DIFF_WEIGHTS]);
+  cgc_tensor_free(out);
+  /* Registered again, nothing travels. */
+  assert_int_equal(cgc_region_register(ch, r, &st), 0);
+  placement pl = {0, 0, 0};
+  run_placed(ch, r, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32, &pl);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+}
+
+static void *region_worker(void *arg) {
+  uintptr_t id = (uintptr_t)arg;
+  cgc_channel *ch = channel();
+  cgc_region *r = region_on(ch);
+  for (int i = 0; i < 12; i++) {
+    placement pl = {(size_t)(i % 3) * 4 * (id + 1), 0, 0};
+    run_placed(ch, r, all_ops[(i + id) % 6], CG_DTYPE_F32, &pl);
+  }
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+  return NULL;
+}
+
+/* Two callers, each with a channel and a region of its own, at once. */
+static void test_two_callers(void **state) {
+  (void)state;
+  pthread_t th[2];
+  for (uintptr_t i = 0; i < 2; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, region_worker, (void *)i), 0);
+  for (int i = 0; i < 2; i++)
+    pthread_join(th[i], NULL);
+}
+
+/* The server restarts on its port while a region is registered: the next
+ * call finds it unknown, and the library registers it again and retries. */
+static void test_server_restart(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  cgc_region *r = region_on(ch);
+  placement pl = {0, 0, 0};
+  run_placed(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
+  int port = srv.port;
+  th_server_stop(&srv);
+  const char *extra[] = {"--workers", "2", NULL};
+  assert_int_equal(th_server_start(&srv, server_exe, port, extra), 0);
+  run_placed(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
+  assert_int_equal(th_count_lines(srv.log, "region op=register"), 1);
+  assert_int_equal(th_count_lines(srv.log, "status=NOT_FOUND"), 1);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+  assert_int_equal(th_count_lines(srv.log, "region op=unregister"), 1);
+}
+
+/* What the library refuses before any call. */
+static void test_local_checks(void **state) {
+  (void)state;
+  cgc_region *r, *twin;
+  char err[256];
+  cgc_status st;
+  assert_int_equal(cgc_region_create(&r, "no-slash", 4096, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "key"));
+  assert_int_equal(cgc_region_create(&r, "/a/b", 4096, err, sizeof err),
+                   CG_EINVAL);
+  assert_int_equal(cgc_region_create(&r, "/..", 4096, err, sizeof err),
+                   CG_EINVAL);
+  assert_int_equal(cgc_region_create(&r, NULL, 0, err, sizeof err), CG_EINVAL);
+  char key[64];
+  snprintf(key, sizeof key, "/cg-test-%ld", (long)getpid());
+  assert_int_equal(cgc_region_create(&r, key, 4096, err, sizeof err), 0);
+  assert_string_equal(cgc_region_key(r), key);
+  assert_int_equal(cgc_region_size(r), 4096);
+  /* The same key twice: the first owner keeps it. */
+  assert_int_equal(cgc_region_create(&twin, key, 4096, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "exists"));
+  cgc_tensor_view v;
+  int64_t dims[1] = {8};
+  assert_int_equal(
+      cgc_region_view(r, 2, CG_DTYPE_F32, 1, dims, CGC_LAYOUT_DEFAULT, &v, &st),
+      CG_ERANGE);
+  assert_int_equal(cgc_region_view(r, 4096 - 16, CG_DTYPE_F32, 1, dims,
+                                   CGC_LAYOUT_DEFAULT, &v, &st),
+                   CG_ERANGE);
+  assert_int_equal(cgc_region_view(r, 4096 - 32, CG_DTYPE_F32, 1, dims,
+                                   CGC_LAYOUT_DEFAULT, &v, &st),
+                   0);
+  assert_int_equal(v.nbytes, 32);
+  assert_int_equal(cgc_region_unregister(r, &st), CG_EINVAL);
+  cgc_channel *ch = channel();
+  assert_int_equal(cgc_region_register(ch, r, &st), 0);
+  assert_int_equal(cgc_region_register(ch, r, &st), CG_EINVAL);
+  cgc_region_free(r); /* unregisters, unmaps, unlinks */
+  assert_int_equal(cgc_region_create(&r, key, 4096, err, sizeof err), 0);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s CONVGRAD_SERVER\n", argv[0]);
+    return 2;
+  }
+  server_exe = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_op_in_regions),
+      cmocka_unit_test(test_mixed_requests),
+      cmocka_unit_test(test_unregistered_bytes_travel),
+      cmocka_unit_test(test_two_callers),
+      cmocka_unit_test(test_local_checks),
+      cmocka_unit_test(test_server_restart),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
