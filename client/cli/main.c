@@ -65,6 +65,11 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
   printf("%s\n", in->n_cpus ? "" : " any");
   printf("threads     %s\n",
          *in->threads_policy ? in->threads_policy : "(not reported)");
+  printf("shm         %s", *in->shm ? in->shm : "(not reported)");
+  if (*in->shm && strcmp(in->shm, "off") != 0)
+    printf(", %u regions of at most %llu bytes", in->max_regions,
+           (unsigned long long)in->max_region_bytes);
+  printf("\n");
   printf("io cpus    ");
   for (size_t i = 0; i < in->n_io_cpus; i++)
     printf("%s%d", i ? "," : " ", in->io_cpus[i]);
@@ -111,6 +116,7 @@ static int cgc__info_json(const cgc_server_info *in) {
   cJSON_AddNumberToObject(root, "workers", in->workers);
   cJSON_AddNumberToObject(root, "threads_per_worker", in->threads_per_worker);
   cJSON_AddStringToObject(root, "threads_policy", in->threads_policy);
+  cJSON_AddStringToObject(root, "shm", in->shm);
   cpus = cJSON_AddArrayToObject(root, "cpus");
   for (size_t i = 0; cpus && i < in->n_cpus; i++)
     cJSON_AddItemToArray(cpus, cJSON_CreateNumber(in->cpus[i]));
@@ -155,6 +161,9 @@ static int cgc__info_json(const cgc_server_info *in) {
                             (double)in->stream_window_bytes);
     cJSON_AddNumberToObject(lim, "max_request_flops",
                             (double)in->max_request_flops);
+    cJSON_AddNumberToObject(lim, "max_regions", in->max_regions);
+    cJSON_AddNumberToObject(lim, "max_region_bytes",
+                            (double)in->max_region_bytes);
   }
   char *text = cJSON_Print(root);
   cJSON_Delete(root);

@@ -120,6 +120,7 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
   info->workers = m->workers;
   info->threads_per_worker = m->threads_per_worker;
   info->threads_policy = m->threads_policy;
+  info->shm = m->shm;
   info->cpus = m->cpus;
   info->n_cpus = m->n_cpus;
   info->io_cpus = m->io_cpus;
@@ -133,6 +134,8 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
     info->idle_timeout_ms = m->limits->idle_timeout_ms;
     info->stream_window_bytes = m->limits->stream_window_bytes;
     info->max_request_flops = m->limits->max_request_flops;
+    info->max_regions = m->limits->max_regions;
+    info->max_region_bytes = m->limits->max_region_bytes;
   }
   priv->msg = m;
   priv->ops = ops;

@@ -3,7 +3,8 @@
 real convgrad-server: every op against torch autograd in f32, bf16 and f16,
 numpy and torch arrays, both layouts, out= reuse, non-contiguous inputs,
 error classes with their gRPC codes, concurrent calls from threads, health
-and info.
+and info, shared-memory regions (torch tensors and numpy arrays in a
+Region travel by reference, inputs and out= alike).
 
 Ground truth is torch autograd in float64 on the inputs rounded to the
 request's dtype. Usage: test_client.py --server PATH (with CONVGRAD_LIBRARY
@@ -288,6 +289,74 @@ class Ops(unittest.TestCase):
         self.assertEqual(set(info["dtypes"]) & {"f32", "bf16", "f16"},
                          {"f32", "bf16", "f16"})
         self.assertEqual(self.c.target, SERVER.target)
+
+
+class Regions(unittest.TestCase):
+    # The server is on loopback, so it serves regions (--shm local).
+    def test_tensors_in_a_region(self):
+        with convgrad.Client(SERVER.target, deadline=30) as c:
+            self.assertEqual(c.info()["shm"], "local")
+            r = convgrad.Region(1 << 20)
+            self.assertTrue(r.key.startswith("/convgrad-"))
+            r.register(c)
+            for dt in ("f32", "bf16"):
+                case = CASES[2]  # strided, dilated, grouped
+                x, w, dy, dx_ref, dw_ref = reference(case, False,
+                                                     TORCH_DT[dt], 11)
+                a = attrs_of(case, False)
+                # One element in: element-aligned, not 8-byte aligned.
+                at = [4 if dt == "f32" else 2]
+
+                def place(t):
+                    out = r.tensor(tuple(t.shape), TORCH_DT[dt], at[0])
+                    out.copy_(t)
+                    at[0] += out.numel() * out.element_size() + 64
+                    return out
+                xs, ws, dys = place(x), place(w), place(dy)
+                dx, dw = place(dx_ref.to(TORCH_DT[dt])), place(
+                    dw_ref.to(TORCH_DT[dt]))
+                dx.zero_()
+                dw.zero_()
+                got, res = c.conv_backward_data(
+                    dys, ws, dst_shape=list(x.shape), out=dx,
+                    with_result=True, **a)
+                self.assertIs(got, dx)
+                self.assertEqual((res.bytes_sent, res.bytes_received), (0, 0))
+                self.assertLess(cgtest.rel_err(dx, dx_ref),
+                                cgtest.TOLERANCE[dt])
+                c.conv_backward_weights(xs, dys, weights_shape=list(w.shape),
+                                        out=dw, **a)
+                self.assertLess(cgtest.rel_err(dw, dw_ref),
+                                cgtest.TOLERANCE[dt])
+            # numpy arrays in the region, the layer op's outputs streamed
+            # back while its inputs stay put.
+            case = CASES[0]
+            x, w, dy, dx_ref, dw_ref = reference(case, True, torch.float32, 3)
+            xa = r.array(tuple(x.shape), np.float32, 0)
+            wa = r.array(tuple(w.shape), np.float32, 4096)
+            dya = r.array(tuple(dy.shape), np.float32, 8192)
+            xa[...], wa[...], dya[...] = x.numpy(), w.numpy(), dy.numpy()
+            before = c.stats()["bytes_sent"]
+            got = c.conv_transpose_backward(xa, dya, wa,
+                                            **attrs_of(case, True))
+            self.assertEqual(c.stats()["bytes_sent"], before)
+            self.assertLess(cgtest.rel_err(torch.from_numpy(
+                got["diff_weights"]), dw_ref), cgtest.TOLERANCE["f32"])
+            with self.assertRaises(convgrad.InvalidArgument):
+                r.array((4,), np.float32, offset=2)
+            with self.assertRaises(convgrad.InvalidArgument):
+                r.array((1 << 20,), np.float32)
+            # Unregistered, the same arrays travel as bytes.
+            r.unregister()
+            got = c.conv_transpose_backward(xa, dya, wa,
+                                            **attrs_of(case, True))
+            self.assertEqual(c.stats()["bytes_sent"] - before,
+                             xa.nbytes + wa.nbytes + dya.nbytes)
+            with self.assertRaises(convgrad.FailedPrecondition):
+                r.unregister()
+            key = r.key
+            del r, xa, wa, dya, xs, ws, dys, dx, dw, got
+            self.assertFalse(os.path.exists("/dev/shm" + key))
 
 
 class Errors(unittest.TestCase):

@@ -424,6 +424,11 @@ typedef struct cgc_server_info {
   /* "adaptive" or "static" (ServerInfo.threads_policy); "" from older
    * servers. */
   const char *threads_policy;
+  /* Shared-memory regions: "local", "on" or "off" (ServerInfo.shm; "" from
+   * older servers), and their limits. */
+  const char *shm;
+  uint32_t max_regions;
+  uint64_t max_region_bytes;
   void *priv_; /* library-owned storage behind the pointers above */
 } cgc_server_info;
 

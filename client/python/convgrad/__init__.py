@@ -8,14 +8,14 @@
 convgrad.torch.offload(model, target) moves the backward of a PyTorch
 model's convolutions to the server. The package is a ctypes binding of
 libcgclient (see README.md for how it is found)."""
-from .client import CallResult, Client
+from .client import CallResult, Client, Region
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss,
                      DeadlineExceeded, Error, FailedPrecondition, Internal,
                      InvalidArgument, NotFound, OutOfRange, PermissionDenied,
                      ResourceExhausted, Unauthenticated, Unavailable,
                      Unimplemented, Unknown)
 
-__all__ = ["Client", "CallResult", "Error", "Cancelled", "Unknown",
+__all__ = ["Client", "CallResult", "Region", "Error", "Cancelled", "Unknown",
            "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
            "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
            "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable",

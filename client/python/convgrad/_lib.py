@@ -125,6 +125,8 @@ class ServerInfo(C.Structure):
                 ("max_request_flops", C.c_uint64),
                 ("io_cpus", C.POINTER(C.c_int32)), ("n_io_cpus", C.c_size_t),
                 ("threads_policy", C.c_char_p),
+                ("shm", C.c_char_p), ("max_regions", C.c_uint32),
+                ("max_region_bytes", C.c_uint64),
                 ("priv_", C.c_void_p)]
 
 
@@ -178,6 +180,14 @@ def _declare(lib):
         "cgc_server_info_get": (C.c_int, [C.c_void_p, C.c_int64,
                                           P(P(ServerInfo)), P(Status)]),
         "cgc_server_info_free": (None, [P(ServerInfo)]),
+        "cgc_region_create": (C.c_int, [P(C.c_void_p), C.c_char_p,
+                                        C.c_size_t, C.c_char_p, C.c_size_t]),
+        "cgc_region_data": (C.c_void_p, [C.c_void_p]),
+        "cgc_region_key": (C.c_char_p, [C.c_void_p]),
+        "cgc_region_register": (C.c_int, [C.c_void_p, C.c_void_p,
+                                          P(Status)]),
+        "cgc_region_unregister": (C.c_int, [C.c_void_p, P(Status)]),
+        "cgc_region_free": (None, [C.c_void_p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
