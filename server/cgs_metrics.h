@@ -38,6 +38,7 @@ typedef struct cgs_metrics_gauges {
   unsigned queued_requests; /* jobs waiting for a worker */
   unsigned busy_workers;    /* workers whose cores run a job */
   unsigned workers;
+  unsigned shm_regions; /* shared-memory regions registered */
 } cgs_metrics_gauges;
 
 typedef void (*cgs_metrics_gauges_cb)(void *data, cgs_metrics_gauges *out);

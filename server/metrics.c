@@ -226,6 +226,9 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   put(t, "convgrad_busy_workers %u\n", g->busy_workers);
   family(t, "convgrad_workers", "gauge", "Compute workers.");
   put(t, "convgrad_workers %u\n", g->workers);
+  family(t, "convgrad_shm_regions", "gauge",
+         "Shared-memory regions registered (RegisterRegion).");
+  put(t, "convgrad_shm_regions %u\n", g->shm_regions);
 }
 
 /* ---- process_* ----------------------------------------------------------- */

@@ -5,7 +5,7 @@ server promises, with its type; counters that move exactly with the calls
 made through grpcio (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, and a call
 whose op never arrived), bytes and primitive lookups included; histograms
 whose buckets add up; the in-flight gauge while an upload waits; the
-process_* family; 404 and 405 for other paths and methods; and a bad or
+process_* family; the shared-memory regions gauge; 404 and 405 for other paths and methods; and a bad or
 busy --metrics-listen refused at start with a message."""
 import os
 import re
@@ -32,6 +32,7 @@ FAMILIES = {
     "convgrad_queued_requests": "gauge",
     "convgrad_busy_workers": "gauge",
     "convgrad_workers": "gauge",
+    "convgrad_shm_regions": "gauge",
     "convgrad_primitive_cache_hits": "counter",
     "convgrad_primitive_cache_misses": "counter",
     "process_cpu_seconds": "counter",
@@ -143,6 +144,19 @@ def main():
         assert http_status(url, "HEAD") == 200
 
         stub = pbg.ConvGradStub(grpc.insecure_channel("127.0.0.1:%d" % port))
+        # The regions gauge follows RegisterRegion and UnregisterRegion.
+        assert value(before, "convgrad_shm_regions") == 0
+        key = "cg-metrics-%d" % os.getpid()
+        with open("/dev/shm/" + key, "wb") as f:
+            f.truncate(4096)
+        try:
+            stub.RegisterRegion(pb.RegisterRegionRequest(
+                name="m", key="/" + key, byte_size=4096))
+            assert value(scrape(url)[0], "convgrad_shm_regions") == 1
+            stub.UnregisterRegion(pb.UnregisterRegionRequest(name="m"))
+            assert value(scrape(url)[0], "convgrad_shm_regions") == 0
+        finally:
+            os.unlink("/dev/shm/" + key)
         rng = np.random.default_rng(5)
         n, ic, oc, hw = 2, 3, 4, 8
         attrs = dict(strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
