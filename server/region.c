@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cg/text.h"
+
 /* ---- the SIGBUS guard ------------------------------------------------- */
 
 /* Mappings the guard knows. More than --max-regions' bound: unregistered
@@ -169,22 +171,6 @@ void cgs_regions_free(cgs_regions *rs) {
   free(rs);
 }
 
-/* 1 when s is 1..max of [A-Za-z0-9._-] and not only dots. */
-static int plain_name(const char *s, size_t max) {
-  size_t n = 0;
-  int dots_only = 1;
-  for (; s[n]; n++) {
-    char ch = s[n];
-    if (n == max ||
-        !((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-          (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-'))
-      return 0;
-    if (ch != '.')
-      dots_only = 0;
-  }
-  return n > 0 && !dots_only;
-}
-
 /* owner's entry called name, or -1; under rs->mu. */
 static int find(const cgs_regions *rs, const char *owner, const char *name) {
   for (unsigned i = 0; i < rs->n; i++)
@@ -288,13 +274,13 @@ int cgs_regions_register(cgs_regions *rs, const char *owner, const char *name,
                          grpc_status_code *code, char *msg, size_t msglen) {
   owner = owner ? owner : "";
   *code = GRPC_STATUS_INVALID_ARGUMENT;
-  if (!plain_name(name, CGS_REGION_NAME_MAX - 1)) {
+  if (!cg_text_plain_name(name, CGS_REGION_NAME_MAX - 1)) {
     snprintf(msg, msglen,
              "name: must be 1 to %d of A-Z a-z 0-9 . _ - (not only dots)",
              CGS_REGION_NAME_MAX - 1);
     return -1;
   }
-  if (key[0] != '/' || !plain_name(key + 1, CGS_REGION_KEY_MAX - 2)) {
+  if (key[0] != '/' || !cg_text_plain_name(key + 1, CGS_REGION_KEY_MAX - 2)) {
     snprintf(msg, msglen,
              "key: must be /NAME, NAME 1 to %d of A-Z a-z 0-9 . _ - (no "
              "path, not only dots)",

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cg/text.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
 
@@ -25,23 +26,9 @@ struct cgc_region {
   cgc_region *next; /* in ch's list, under ch->regions_mu */
 };
 
-/* 1 when key is "/NAME", NAME 1..200 of [A-Za-z0-9._-], not only dots:
- * what the server accepts. */
+/* What the server accepts: "/NAME". */
 static int cgc__plain_key(const char *key) {
-  size_t n = 0;
-  int dots_only = 1;
-  if (key[0] != '/')
-    return 0;
-  for (const char *p = key + 1; *p; p++, n++) {
-    char c = *p;
-    if (n == 200 ||
-        !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
-      return 0;
-    if (c != '.')
-      dots_only = 0;
-  }
-  return n > 0 && !dots_only;
+  return key[0] == '/' && cg_text_plain_name(key + 1, 200);
 }
 
 int cgc_region_create(cgc_region **out, const char *key, size_t bytes,

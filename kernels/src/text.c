@@ -92,3 +92,18 @@ void cg_text_dims(cg_text *t, const int64_t *dims, size_t n) {
   for (size_t i = 0; i < n && !t->cut; i++)
     cg_text_appendf(t, "%s%" PRId64, i ? "x" : "", dims[i]);
 }
+
+int cg_text_plain_name(const char *s, size_t max) {
+  size_t n = 0;
+  int dots_only = 1;
+  for (; s[n]; n++) {
+    char c = s[n];
+    if (n == max ||
+        !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return 0;
+    if (c != '.')
+      dots_only = 0;
+  }
+  return n > 0 && !dots_only;
+}

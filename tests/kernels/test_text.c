@@ -115,11 +115,29 @@ static void escapes_a_forged_line(void **state) {
   }
 }
 
+/* Names safe as one path component: what region names and keys allow. */
+static void plain_names(void **state) {
+  (void)state;
+  assert_true(cg_text_plain_name("a", 4));
+  assert_true(cg_text_plain_name("convgrad-1.x_2", 64));
+  assert_true(cg_text_plain_name("..a", 4));
+  assert_true(cg_text_plain_name("abcd", 4));
+  assert_false(cg_text_plain_name("abcde", 4)); /* longer than max */
+  assert_false(cg_text_plain_name("", 4));
+  assert_false(cg_text_plain_name(".", 4));
+  assert_false(cg_text_plain_name("..", 4));
+  assert_false(cg_text_plain_name("a/b", 4));
+  assert_false(cg_text_plain_name("a b", 4));
+  assert_false(cg_text_plain_name("\xc3\xa9", 4));
+  assert_false(cg_text_plain_name("a\n", 4));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(dims_every_size),
       cmocka_unit_test(appendf_longer_than_scratch),
       cmocka_unit_test(escapes_a_forged_line),
+      cmocka_unit_test(plain_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

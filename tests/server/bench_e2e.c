@@ -508,6 +508,22 @@ static int e2e_once(cgc_channel *ch, const prob *p, void *out, double *ms) {
   return call_into(ch, &r, out, p->g.out_bytes, ms);
 }
 
+/* The next descriptor of the problem list f and the two ops of its
+ * family; 0 at the end. */
+static int next_row(FILE *f, cg_bdesc *d, cg_op ops[2]) {
+  char line[512], err[256];
+  while (fgets(line, sizeof line, f)) {
+    int is_problem = 0;
+    if (cg_bdesc_parse_line(line, d, &is_problem, err, sizeof err) != 0 ||
+        !is_problem)
+      continue;
+    ops[0] = d->deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA;
+    ops[1] = d->deconv ? CG_OP_DECONV_BWD_WEIGHTS : CG_OP_CONV_BWD_WEIGHTS;
+    return 1;
+  }
+  return 0;
+}
+
 static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
                      const ts_server *srv, const bare *b) {
   FILE *f = fopen(path, "r");
@@ -526,18 +542,11 @@ static void run_rows(const char *path, int reps, int threads, cgc_channel *ch,
   printf("\n%-40s %-28s %8s %8s %8s %8s %8s %8s %8s %6s %6s\n", "problem", "op",
          "MB moved", "kern ms", "srv cmp", "srv tot", "e2e ms", "bare ms",
          "bound ms", "ratio", "best");
-  char line[512];
   double worst = 0, worst_best = 0;
   int rows = 0, rows_ok = 0, rows_ok_best = 0;
-  while (fgets(line, sizeof line, f)) {
-    cg_bdesc d;
-    int is_problem = 0;
-    if (cg_bdesc_parse_line(line, &d, &is_problem, err, sizeof err) != 0 ||
-        !is_problem)
-      continue;
-    cg_op ops[2] = {d.deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA,
-                    d.deconv ? CG_OP_DECONV_BWD_WEIGHTS
-                             : CG_OP_CONV_BWD_WEIGHTS};
+  cg_bdesc d;
+  cg_op ops[2];
+  while (next_row(f, &d, ops)) {
     for (int k = 0; k < 2; k++) {
       prob p;
       if (prob_init(&p, &d, ops[k], CG_DTYPE_F32) != 0) {
@@ -830,7 +839,7 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
   FILE *f = fopen(path, "r");
   cg_engine *e = NULL;
   cg_engine_config ecfg = {.threads = threads};
-  char err[256], line[512];
+  char err[256];
   if (!f || cg_engine_new(&e, &ecfg, err, sizeof err) != 0) {
     fprintf(stderr, "cannot open %s or start the engine\n", path);
     if (f)
@@ -842,15 +851,9 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
   int rows = 0, rows_ok = 0;
   double worst = 0;
   static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16};
-  while (fgets(line, sizeof line, f)) {
-    cg_bdesc d;
-    int is_problem = 0;
-    if (cg_bdesc_parse_line(line, &d, &is_problem, err, sizeof err) != 0 ||
-        !is_problem)
-      continue;
-    cg_op ops[2] = {d.deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA,
-                    d.deconv ? CG_OP_DECONV_BWD_WEIGHTS
-                             : CG_OP_CONV_BWD_WEIGHTS};
+  cg_bdesc d;
+  cg_op ops[2];
+  while (next_row(f, &d, ops)) {
     for (int k = 0; k < 4; k++) {
       prob p;
       cgc_request rs, rt;

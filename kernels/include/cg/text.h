@@ -41,6 +41,11 @@ CG_EXPORT void cg_text_escaped(cg_text *t, const char *s, size_t n);
 /* Appends dims as "2x3x4" ("" for n = 0). */
 CG_EXPORT void cg_text_dims(cg_text *t, const int64_t *dims, size_t n);
 
+/* 1 when s is 1 to max characters of A-Z a-z 0-9 . _ - and not only dots:
+ * a name that is safe as one path component (shared-memory region names
+ * and keys). */
+CG_EXPORT int cg_text_plain_name(const char *s, size_t max);
+
 #ifdef __cplusplus
 }
 #endif
