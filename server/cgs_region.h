@@ -41,7 +41,7 @@ typedef struct cgs_region_info {
   char name[CGS_REGION_NAME_MAX];
   char key[CGS_REGION_KEY_MAX];
   uint64_t offset, byte_size;
-  unsigned calls; /* references held by calls */
+  unsigned calls; /* calls using it (each holds one reference) */
 } cgs_region_info;
 
 /* A new, empty table for at most max_regions regions of at most max_bytes
@@ -55,7 +55,8 @@ void cgs_regions_free(cgs_regions *rs);
 
 /* Opens key, checks [offset, offset + byte_size) against the object's
  * size and the limits, maps it and records it as owner's name. The same
- * registration again is 0 (a client retrying). Returns 0, or -1 with *code
+ * registration again is 0 (a client retrying), and maps the object afresh
+ * when the region was truncated since. Returns 0, or -1 with *code
  * (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, ALREADY_EXISTS,
  * RESOURCE_EXHAUSTED) and msg naming the field. */
 int cgs_regions_register(cgs_regions *rs, const char *owner, const char *name,
@@ -89,6 +90,10 @@ void cgs_region_release(cgs_region *r);
  * mapping: what was read or written there is lost). */
 int cgs_region_check(const cgs_region *r, grpc_status_code *code, char *msg,
                      size_t msglen);
+/* 1 when len bytes at off in a and at off in b share a byte of one
+ * object, even through two registrations of it. */
+int cgs_region_overlap(const cgs_region *a, uint64_t aoff, uint64_t alen,
+                       const cgs_region *b, uint64_t boff, uint64_t blen);
 /* The name a call's log and messages use. */
 const char *cgs_region_name(const cgs_region *r);
 

@@ -47,9 +47,13 @@ typedef struct cgs_upload {
   char owner[160];
   size_t in_esize[3];
   const Convgrad__V1__RegionRef *out_ref[CG_GRAD_COUNT]; /* into req */
-  /* References held until close: an input in a region has in_buf pointing
-   * into it; an output in a region is written at out_at. */
-  cgs_region *in_region[3], *out_region[CG_GRAD_COUNT];
+  /* The regions the request uses, one reference each until close (a
+   * region named twice is held once). An input in a region has in_buf
+   * pointing into it; an output in a region is written at out_at. */
+  cgs_region *held[3 + CG_GRAD_COUNT];
+  int nheld;
+  cgs_region *in_region[3], *out_region[CG_GRAD_COUNT]; /* in held */
+  uint64_t in_offset[3]; /* in_buf's offset in its region */
   unsigned char *out_at[CG_GRAD_COUNT];
   uint64_t out_offset[CG_GRAD_COUNT]; /* out_at's offset in its region */
 } cgs_upload;

@@ -2,7 +2,6 @@
  * libuv loop, and the batches and unary replies started on it. */
 #include "cgs_cq.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +9,7 @@
 
 #include "cg/error.h"
 #include "cgs_log.h"
+#include "cgs_sig.h"
 
 grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
                              size_t n, cgs_tag *tag) {
@@ -26,9 +26,7 @@ grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
 
 static void *cq_main(void *arg) {
   cgs_cq *cq = arg;
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, NULL);
+  cgs_sig_block_async();
   pthread_setname_np(pthread_self(), "cg-cq");
   for (;;) {
     grpc_event ev = grpc_completion_queue_next(

@@ -7,13 +7,13 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "cgs_log.h"
+#include "cgs_sig.h"
 
 typedef struct worker {
   cgs_pool *pool;
@@ -252,9 +252,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
 static void *worker_main(void *arg) {
   worker *w = arg;
   cgs_pool *p = w->pool;
-  sigset_t all;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals belong to the loop */
+  cgs_sig_block_async();
   pin_and_name(w);
 
   cg_engine *engine = NULL;

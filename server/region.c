@@ -115,6 +115,7 @@ struct cgs_region {
   char name[CGS_REGION_NAME_MAX];
   char key[CGS_REGION_KEY_MAX];
   uint64_t offset, byte_size; /* the registered range of the object */
+  uint64_t dev, ino;          /* the object, for overlaps across regions */
   int fd;                     /* kept for fstat before each use */
   void *map;                  /* from the page below offset */
   size_t map_len;
@@ -170,6 +171,9 @@ void cgs_regions_free(cgs_regions *rs) {
   free(rs->tab);
   free(rs);
 }
+
+static int still_whole(const cgs_region *r, const char *field,
+                       grpc_status_code *code, char *msg, size_t msglen);
 
 /* owner's entry called name, or -1; under rs->mu. */
 static int find(const cgs_regions *rs, const char *owner, const char *name) {
@@ -264,6 +268,8 @@ static cgs_region *map_region(const char *owner, const char *name,
   snprintf(r->key, sizeof r->key, "%s", key);
   r->offset = offset;
   r->byte_size = byte_size;
+  r->dev = (uint64_t)st.st_dev;
+  r->ino = (uint64_t)st.st_ino;
   r->fd = fd;
   r->data = (unsigned char *)map + (offset - from);
   return r;
@@ -306,10 +312,25 @@ int cgs_regions_register(cgs_regions *rs, const char *owner, const char *name,
   int rc = -1;
   int i = find(rs, owner, name);
   if (i >= 0) {
-    const cgs_region *r = rs->tab[i];
+    cgs_region *r = rs->tab[i];
+    grpc_status_code unused;
+    char why[8];
     if (!strcmp(r->key, key) && r->offset == offset &&
         r->byte_size == byte_size) {
+      /* The same registration again: a retry is OK, and a region broken
+       * or truncated since is mapped afresh (calls using the old mapping
+       * keep it). */
       rc = 0;
+      if (still_whole(r, "name", &unused, why, sizeof why) != 0) {
+        cgs_region *fresh =
+            map_region(owner, name, key, offset, byte_size, code, msg, msglen);
+        if (fresh) {
+          rs->tab[i] = fresh;
+          cgs_region_release(r);
+        } else {
+          rc = -1;
+        }
+      }
     } else {
       *code = GRPC_STATUS_ALREADY_EXISTS;
       snprintf(msg, msglen,
@@ -453,6 +474,14 @@ int cgs_region_acquire(cgs_regions *rs, const char *owner, const char *field,
   }
   pthread_mutex_unlock(&rs->mu);
   return rc;
+}
+
+int cgs_region_overlap(const cgs_region *a, uint64_t aoff, uint64_t alen,
+                       const cgs_region *b, uint64_t boff, uint64_t blen) {
+  /* Offsets in the object; each range lies within its region, so the
+   * sums stay far below 2^64. */
+  uint64_t x = a->offset + aoff, y = b->offset + boff;
+  return a->dev == b->dev && a->ino == b->ino && x < y + blen && y < x + alen;
 }
 
 const char *cgs_region_name(const cgs_region *r) {

@@ -24,15 +24,11 @@ void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
 }
 
 void cgs_upload_close(cgs_upload *u) {
-  for (int i = 0; i < 3; i++) {
-    if (u->in_region[i])
-      cgs_region_release(u->in_region[i]);
-    else
+  for (int i = 0; i < 3; i++)
+    if (!u->in_region[i])
       cgs_buf_free(u->in_buf[i]);
-  }
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if (u->out_region[g])
-      cgs_region_release(u->out_region[g]);
+  for (int k = 0; k < u->nheld; k++)
+    cgs_region_release(u->held[k]);
   if (u->req)
     protobuf_c_message_free_unpacked(&u->req->base, NULL);
   cgs_upload_init(u);
@@ -100,8 +96,16 @@ static int acquire(cgs_upload *u, const char *field,
                             : "shared-memory regions are not served here");
     return -1;
   }
-  return cgs_region_acquire(u->regions, u->owner, field, ref->name, ref->offset,
-                            len, align, r, at, code, msg, msglen);
+  if (cgs_region_acquire(u->regions, u->owner, field, ref->name, ref->offset,
+                         len, align, r, at, code, msg, msglen) != 0)
+    return -1;
+  for (int k = 0; k < u->nheld; k++)
+    if (u->held[k] == *r) {
+      cgs_region_release(*r); /* one reference per call */
+      return 0;
+    }
+  u->held[u->nheld++] = *r;
+  return 0;
 }
 
 /* Moves cur past every input that is full. */
@@ -120,6 +124,7 @@ int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
       if (acquire(u, field, input_ref(u, i), u->in_len[i], u->in_esize[i],
                   &u->in_region[i], &u->in_buf[i], code, msg, msglen) != 0)
         return -1;
+      u->in_offset[i] = input_ref(u, i)->offset;
       u->in_fill[i] = u->in_len[i];
       continue;
     }
@@ -152,12 +157,6 @@ int cgs_upload_needs_shape(const cgs_upload *u) {
   return has_shape_tensor(u) && u->in_fill[2] < u->in_len[2];
 }
 
-/* 1 when [a, a + an) and [b, b + bn) share a byte. */
-static int overlap(const unsigned char *a, size_t an, const unsigned char *b,
-                   size_t bn) {
-  return a < b + bn && b < a + an;
-}
-
 /* The output regions of the resolved layer: each output's bytes found,
  * fitting the room asked for and overlapping nothing else of the call. */
 static int acquire_outputs(cgs_upload *u, grpc_status_code *code, char *msg,
@@ -184,15 +183,17 @@ static int acquire_outputs(cgs_upload *u, grpc_status_code *code, char *msg,
     u->out_offset[g] = ref->offset;
     for (int i = 0; i < u->ninputs; i++)
       if (u->in_region[i] &&
-          overlap(u->out_at[g], len, u->in_buf[i], u->in_len[i])) {
+          cgs_region_overlap(u->out_region[g], ref->offset, len,
+                             u->in_region[i], u->in_offset[i], u->in_len[i])) {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, msglen, "%s: %s's bytes overlap inputs[%d]'s", field,
                  cg_grad_name((cg_grad)g), i);
         return -1;
       }
     for (int o = 0; o < g; o++)
-      if (u->out_at[o] &&
-          overlap(u->out_at[g], len, u->out_at[o], l->out_bytes[o])) {
+      if (u->out_at[o] && cgs_region_overlap(u->out_region[g], ref->offset, len,
+                                             u->out_region[o], u->out_offset[o],
+                                             l->out_bytes[o])) {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, msglen, "%s: %s's bytes overlap %s's", field,
                  cg_grad_name((cg_grad)g), cg_grad_name((cg_grad)o));
@@ -328,13 +329,8 @@ int cgs_upload_complete(const cgs_upload *u) {
 
 int cgs_upload_regions_check(const cgs_upload *u, grpc_status_code *code,
                              char *msg, size_t msglen) {
-  for (int i = 0; i < 3; i++)
-    if (u->in_region[i] &&
-        cgs_region_check(u->in_region[i], code, msg, msglen) != 0)
-      return -1;
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if (u->out_region[g] &&
-        cgs_region_check(u->out_region[g], code, msg, msglen) != 0)
+  for (int k = 0; k < u->nheld; k++)
+    if (cgs_region_check(u->held[k], code, msg, msglen) != 0)
       return -1;
   return 0;
 }
