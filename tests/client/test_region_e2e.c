@@ -67,29 +67,29 @@ static cgc_region *region_on(cgc_channel *ch) {
 
 /* A grouped, strided, padded 2-D problem of op: the single ops from a
  * descriptor, the layer ops from their family's weights problem with the
- * weights as a third input. p points into *bp. */
-static void make_problem(cg_bdesc_problem *bp, cg_op op, cg_dtype dt) {
+ * weights as a third input. p points into *bp. Returns 0, or -1 with err. */
+static int make_problem(cg_bdesc_problem *bp, cg_op op, cg_dtype dt, char *err,
+                        size_t errlen) {
   int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
                op == CG_OP_DECONV_BWD;
   cg_bdesc d;
-  char err[256];
-  if (cg_bdesc_parse(deconv ? "g2mb2ic6ih5oc8oh9kh3sh2ph1"
-                            : "g2mb2ic8ih9oc6oh5kh3sh2ph1",
-                     deconv, &d, err, sizeof err))
-    fail_msg("descriptor: %s", err);
   int layer = cg_op_is_layer(op);
   cg_op base = !layer   ? op
                : deconv ? CG_OP_DECONV_BWD_WEIGHTS
                         : CG_OP_CONV_BWD_WEIGHTS;
-  if (cg_bdesc_problem_init(bp, &d, base, dt, CG_DATA_NCX, CG_WEIGHTS_DEFAULT,
-                            err, sizeof err))
-    fail_msg("problem: %s", err);
+  if (cg_bdesc_parse(deconv ? "g2mb2ic6ih5oc8oh9kh3sh2ph1"
+                            : "g2mb2ic8ih9oc6oh5kh3sh2ph1",
+                     deconv, &d, err, errlen) ||
+      cg_bdesc_problem_init(bp, &d, base, dt, CG_DATA_NCX, CG_WEIGHTS_DEFAULT,
+                            err, errlen))
+    return -1;
   cg_problem *p = &bp->problem;
   if (layer) {
     p->op = op;
     p->input_dims[2] = p->attrs.weights_shape;
     p->attrs.weights_shape = (cg_ints){NULL, 0};
   }
+  return 0;
 }
 
 /* Where a run's tensors go: each input and output in the region unless
@@ -99,23 +99,35 @@ typedef struct placement {
   unsigned inline_in, inline_out;
 } placement;
 
+/* Where run_placed stops: the message, and out to free what it holds. */
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      snprintf(why, whylen, __VA_ARGS__);                                      \
+      goto out;                                                                \
+    }                                                                          \
+  } while (0)
+
 /* Runs op in dt on ch with tensors placed as pl says in r, compares every
- * output with the reference, and checks what crossed the wire. */
-static void run_placed(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
-                       const placement *pl) {
+ * output with the reference, and checks what crossed the wire. Returns 0,
+ * or -1 with why: no cmocka call, so that threads may run it. */
+static int run_placed(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
+                      const placement *pl, char *why, size_t whylen) {
   cg_bdesc_problem bp;
   cg_layer l;
   char err[512];
-  make_problem(&bp, op, dt);
-  if (cg_layer_resolve(&bp.problem, &l, err, sizeof err))
-    fail_msg("resolve: %s", err);
+  int rc = -1;
+  void *own[3 + CG_GRAD_COUNT] = {NULL};
+  void *into[CG_GRAD_COUNT] = {NULL}, *ref[CG_GRAD_COUNT] = {NULL};
+  CHECK(make_problem(&bp, op, dt, err, sizeof err) == 0 &&
+            cg_layer_resolve(&bp.problem, &l, err, sizeof err) == 0,
+        "problem: %s", err);
   cgc_request req;
   cgc_request_init(&req);
   req.op = op;
   req.attrs = bp.problem.attrs;
   size_t at = pl->offset;
   uint64_t seed = (uint64_t)op * 31 + dt, inline_bytes = 0;
-  void *own[3 + CG_GRAD_COUNT] = {NULL};
   const void *in[3];
   cgc_status st;
   for (int i = 0; i < l.ninputs; i++) {
@@ -123,22 +135,20 @@ static void run_placed(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
     cgc_tensor_view *v = &req.inputs[i];
     if (pl->inline_in & (1u << i)) {
       size_t n = l.in_bytes[i];
-      own[i] = malloc(n);
-      assert_non_null(own[i]);
+      CHECK((own[i] = malloc(n)) != NULL, "out of memory");
       *v = (cgc_tensor_view){
           .dtype = dt, .rank = (int)dims->len, .data = own[i], .nbytes = n};
       memcpy(v->dims, dims->v, dims->len * sizeof *dims->v);
       inline_bytes += n;
     } else {
-      if (cgc_region_view(r, at, dt, (int)dims->len, dims->v,
-                          CGC_LAYOUT_DEFAULT, v, &st))
-        fail_msg("view: %s", st.message);
+      CHECK(cgc_region_view(r, at, dt, (int)dims->len, dims->v,
+                            CGC_LAYOUT_DEFAULT, v, &st) == 0,
+            "view: %s", st.message);
       at = (at + v->nbytes + 63) & ~(size_t)63;
     }
     cg_fill_uniform(dt, (void *)v->data, v->nbytes / cg_dtype_size(dt), &seed);
     in[i] = v->data;
   }
-  void *into[CG_GRAD_COUNT] = {NULL}, *ref[CG_GRAD_COUNT] = {NULL};
   size_t cap[CG_GRAD_COUNT] = {0};
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!(l.grads & CG_GRAD_BIT(g)))
@@ -151,37 +161,51 @@ static void run_placed(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
       at = (at + cap[g] + 63) & ~(size_t)63;
     }
     ref[g] = malloc(cap[g]);
-    assert_true(into[g] && ref[g]);
+    CHECK(into[g] && ref[g], "out of memory");
   }
-  assert_true(at <= REGION_BYTES);
+  CHECK(at <= REGION_BYTES, "the tensors overrun the region");
   cgc_tensor out[CG_GRAD_COUNT];
   cgc_result res;
-  if (cgc_compute_layer_into(ch, &req, into, cap, out, &res, &st))
-    fail_msg("%s %s offset %zu: %s %s", cg_op_name(op), cg_dtype_name(dt),
-             pl->offset, cgc_status_code_name(st.code), st.message);
-  assert_int_equal(cg_reference_layer(&l, in, ref, err, sizeof err), 0);
+  CHECK(cgc_compute_layer_into(ch, &req, into, cap, out, &res, &st) == 0,
+        "%s %s offset %zu: %s %s", cg_op_name(op), cg_dtype_name(dt),
+        pl->offset, cgc_status_code_name(st.code), st.message);
+  CHECK(cg_reference_layer(&l, in, ref, err, sizeof err) == 0, "reference: %s",
+        err);
   uint64_t streamed = 0;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!(l.grads & CG_GRAD_BIT(g)))
       continue;
-    assert_ptr_equal(out[g].data, into[g]);
-    assert_int_equal(out[g].nbytes, l.out_bytes[g]);
+    CHECK(out[g].data == into[g] && out[g].nbytes == l.out_bytes[g],
+          "%s: not described in the caller's buffer", cg_grad_name((cg_grad)g));
     cgc_diff d;
     cgc_compare_output(&l, g, into[g], ref[g], &d);
-    if (!d.ok)
-      fail_msg("%s %s offset %zu %s: max abs err %g > tol %g", cg_op_name(op),
-               cg_dtype_name(dt), pl->offset, cg_grad_name((cg_grad)g),
-               d.max_abs, d.tol);
+    CHECK(d.ok, "%s %s offset %zu %s: max abs err %g > tol %g", cg_op_name(op),
+          cg_dtype_name(dt), pl->offset, cg_grad_name((cg_grad)g), d.max_abs,
+          d.tol);
     if (pl->inline_out & (1u << g))
       streamed += l.out_bytes[g];
   }
   /* Region tensors never cross the wire. */
-  assert_int_equal(res.bytes_sent, inline_bytes);
-  assert_int_equal(res.bytes_received, streamed);
+  CHECK(res.bytes_sent == inline_bytes && res.bytes_received == streamed,
+        "%s: %llu bytes sent and %llu received, expected %llu and %llu",
+        cg_op_name(op), (unsigned long long)res.bytes_sent,
+        (unsigned long long)res.bytes_received,
+        (unsigned long long)inline_bytes, (unsigned long long)streamed);
+  rc = 0;
+out:
   for (int k = 0; k < 3 + CG_GRAD_COUNT; k++)
     free(own[k]);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     free(ref[g]);
+  return rc;
+}
+
+/* run_placed in a cmocka test (the main thread). */
+static void run_ok(cgc_channel *ch, cgc_region *r, cg_op op, cg_dtype dt,
+                   const placement *pl) {
+  char why[768];
+  if (run_placed(ch, r, op, dt, pl, why, sizeof why) != 0)
+    fail_msg("%s", why);
 }
 
 static const cg_op all_ops[] = {CG_OP_CONV_BWD_DATA,   CG_OP_CONV_BWD_WEIGHTS,
@@ -201,7 +225,7 @@ static void test_every_op_in_regions(void **state) {
       const size_t offsets[] = {0, es, 64 + 3 * es};
       for (int k = 0; k < 3; k++) {
         placement pl = {offsets[k], 0, 0};
-        run_placed(ch, r, all_ops[o], dts[t], &pl);
+        run_ok(ch, r, all_ops[o], dts[t], &pl);
       }
     }
   cgc_region_free(r);
@@ -214,12 +238,12 @@ static void test_mixed_requests(void **state) {
   cgc_channel *ch = channel();
   cgc_region *r = region_on(ch);
   placement weights_inline = {0, 1u << 1, 0};
-  run_placed(ch, r, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32, &weights_inline);
+  run_ok(ch, r, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32, &weights_inline);
   placement src_and_diff_src_inline = {128, 1u << 0,
                                        CG_GRAD_BIT(CG_GRAD_DIFF_SRC)};
-  run_placed(ch, r, CG_OP_CONV_BWD, CG_DTYPE_BF16, &src_and_diff_src_inline);
+  run_ok(ch, r, CG_OP_CONV_BWD, CG_DTYPE_BF16, &src_and_diff_src_inline);
   placement output_inline = {0, 0, CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)};
-  run_placed(ch, r, CG_OP_DECONV_BWD_WEIGHTS, CG_DTYPE_F32, &output_inline);
+  run_ok(ch, r, CG_OP_DECONV_BWD_WEIGHTS, CG_DTYPE_F32, &output_inline);
   cgc_region_free(r);
   cgc_channel_free(ch);
 }
@@ -234,7 +258,9 @@ static void test_unregistered_bytes_travel(void **state) {
   cg_bdesc_problem bp;
   cg_layer l;
   char err[256];
-  make_problem(&bp, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32);
+  assert_int_equal(
+      make_problem(&bp, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32, err, sizeof err),
+      0);
   assert_int_equal(cg_layer_resolve(&bp.problem, &l, err, sizeof err), 0);
   cgc_request req;
   cgc_request_init(&req);
@@ -257,21 +283,26 @@ static void test_unregistered_bytes_travel(void **state) {
   /* Registered again, nothing travels. */
   assert_int_equal(cgc_region_register(ch, r, &st), 0);
   placement pl = {0, 0, 0};
-  run_placed(ch, r, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32, &pl);
+  run_ok(ch, r, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32, &pl);
   cgc_region_free(r);
   cgc_channel_free(ch);
 }
 
+/* One caller of test_two_callers: its own channel and region. */
+typedef struct caller {
+  cgc_channel *ch;
+  cgc_region *r;
+  int id;
+  char why[768]; /* the first failure; "" when every call passed */
+} caller;
+
 static void *region_worker(void *arg) {
-  uintptr_t id = (uintptr_t)arg;
-  cgc_channel *ch = channel();
-  cgc_region *r = region_on(ch);
-  for (int i = 0; i < 12; i++) {
-    placement pl = {(size_t)(i % 3) * 4 * (id + 1), 0, 0};
-    run_placed(ch, r, all_ops[(i + id) % 6], CG_DTYPE_F32, &pl);
+  caller *c = arg;
+  for (int i = 0; i < 12 && !c->why[0]; i++) {
+    placement pl = {(size_t)(i % 3) * 4 * (size_t)(c->id + 1), 0, 0};
+    run_placed(c->ch, c->r, all_ops[(i + c->id) % 6], CG_DTYPE_F32, &pl, c->why,
+               sizeof c->why);
   }
-  cgc_region_free(r);
-  cgc_channel_free(ch);
   return NULL;
 }
 
@@ -279,10 +310,20 @@ static void *region_worker(void *arg) {
 static void test_two_callers(void **state) {
   (void)state;
   pthread_t th[2];
-  for (uintptr_t i = 0; i < 2; i++)
-    assert_int_equal(pthread_create(&th[i], NULL, region_worker, (void *)i), 0);
-  for (int i = 0; i < 2; i++)
+  caller c[2];
+  for (int i = 0; i < 2; i++) {
+    c[i] = (caller){.ch = channel(), .id = i};
+    c[i].r = region_on(c[i].ch);
+    assert_int_equal(pthread_create(&th[i], NULL, region_worker, &c[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) {
     pthread_join(th[i], NULL);
+    cgc_region_free(c[i].r);
+    cgc_channel_free(c[i].ch);
+  }
+  for (int i = 0; i < 2; i++)
+    if (c[i].why[0])
+      fail_msg("caller %d: %s", i, c[i].why);
 }
 
 /* The server restarts on its port while a region is registered: the next
@@ -292,12 +333,12 @@ static void test_server_restart(void **state) {
   cgc_channel *ch = channel();
   cgc_region *r = region_on(ch);
   placement pl = {0, 0, 0};
-  run_placed(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
+  run_ok(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
   int port = srv.port;
   th_server_stop(&srv);
   const char *extra[] = {"--workers", "2", NULL};
   assert_int_equal(th_server_start(&srv, server_exe, port, extra), 0);
-  run_placed(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
+  run_ok(ch, r, CG_OP_DECONV_BWD_DATA, CG_DTYPE_F32, &pl);
   assert_int_equal(th_count_lines(srv.log, "region op=register"), 1);
   assert_int_equal(th_count_lines(srv.log, "status=NOT_FOUND"), 1);
   cgc_region_free(r);

@@ -807,7 +807,9 @@ def test_compute_refusals(stub, alive):
 
 def test_truncated_before(stub, alive):
     """An object shrunk after registration: the next call using it is
-    FAILED_PRECONDITION, for an input and for an output."""
+    FAILED_PRECONDITION, for an input and for an output; the same
+    registration again is refused while the object is short, and maps it
+    afresh once it has grown back."""
     FP = grpc.StatusCode.FAILED_PRECONDITION
     obj = ShmObject("trunc", 32768)
     try:
@@ -832,6 +834,14 @@ def test_truncated_before(stub, alive):
                "output_regions", "truncated")
         alive("an output in a truncated object")
         assert listed(stub)["trunc"].calls == 0
+        # Registered again as it was: still too small, refused; grown
+        # back, mapped afresh and served.
+        expect("the same registration of a shrunk object",
+               lambda: reg.register(stub), grpc.StatusCode.INVALID_ARGUMENT,
+               "byte_size", "ends past")
+        obj.resize(32768)
+        reg.register(stub)
+        region_call(stub, prob, op, pb.F32, 4, reg, reg, seed=2)
         reg.unregister(stub)
     finally:
         obj.close()
