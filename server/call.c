@@ -487,7 +487,7 @@ static void send_header(cgs_call *c, int out) {
       in_region || (bytes <= INLINE_RESULT_MAX && bytes <= c->up.chunk_bytes);
   if (in_region) {
     at.name = (char *)cgs_region_name(c->up.out_region[out]);
-    at.offset = c->up.out_offset[out];
+    at.offset = cgs_region_offset(c->up.out_region[out], c->up.out_at[out]);
     at.byte_size = bytes;
     h.region = &at;
   } else if (whole) {

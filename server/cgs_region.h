@@ -90,10 +90,14 @@ void cgs_region_release(cgs_region *r);
  * mapping: what was read or written there is lost). */
 int cgs_region_check(const cgs_region *r, grpc_status_code *code, char *msg,
                      size_t msglen);
-/* 1 when len bytes at off in a and at off in b share a byte of one
- * object, even through two registrations of it. */
-int cgs_region_overlap(const cgs_region *a, uint64_t aoff, uint64_t alen,
-                       const cgs_region *b, uint64_t boff, uint64_t blen);
+/* 1 when alen bytes at pa in a and blen bytes at pb in b (pointers from
+ * cgs_region_acquire) share a byte of one object, even through two
+ * registrations of it. */
+int cgs_region_overlap(const cgs_region *a, const unsigned char *pa,
+                       uint64_t alen, const cgs_region *b,
+                       const unsigned char *pb, uint64_t blen);
+/* p's offset in r's registered range (p from cgs_region_acquire). */
+uint64_t cgs_region_offset(const cgs_region *r, const unsigned char *p);
 /* The name a call's log and messages use. */
 const char *cgs_region_name(const cgs_region *r);
 

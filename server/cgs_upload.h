@@ -53,9 +53,7 @@ typedef struct cgs_upload {
   cgs_region *held[3 + CG_GRAD_COUNT];
   int nheld;
   cgs_region *in_region[3], *out_region[CG_GRAD_COUNT]; /* in held */
-  uint64_t in_offset[3]; /* in_buf's offset in its region */
   unsigned char *out_at[CG_GRAD_COUNT];
-  uint64_t out_offset[CG_GRAD_COUNT]; /* out_at's offset in its region */
 } cgs_upload;
 
 /* Sets u empty. */

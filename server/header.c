@@ -354,6 +354,12 @@ static const char *output_name(int o) {
   return v ? v->name : "?";
 }
 
+/* The one output of a single op, as a wire Output. */
+static int own_output(cg_op op) {
+  return cg_op_outputs_weights(op) ? CONVGRAD__V1__OUTPUT__DIFF_WEIGHTS
+                                   : CONVGRAD__V1__OUTPUT__DIFF_SRC;
+}
+
 /* header.outputs: the layer ops' choice, each output once; the single ops
  * may only name their own. */
 static int check_outputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
@@ -379,8 +385,7 @@ static int check_outputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
     p->grads = mask;
     return 0;
   }
-  int own = cg_op_outputs_weights(p->op) ? CONVGRAD__V1__OUTPUT__DIFF_WEIGHTS
-                                         : CONVGRAD__V1__OUTPUT__DIFF_SRC;
+  int own = own_output(p->op);
   if (mask && mask != CG_GRAD_BIT(own - CONVGRAD__V1__OUTPUT__DIFF_SRC)) {
     refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
            "header.outputs: %s answers %s only", cg_op_name(p->op),
@@ -396,8 +401,7 @@ static int check_output_regions(refusal *r,
                                 const Convgrad__V1__ComputeHeader *h,
                                 const cg_problem *p, cgs_header_info *info) {
   int layer = cg_op_is_layer(p->op);
-  int own = cg_op_outputs_weights(p->op) ? CONVGRAD__V1__OUTPUT__DIFF_WEIGHTS
-                                         : CONVGRAD__V1__OUTPUT__DIFF_SRC;
+  int own = own_output(p->op);
   for (size_t k = 0; k < h->n_output_regions; k++) {
     const Convgrad__V1__OutputRegion *o = h->output_regions[k];
     char field[48];

@@ -476,11 +476,17 @@ int cgs_region_acquire(cgs_regions *rs, const char *owner, const char *field,
   return rc;
 }
 
-int cgs_region_overlap(const cgs_region *a, uint64_t aoff, uint64_t alen,
-                       const cgs_region *b, uint64_t boff, uint64_t blen) {
+uint64_t cgs_region_offset(const cgs_region *r, const unsigned char *p) {
+  return (uint64_t)(p - r->data);
+}
+
+int cgs_region_overlap(const cgs_region *a, const unsigned char *pa,
+                       uint64_t alen, const cgs_region *b,
+                       const unsigned char *pb, uint64_t blen) {
   /* Offsets in the object; each range lies within its region, so the
    * sums stay far below 2^64. */
-  uint64_t x = a->offset + aoff, y = b->offset + boff;
+  uint64_t x = a->offset + cgs_region_offset(a, pa);
+  uint64_t y = b->offset + cgs_region_offset(b, pb);
   return a->dev == b->dev && a->ino == b->ino && x < y + blen && y < x + alen;
 }
 

@@ -124,7 +124,6 @@ int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
       if (acquire(u, field, input_ref(u, i), u->in_len[i], u->in_esize[i],
                   &u->in_region[i], &u->in_buf[i], code, msg, msglen) != 0)
         return -1;
-      u->in_offset[i] = input_ref(u, i)->offset;
       u->in_fill[i] = u->in_len[i];
       continue;
     }
@@ -180,20 +179,19 @@ static int acquire_outputs(cgs_upload *u, grpc_status_code *code, char *msg,
     if (acquire(u, field, ref, len, cg_dtype_size(u->prob.dtype),
                 &u->out_region[g], &u->out_at[g], code, msg, msglen) != 0)
       return -1;
-    u->out_offset[g] = ref->offset;
     for (int i = 0; i < u->ninputs; i++)
       if (u->in_region[i] &&
-          cgs_region_overlap(u->out_region[g], ref->offset, len,
-                             u->in_region[i], u->in_offset[i], u->in_len[i])) {
+          cgs_region_overlap(u->out_region[g], u->out_at[g], len,
+                             u->in_region[i], u->in_buf[i], u->in_len[i])) {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, msglen, "%s: %s's bytes overlap inputs[%d]'s", field,
                  cg_grad_name((cg_grad)g), i);
         return -1;
       }
     for (int o = 0; o < g; o++)
-      if (u->out_at[o] && cgs_region_overlap(u->out_region[g], ref->offset, len,
-                                             u->out_region[o], u->out_offset[o],
-                                             l->out_bytes[o])) {
+      if (u->out_at[o] &&
+          cgs_region_overlap(u->out_region[g], u->out_at[g], len,
+                             u->out_region[o], u->out_at[o], l->out_bytes[o])) {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
         snprintf(msg, msglen, "%s: %s's bytes overlap %s's", field,
                  cg_grad_name((cg_grad)g), cg_grad_name((cg_grad)o));

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "cgc/client.h"
+#include "shm.h"
 #include "spec.h"
 
 #define CGC_DEFAULT_TARGET "127.0.0.1:50051"
@@ -84,24 +85,6 @@ int cgc_cli_fail(const cgc_cli *cli, int rc, const cgc_status *st);
  * CGC_EXIT_USAGE. */
 int cgc_cli_usage(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-
-/* --shm: a request staged in a shared-memory region registered on ch, for
- * a server on this host. The region holds a copy of each input (req's
- * views are pointed at the copies) and room for each output in
- * out_bytes (0: not asked for), every piece 64-byte aligned; into[g] and
- * cap[g] are what cgc_compute_layer_into takes. */
-typedef struct cgc_cli_shm {
-  cgc_region *region;
-  void *into[CG_GRAD_COUNT];
-  size_t cap[CG_GRAD_COUNT];
-} cgc_cli_shm;
-/* Returns 0, or non-zero after a message on stderr (rc / st as
- * cgc_cli_fail takes them). */
-int cgc_cli_shm_stage(cgc_cli_shm *m, cgc_channel *ch, cgc_request *req,
-                      const size_t out_bytes[CG_GRAD_COUNT], int *rc,
-                      cgc_status *st);
-/* Unregisters and removes the region; m may be zeroed or staged. */
-void cgc_cli_shm_close(cgc_cli_shm *m);
 
 int cgc_cmd_health(int argc, char **argv);
 int cgc_cmd_info(int argc, char **argv);

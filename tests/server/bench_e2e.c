@@ -50,6 +50,7 @@
 #include "cg/engine.h"
 #include "cgc/client.h"
 #include "convgrad/v1/convgrad.pb-c.h"
+#include "shm.h"
 #include "ts.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -799,34 +800,24 @@ static void tiny(const char *server_args_workers, const bare *b, int lat_n) {
 
 /* ---- shared-memory regions over a unix socket ---- */
 
-/* A region registered on ch holding copies of p's inputs and room for its
- * output: r's views point at the copies, *out at the room. NULL after a
- * message. */
-static cgc_region *stage(cgc_channel *ch, const prob *p, cgc_request *r,
-                         void **out) {
-  size_t a0 = (p->g.in_bytes[0] + 63) & ~(size_t)63;
-  size_t a1 = (p->g.in_bytes[1] + 63) & ~(size_t)63;
-  cgc_region *reg;
-  char err[256];
+/* p staged in a region registered on ch (m; shm.h): r's views point at
+ * the copies of its inputs; returns the room for its output, or NULL
+ * after a message. */
+static void *stage(cgc_channel *ch, const prob *p, cgc_request *r,
+                   cgc_cli_shm *m) {
+  int g =
+      cg_op_outputs_weights(p->g.op) ? CG_GRAD_DIFF_WEIGHTS : CG_GRAD_DIFF_SRC;
+  size_t out_bytes[CG_GRAD_COUNT] = {0};
+  int rc;
   cgc_status st;
-  if (cgc_region_create(&reg, NULL, a0 + a1 + p->g.out_bytes, err,
-                        sizeof err) != 0) {
-    fprintf(stderr, "region: %s\n", err);
-    return NULL;
-  }
-  char *base = cgc_region_data(reg);
-  memcpy(base, p->in[0], p->g.in_bytes[0]);
-  memcpy(base + a0, p->in[1], p->g.in_bytes[1]);
+  out_bytes[g] = p->g.out_bytes;
   request_of(r, p);
-  r->inputs[0].data = base;
-  r->inputs[1].data = base + a0;
-  *out = base + a0 + a1;
-  if (cgc_region_register(ch, reg, &st) != 0) {
-    fprintf(stderr, "register: %s\n", st.message);
-    cgc_region_free(reg);
+  if (cgc_cli_shm_stage(m, ch, r, out_bytes, &rc, &st) != 0) {
+    fprintf(stderr, "--shm: %s\n", st.message);
+    cgc_cli_shm_close(m);
     return NULL;
   }
-  return reg;
+  return m->into[g];
 }
 
 /* Every row of the problem list at or above 1 ms of in-process compute,
@@ -858,13 +849,13 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
       prob p;
       cgc_request rs, rt;
       void *shm_out = NULL;
-      cgc_region *reg = NULL;
+      cgc_cli_shm m = {0};
       double *t[3] = {calloc((size_t)reps, sizeof(double)),
                       calloc((size_t)reps, sizeof(double)),
                       calloc((size_t)reps, sizeof(double))};
       int ok = t[0] && t[1] && t[2] &&
                prob_init(&p, &d, ops[k / 2], dts[k % 2]) == 0 &&
-               (reg = stage(uch, &p, &rs, &shm_out)) != NULL;
+               (shm_out = stage(uch, &p, &rs, &m)) != NULL;
       request_of(&rt, &p);
       double warm;
       ok = ok && cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err,
@@ -912,7 +903,7 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
                counted ? "" : "  (under 1 ms: not counted)");
         fflush(stdout);
       }
-      cgc_region_free(reg);
+      cgc_cli_shm_close(&m);
       for (int i = 0; i < 3; i++)
         free(t[i]);
       prob_free(&p);
@@ -952,12 +943,12 @@ static void shm_tiny(const char *sock, grpc_channel *echo, int lat_n) {
   }
   cgc_request rs, rt;
   void *shm_out;
-  cgc_region *reg = NULL;
+  cgc_cli_shm m = {0};
   double *lat[3] = {malloc(sizeof(double) * (size_t)lat_n),
                     malloc(sizeof(double) * (size_t)lat_n),
                     malloc(sizeof(double) * (size_t)lat_n)};
   if (cgc_channel_new(&ch, target, NULL, err, sizeof err) == 0 &&
-      (reg = stage(ch, &p, &rs, &shm_out)) != NULL && lat[0] && lat[1] &&
+      (shm_out = stage(ch, &p, &rs, &m)) != NULL && lat[0] && lat[1] &&
       lat[2]) {
     request_of(&rt, &p);
     double ms;
@@ -987,7 +978,7 @@ static void shm_tiny(const char *sock, grpc_channel *echo, int lat_n) {
   }
   for (int i = 0; i < 3; i++)
     free(lat[i]);
-  cgc_region_free(reg);
+  cgc_cli_shm_close(&m);
   cgc_channel_free(ch);
   ts_server_stop(&srv, SIGTERM, 30000);
   prob_free(&p);

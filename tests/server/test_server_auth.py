@@ -14,13 +14,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
-from test_server_tls import LOGS, start as tls_start, stop
+from test_server_tls import run, start as tls_start, stop
 
 TOKEN_A = "alpha-0123456789abcdef"
 TOKEN_B = "bravo-0123456789abcdef"
@@ -186,11 +185,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        rc = main()
-    except Exception:
-        for log in LOGS:
-            log.seek(0)
-            sys.stderr.write("--- server log %s:\n%s" % (log.name, log.read()))
-        raise
-    sys.exit(rc)
+    run(main)

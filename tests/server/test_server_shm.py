@@ -883,10 +883,8 @@ def test_two_clients(target):
 
 def test_limits(args, out):
     """--max-regions 2 --max-region-bytes 64K."""
-    log = open(os.path.join(out, "server-limits.log"), "w")
-    LOGS.append(log.name)
-    proc, port = start_server(args.server, log, ["--max-regions", "2",
-                                                 "--max-region-bytes", "64K"])
+    proc, log, port = serve(args, out, "limits", [
+        "--max-regions", "2", "--max-region-bytes", "64K"])
     objs = []
     try:
         ch = grpc.insecure_channel("127.0.0.1:%d" % port)
@@ -926,9 +924,7 @@ def test_limits(args, out):
 def test_shm_off(args, out):
     """--shm off: the region RPCs and region references are refused, a
     plain call works."""
-    log = open(os.path.join(out, "server-off.log"), "w")
-    LOGS.append(log.name)
-    proc, port = start_server(args.server, log, ["--shm", "off"])
+    proc, log, port = serve(args, out, "off", ["--shm", "off"])
     obj = ShmObject("off", 8192)
     try:
         ch = grpc.insecure_channel("127.0.0.1:%d" % port)
@@ -967,10 +963,23 @@ def test_shm_off(args, out):
     assert rc == 0, ("--shm off server exit", rc)
 
 
-def start_at(server, out, tag, listen, extra=()):
-    """A server on listen; returns (proc, log, its first TCP target)."""
+def new_log(out, tag):
+    """The log file of server tag, shown if the test fails."""
     log = open(os.path.join(out, "server-%s.log" % tag), "w")
     LOGS.append(log.name)
+    return log
+
+
+def serve(args, out, tag, extra=()):
+    """start_server with its log kept; returns (proc, log, port)."""
+    log = new_log(out, tag)
+    proc, port = start_server(args.server, log, extra)
+    return proc, log, port
+
+
+def start_at(server, out, tag, listen, extra=()):
+    """A server on listen; returns (proc, log, its first TCP target)."""
+    log = new_log(out, tag)
     proc = subprocess.Popen([server, "--listen", listen, "--workers", "1"] +
                             list(extra), stdout=subprocess.PIPE, stderr=log,
                             text=True)
@@ -1063,9 +1072,7 @@ def test_restart(args, out):
     name is NOT_FOUND, and registering again works."""
     obj = ShmObject("restart", 16384)
     try:
-        log = open(os.path.join(out, "server-restart1.log"), "w")
-        LOGS.append(log.name)
-        proc, port = start_server(args.server, log)
+        proc, log, port = serve(args, out, "restart1")
         ch = grpc.insecure_channel("127.0.0.1:%d" % port)
         stub = pbg.ConvGradStub(ch)
         reg = Region(obj, "stale").register(stub)
@@ -1076,9 +1083,7 @@ def test_restart(args, out):
         rc = stop_server(proc, log)
         assert rc == 0, ("first server exit", rc)
 
-        log = open(os.path.join(out, "server-restart2.log"), "w")
-        LOGS.append(log.name)
-        proc, port2 = start_server(args.server, log)
+        proc, log, port2 = serve(args, out, "restart2")
         try:
             ch = grpc.insecure_channel("127.0.0.1:%d" % port2)
             stub = pbg.ConvGradStub(ch)
@@ -1218,10 +1223,8 @@ class Slow:
 def test_slow(args, out):
     """Unregistration while a call uses a region, then truncation while a
     call uses it, on a server with one worker and no work limit."""
-    log = open(os.path.join(out, "server-slow.log"), "w")
-    LOGS.append(log.name)
-    proc, port = start_server(args.server, log, ["--workers", "1",
-                                                 "--max-request-flops", "0"])
+    proc, log, port = serve(args, out, "slow", [
+        "--workers", "1", "--max-request-flops", "0"])
     obj = ShmObject("slow", 4096)
     report = {"calls_seen": []}
     small = Problem(False, 1, 2, 3, 1, (5, 4), 2)
@@ -1348,9 +1351,7 @@ def main():
     def lap(what):
         times.append("%s %.1fs" % (what, time.monotonic() - t0))
 
-    log = open(os.path.join(out, "server-shm.log"), "w")
-    LOGS.append(log.name)
-    proc, port = start_server(args.server, log)
+    proc, log, port = serve(args, out, "shm")
     ok = False
     try:
         ch = grpc.insecure_channel("127.0.0.1:%d" % port)

@@ -193,7 +193,9 @@ def main():
     return 0
 
 
-if __name__ == "__main__":
+def run(main):
+    """Exits with main's status; when it raises, every server log in LOGS
+    is shown first."""
     try:
         rc = main()
     except Exception:
@@ -202,3 +204,7 @@ if __name__ == "__main__":
             sys.stderr.write("--- server log %s:\n%s" % (log.name, log.read()))
         raise
     sys.exit(rc)
+
+
+if __name__ == "__main__":
+    run(main)
