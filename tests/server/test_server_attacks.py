@@ -503,9 +503,13 @@ def attack_rapid_reset(ctx):
     grows memory with its rate and length, and delays other calls, which
     no code in the process can prevent (README, "Hostile clients"). What
     is asserted at this rate: the service, the log volume, the peak, and
-    that the memory comes back."""
+    that the memory comes back. Under sanitizers the queue of reset calls
+    once held a legitimate call's last batch past the fixture's 2 s
+    --idle-timeout (a DEADLINE_EXCEEDED after all its bytes were sent), so
+    there the window is 6 s: what is asserted is that it is served."""
     import h2.errors
-    rate = 2000 if os.environ.get("CG_SANITIZED") else 5000
+    sanitized = bool(os.environ.get("CG_SANITIZED"))
+    rate = 2000 if sanitized else 5000
 
     def attack(srv, stop):
         pairs, t0 = 0, time.monotonic()
@@ -526,7 +530,8 @@ def attack_rapid_reset(ctx):
         c.close()
         return {"pairs": pairs}
 
-    return dos_run(ctx, "rapid_reset", attack, ctx.args.seconds or 5)
+    return dos_run(ctx, "rapid_reset", attack, ctx.args.seconds or 5,
+                   extra=("--idle-timeout", "6") if sanitized else ())
 
 
 def gzip_bomb(inflated):
