@@ -70,10 +70,12 @@ typedef struct cgs_config {
   unsigned max_calls_per_peer;  /* 0 until cgs_config_finish: auto */
   uint64_t min_upload_rate;     /* bytes/s per --idle-timeout window; 0 = off */
   unsigned max_streams_per_connection; /* HTTP/2 concurrent streams */
-  cgs_shm_policy shm;        /* who may register shared-memory regions */
-  unsigned max_regions;      /* registered at once */
-  uint64_t max_region_bytes; /* byte_size of one region */
-  unsigned peer_log_rate;    /* failure lines/s per client address; 0 = all */
+  cgs_shm_policy shm;              /* who may register shared-memory regions */
+  char shm_prefix[CGS_CONFIG_STR]; /* region keys are "/" + this + ...; ""
+                                      = any name */
+  unsigned max_regions;            /* registered at once */
+  uint64_t max_region_bytes;       /* byte_size of one region */
+  unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
 } cgs_config;
 

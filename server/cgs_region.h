@@ -45,10 +45,11 @@ typedef struct cgs_region_info {
 } cgs_region_info;
 
 /* A new, empty table for at most max_regions regions of at most max_bytes
- * each, and the SIGBUS guard installed (once per process). Returns 0, or
- * -1 with msg. */
+ * each, whose keys must start with "/" and key_prefix ("" = any name), and
+ * the SIGBUS guard installed (once per process). Returns 0, or -1 with
+ * msg. */
 int cgs_regions_new(cgs_regions **out, unsigned max_regions, uint64_t max_bytes,
-                    char *msg, size_t msglen);
+                    const char *key_prefix, char *msg, size_t msglen);
 /* Drops every registration; regions still used by calls are unmapped when
  * their last reference goes. NULL is accepted. */
 void cgs_regions_free(cgs_regions *rs);

@@ -108,6 +108,12 @@ static const opt_def opt_table[] = {
      "shared-memory regions (RegisterRegion): local = served to callers on "
      "a unix socket or loopback address, on = to every caller (clients in "
      "other containers sharing the IPC namespace), off = refused"},
+    {"shm-prefix", OPT_STRING, offsetof(cgs_config, shm_prefix), "convgrad-", 0,
+     0,
+     "RegisterRegion opens only objects whose key starts with '/' and this "
+     "(A-Z a-z 0-9 . _ -, at most 64), which keeps other programs' objects "
+     "in /dev/shm out of callers' reach; the client library names its "
+     "objects /convgrad-...; '' = any name"},
     {"max-regions", OPT_UINT, offsetof(cgs_config, max_regions), "64", 1, 4096,
      "shared-memory regions registered at once, all callers together"},
     {"max-region-bytes", OPT_SIZE, offsetof(cgs_config, max_region_bytes),
@@ -506,6 +512,13 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
   cgs_listeners ls;
   if (cgs_listen_parse(c->listen, &ls, err, errlen) != 0)
     return -1;
+  if (c->shm_prefix[0] && !cg_text_plain_name(c->shm_prefix, 64)) {
+    snprintf(err, errlen,
+             "--shm-prefix: expected '' or 1 to 64 of A-Z a-z 0-9 . _ - (not "
+             "only dots), got '%s'",
+             c->shm_prefix);
+    return -1;
+  }
   if (!c->tls_cert[0] != !c->tls_key[0]) {
     snprintf(err, errlen, "--tls-cert and --tls-key go together");
     return -1;

@@ -128,11 +128,17 @@ struct cgs_regions {
   cgs_region **tab; /* registered, in registration order */
   unsigned n, max;
   uint64_t max_bytes;
+  char prefix[CGS_REGION_KEY_MAX]; /* --shm-prefix */
 };
 
 int cgs_regions_new(cgs_regions **out, unsigned max_regions, uint64_t max_bytes,
-                    char *msg, size_t msglen) {
+                    const char *key_prefix, char *msg, size_t msglen) {
   *out = NULL;
+  if (strlen(key_prefix) >= sizeof((cgs_regions *)0)->prefix) {
+    snprintf(msg, msglen, "key prefix: longer than %zu characters",
+             sizeof((cgs_regions *)0)->prefix - 1);
+    return -1;
+  }
   if (guard_install() != 0) {
     snprintf(msg, msglen, "cannot install the SIGBUS handler: %s",
              strerror(errno));
@@ -149,6 +155,7 @@ int cgs_regions_new(cgs_regions **out, unsigned max_regions, uint64_t max_bytes,
   pthread_mutex_init(&rs->mu, NULL);
   rs->max = max_regions;
   rs->max_bytes = max_bytes;
+  snprintf(rs->prefix, sizeof rs->prefix, "%s", key_prefix);
   *out = rs;
   return 0;
 }
@@ -291,6 +298,16 @@ int cgs_regions_register(cgs_regions *rs, const char *owner, const char *name,
              "key: must be /NAME, NAME 1 to %d of A-Z a-z 0-9 . _ - (no "
              "path, not only dots)",
              CGS_REGION_KEY_MAX - 2);
+    return -1;
+  }
+  /* Without it a caller could have the server open, read and write any
+   * object in /dev/shm its user can reach, other programs' included. */
+  if (strncmp(key + 1, rs->prefix, strlen(rs->prefix)) != 0) {
+    *code = GRPC_STATUS_PERMISSION_DENIED;
+    snprintf(msg, msglen,
+             "key: '%s' does not start with '/%s': this server opens only "
+             "objects named so (--shm-prefix)",
+             key, rs->prefix);
     return -1;
   }
   if (byte_size == 0) {

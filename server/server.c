@@ -510,8 +510,8 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     goto fail_grpc;
   }
   if (cfg->shm != CGS_SHM_OFF &&
-      cgs_regions_new(&s->regions, cfg->max_regions, cfg->max_region_bytes, err,
-                      errlen) != 0) {
+      cgs_regions_new(&s->regions, cfg->max_regions, cfg->max_region_bytes,
+                      cfg->shm_prefix, err, errlen) != 0) {
     rc = CG_EINTERNAL;
     goto fail_grpc;
   }

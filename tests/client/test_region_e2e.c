@@ -361,7 +361,7 @@ static void test_local_checks(void **state) {
                    CG_EINVAL);
   assert_int_equal(cgc_region_create(&r, NULL, 0, err, sizeof err), CG_EINVAL);
   char key[64];
-  snprintf(key, sizeof key, "/cg-test-%ld", (long)getpid());
+  snprintf(key, sizeof key, "/convgrad-test-%ld", (long)getpid());
   assert_int_equal(cgc_region_create(&r, key, 4096, err, sizeof err), 0);
   assert_string_equal(cgc_region_key(r), key);
   assert_int_equal(cgc_region_size(r), 4096);

@@ -60,11 +60,12 @@ static cgs_regions *regions;
 static void register_region(void) {
   char key[64], msg[256];
   grpc_status_code code;
-  snprintf(key, sizeof key, "/cg-fuzz-%ld", (long)getpid());
+  snprintf(key, sizeof key, "/convgrad-fuzz-%ld", (long)getpid());
   int fd = shm_open(key, O_RDWR | O_CREAT | O_EXCL, 0600);
   must(fd >= 0 && ftruncate(fd, 65536) == 0, "shm_open", key);
-  must(cgs_regions_new(&regions, 4, 1u << 20, msg, sizeof msg) == 0, "regions",
-       msg);
+  must(cgs_regions_new(&regions, 4, 1u << 20, "convgrad-", msg, sizeof msg) ==
+           0,
+       "regions", msg);
   must(cgs_regions_register(regions, "", "r", key, 0, 65536, &code, msg,
                             sizeof msg) == 0,
        "register", msg);

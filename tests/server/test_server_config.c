@@ -210,6 +210,32 @@ static void test_bounds(void **state) {
   expect_bad("max-request-flops", "20000000T", "suffixes");
 }
 
+/* --shm-prefix: the default is the client library's, '' means any name,
+ * and a prefix that no key could carry is refused at start. */
+static void test_shm_prefix(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  assert_string_equal(c.shm_prefix, "convgrad-");
+  const char *good[] = {"", "trainer.a_1-", "x"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+    assert_int_equal(cgs_config_set(&c, "shm-prefix", good[i], err, sizeof err),
+                     0);
+    assert_int_equal(cgs_config_finish(&c, err, sizeof err), 0);
+  }
+  char long_prefix[66];
+  memset(long_prefix, 'p', 65);
+  long_prefix[65] = '\0';
+  const char *bad[] = {"a/b", "..", "a b", long_prefix};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    assert_int_equal(cgs_config_set(&c, "shm-prefix", bad[i], err, sizeof err),
+                     0);
+    assert_int_equal(cgs_config_finish(&c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "--shm-prefix"));
+  }
+}
+
 static void test_bad_env_and_args(void **state) {
   (void)state;
   cgs_config c;
@@ -290,6 +316,7 @@ int main(void) {
       cmocka_unit_test(test_env_then_flags),
       cmocka_unit_test(test_bounds),
       cmocka_unit_test(test_threads_policy),
+      cmocka_unit_test(test_shm_prefix),
       cmocka_unit_test(test_bad_env_and_args),
       cmocka_unit_test(test_help_documents_every_option),
   };

@@ -146,7 +146,7 @@ def main():
         stub = pbg.ConvGradStub(grpc.insecure_channel("127.0.0.1:%d" % port))
         # The regions gauge follows RegisterRegion and UnregisterRegion.
         assert value(before, "convgrad_shm_regions") == 0
-        key = "cg-metrics-%d" % os.getpid()
+        key = "convgrad-test-metrics-%d" % os.getpid()
         with open("/dev/shm/" + key, "wb") as f:
             f.truncate(4096)
         try:

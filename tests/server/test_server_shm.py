@@ -64,8 +64,8 @@ class ShmObject:
     in and out by copies (no exported buffers), so the mapping can be
     dropped before the object is truncated under it."""
 
-    def __init__(self, tag, size):
-        self.key = "/cgs-shm-%d-%s" % (PID, tag)
+    def __init__(self, tag, size, prefix="convgrad-"):
+        self.key = "/%stest-shm-%d-%s" % (prefix, PID, tag)
         self.path = "/dev/shm" + self.key
         LIVE.add(self.path)
         if os.path.lexists(self.path):
@@ -443,8 +443,8 @@ def test_register(stub, alive):
             alive("key %r" % bad)
         expect("absent key", reg("k", key=obj.key + "-absent"), NF, "key:",
                obj.key + "-absent")
-        expect("absent 200-char key", reg("k", key="/" + "b" * 200), NF,
-               "key:")
+        expect("absent 200-char key",
+               reg("k", key="/convgrad-" + "b" * 191), NF, "key:")
         expect("range past the end", reg("k", offset=4097), IA,
                "byte_size:", "8192")
         expect("offset past the end", reg("k", offset=9000, size=1), IA,
@@ -457,8 +457,8 @@ def test_register(stub, alive):
         alive("bad ranges")
 
         # A symlink and a directory under /dev/shm are not objects.
-        link = "/dev/shm/cgs-shm-%d-link" % PID
-        folder = "/dev/shm/cgs-shm-%d-dir" % PID
+        link = "/dev/shm/convgrad-test-shm-%d-link" % PID
+        folder = "/dev/shm/convgrad-test-shm-%d-dir" % PID
         LIVE.update((link, folder))
         os.symlink(obj.path, link)
         os.mkdir(folder)
@@ -468,6 +468,20 @@ def test_register(stub, alive):
         os.rmdir(folder)
         LIVE.difference_update((link, folder))
         alive("symlink and directory keys")
+
+        # An object outside --shm-prefix (default convgrad-), though it
+        # exists and the server could open it.
+        foreign = ShmObject("foreign", 8192, prefix="cgs-")
+        try:
+            expect("key outside --shm-prefix", reg("k", key=foreign.key),
+                   grpc.StatusCode.PERMISSION_DENIED, "key:", foreign.key,
+                   "--shm-prefix")
+            expect("key with the prefix only later",
+                   reg("k", key="/x-convgrad-y"),
+                   grpc.StatusCode.PERMISSION_DENIED, "key:", "--shm-prefix")
+            alive("keys outside --shm-prefix")
+        finally:
+            foreign.close()
 
         # The longest name, the same registration again, other ranges.
         long_name = "N" * 64
@@ -882,9 +896,10 @@ def test_two_clients(target):
 
 
 def test_limits(args, out):
-    """--max-regions 2 --max-region-bytes 64K."""
+    """--max-regions 2 --max-region-bytes 64K, and --shm-prefix '' (any
+    name: the big object is outside the default prefix)."""
     proc, log, port = serve(args, out, "limits", [
-        "--max-regions", "2", "--max-region-bytes", "64K"])
+        "--max-regions", "2", "--max-region-bytes", "64K", "--shm-prefix", ""])
     objs = []
     try:
         ch = grpc.insecure_channel("127.0.0.1:%d" % port)
@@ -892,7 +907,7 @@ def test_limits(args, out):
         test_info(stub, "local", 2, 65536)
         alive = Alive(stub, "limits")  # the first of the two
         objs.append(alive.obj)
-        obj = ShmObject("limits", 65537 + 8)
+        obj = ShmObject("limits", 65537 + 8, prefix="cgs-")
         objs.append(obj)
         RE = grpc.StatusCode.RESOURCE_EXHAUSTED
         expect("64K + 1", lambda: Region(obj, "big", 0, 65537).register(stub),
