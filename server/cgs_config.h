@@ -75,6 +75,7 @@ typedef struct cgs_config {
                                       = any name */
   unsigned max_regions;            /* registered at once */
   uint64_t max_region_bytes;       /* byte_size of one region */
+  uint64_t region_idle_timeout_ms; /* unused regions are dropped; 0 = never */
   unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
 } cgs_config;

@@ -38,10 +38,12 @@ typedef struct cgs_region cgs_region;
 
 /* What ListRegions tells of one region. */
 typedef struct cgs_region_info {
+  char owner[160]; /* the caller's token label, "" without tokens */
   char name[CGS_REGION_NAME_MAX];
   char key[CGS_REGION_KEY_MAX];
   uint64_t offset, byte_size;
-  unsigned calls; /* calls using it (each holds one reference) */
+  unsigned calls;   /* calls using it (each holds one reference) */
+  uint64_t idle_ms; /* since its registration or a call's start or end */
 } cgs_region_info;
 
 /* A new, empty table for at most max_regions regions of at most max_bytes
@@ -72,6 +74,12 @@ size_t cgs_regions_list(cgs_regions *rs, const char *owner,
                         cgs_region_info *out, size_t max);
 /* Registered regions, all owners. */
 size_t cgs_regions_count(cgs_regions *rs);
+/* Unregisters up to max (at most 64) regions, of any owner, that no call
+ * uses and none has used for idle_ms, nor were registered again since:
+ * what a client that died left behind. Fills out with them; returns how
+ * many. */
+size_t cgs_regions_expire(cgs_regions *rs, uint64_t idle_ms,
+                          cgs_region_info *out, size_t max);
 
 /* For the tensor or output field names (e.g. "inputs[1].region"): owner's
  * region name, checked with fstat, and [offset, offset + len) within it,

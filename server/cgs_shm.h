@@ -13,6 +13,10 @@ extern const cgs_method_def cgs_shm_register_method;
 extern const cgs_method_def cgs_shm_unregister_method;
 extern const cgs_method_def cgs_shm_list_method;
 
+/* Unregisters the regions unused for --region-idle-timeout, and logs
+ * each (housekeeping). */
+void cgs_shm_sweep(cgs_server *s);
+
 /* The region table a caller at peer (grpc's peer string) may use, or NULL
  * with *why, a static text saying why not (--shm off, or --shm local and
  * a caller off this host). */

@@ -120,6 +120,12 @@ static const opt_def opt_table[] = {
      "16G", 4 * KIB, 64 * TIB,
      "largest shared-memory region; the server maps it (address space, not "
      "memory: the pages are the client's)"},
+    {"region-idle-timeout", OPT_MS,
+     offsetof(cgs_config, region_idle_timeout_ms), "600", 0,
+     7ull * 24 * 3600 * 1000,
+     "seconds after which a region no call has used is unregistered (what "
+     "a client that died left behind; the client library registers its "
+     "regions again when a call finds them gone). 0 = never"},
     {"max-tensor-elements", OPT_COUNT,
      offsetof(cgs_config, max_tensor_elements), "1073741824", 1,
      UINT64_C(1) << 48, "largest element count of any input or output tensor"},

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cg/text.h"
@@ -121,7 +122,16 @@ struct cgs_region {
   size_t map_len;
   unsigned char *data; /* offset's byte in map */
   int slot;            /* in the guard */
+  /* CLOCK_MONOTONIC ns of the registration or the last call's start or
+   * end, for cgs_regions_expire. */
+  _Atomic uint64_t used_ns;
 };
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 struct cgs_regions {
   pthread_mutex_t mu;
@@ -161,6 +171,7 @@ int cgs_regions_new(cgs_regions **out, unsigned max_regions, uint64_t max_bytes,
 }
 
 void cgs_region_release(cgs_region *r) {
+  atomic_store(&r->used_ns, now_ns());
   if (atomic_fetch_sub(&r->refs, 1) != 1)
     return;
   guard_remove(r->slot);
@@ -278,6 +289,7 @@ static cgs_region *map_region(const char *owner, const char *name,
   r->dev = (uint64_t)st.st_dev;
   r->ino = (uint64_t)st.st_ino;
   r->fd = fd;
+  atomic_init(&r->used_ns, now_ns());
   r->data = (unsigned char *)map + (offset - from);
   return r;
 }
@@ -338,6 +350,7 @@ int cgs_regions_register(cgs_regions *rs, const char *owner, const char *name,
        * or truncated since is mapped afresh (calls using the old mapping
        * keep it). */
       rc = 0;
+      atomic_store(&r->used_ns, now_ns());
       if (still_whole(r, "name", &unused, why, sizeof why) != 0) {
         cgs_region *fresh =
             map_region(owner, name, key, offset, byte_size, code, msg, msglen);
@@ -395,23 +408,59 @@ int cgs_regions_unregister(cgs_regions *rs, const char *owner, const char *name,
   return 0;
 }
 
+/* Fills o with what the log and ListRegions tell of r. */
+static void describe(const cgs_region *r, uint64_t now, cgs_region_info *o) {
+  snprintf(o->owner, sizeof o->owner, "%s", r->owner);
+  snprintf(o->name, sizeof o->name, "%s", r->name);
+  snprintf(o->key, sizeof o->key, "%s", r->key);
+  o->offset = r->offset;
+  o->byte_size = r->byte_size;
+  o->calls = atomic_load(&r->refs) - 1;
+  uint64_t used = atomic_load(&r->used_ns);
+  o->idle_ms = now > used ? (now - used) / 1000000u : 0;
+}
+
 size_t cgs_regions_list(cgs_regions *rs, const char *owner,
                         cgs_region_info *out, size_t max) {
   owner = owner ? owner : "";
   size_t k = 0;
+  uint64_t now = now_ns();
   pthread_mutex_lock(&rs->mu);
   for (unsigned i = 0; i < rs->n && k < max; i++) {
     const cgs_region *r = rs->tab[i];
     if (strcmp(r->owner, owner) != 0)
       continue;
-    cgs_region_info *o = &out[k++];
-    snprintf(o->name, sizeof o->name, "%s", r->name);
-    snprintf(o->key, sizeof o->key, "%s", r->key);
-    o->offset = r->offset;
-    o->byte_size = r->byte_size;
-    o->calls = atomic_load(&r->refs) - 1;
+    describe(r, now, &out[k++]);
   }
   pthread_mutex_unlock(&rs->mu);
+  return k;
+}
+
+size_t cgs_regions_expire(cgs_regions *rs, uint64_t idle_ms,
+                          cgs_region_info *out, size_t max) {
+  cgs_region *gone[64];
+  size_t k = 0, room = max < 64 ? max : 64;
+  uint64_t now = now_ns();
+  pthread_mutex_lock(&rs->mu);
+  for (unsigned i = 0; i < rs->n && k < room;) {
+    cgs_region *r = rs->tab[i];
+    uint64_t used = atomic_load(&r->used_ns);
+    /* Only the table's reference: no call holds it, and none can take
+     * one while rs->mu is held. */
+    if (atomic_load(&r->refs) == 1 && used <= now &&
+        (now - used) / 1000000u >= idle_ms) {
+      describe(r, now, &out[k]);
+      gone[k++] = r;
+      memmove(&rs->tab[i], &rs->tab[i + 1],
+              (rs->n - i - 1) * sizeof(cgs_region *));
+      rs->n--;
+    } else {
+      i++;
+    }
+  }
+  pthread_mutex_unlock(&rs->mu);
+  for (size_t j = 0; j < k; j++)
+    cgs_region_release(gone[j]);
   return k;
 }
 
@@ -485,6 +534,7 @@ int cgs_region_acquire(cgs_regions *rs, const char *owner, const char *field,
              field, offset, align, r->offset + offset);
   } else if (still_whole(r, field, code, msg, msglen) == 0) {
     atomic_fetch_add(&r->refs, 1);
+    atomic_store(&r->used_ns, now_ns());
     *out = r;
     *ptr = r->data + offset;
     rc = 0;

@@ -195,15 +195,17 @@ static void report_suppressed(const cgs_peer *e) {
            addr, e->suppressed);
 }
 
-/* Every HOUSEKEEPING_MS: reports and forgets idle peers, and hands the
- * heap's free memory back to the system once calls have ended. The
- * allocator keeps up to M_TRIM_THRESHOLD (main.c) otherwise, so a burst
- * of calls (honest or not) would leave the process at its peak. After a
- * whole quiet period the tensor-buffer cache goes too: a training loop
- * calls far more often than that and keeps it warm. */
+/* Every HOUSEKEEPING_MS: reports and forgets idle peers, unregisters
+ * regions left idle (--region-idle-timeout), and hands the heap's free memory
+ * back to the system once calls have ended. The allocator keeps up to
+ * M_TRIM_THRESHOLD (main.c) otherwise, so a burst of calls (honest or not)
+ * would leave the process at its peak. After a whole quiet period the
+ * tensor-buffer cache goes too: a training loop calls far more often than that
+ * and keeps it warm. */
 static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
+  cgs_shm_sweep(s);
   int ended = s->calls_ended != s->calls_ended_at_tick;
   s->calls_ended_at_tick = s->calls_ended;
   if (!ended && s->compute_active == 0 && cgs_buf_cached_bytes()) {

@@ -78,6 +78,26 @@ static void answer(cgs_server *s, grpc_call *call, const char *what,
     grpc_byte_buffer_destroy(reply);
 }
 
+void cgs_shm_sweep(cgs_server *s) {
+  uint64_t idle_ms = s->cfg->region_idle_timeout_ms;
+  if (!s->regions || !idle_ms)
+    return;
+  cgs_region_info gone[16];
+  size_t n;
+  do {
+    n = cgs_regions_expire(s->regions, idle_ms, gone, 16);
+    for (size_t i = 0; i < n; i++) {
+      char who[320], name[2 * CGS_REGION_NAME_MAX], key[2 * CGS_REGION_KEY_MAX];
+      cgs_log_value(who, sizeof who, gone[i].owner[0] ? gone[i].owner : "-");
+      cgs_log_value(name, sizeof name, gone[i].name);
+      cgs_log_value(key, sizeof key, gone[i].key);
+      cgs_info("region op=expire client=%s name=%s key=%s idle_s=%.1f "
+               "(--region-idle-timeout)",
+               who, name, key, (double)gone[i].idle_ms / 1000.0);
+    }
+  } while (n == 16);
+}
+
 /* The table for this call, or NULL after answering it. */
 static cgs_regions *regions_for(cgs_server *s, grpc_call *call,
                                 const char *what, const char *client,

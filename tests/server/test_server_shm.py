@@ -26,6 +26,9 @@ grpcio client generated from proto/:
   the right result, later calls get NOT_FOUND;
 * two clients on two channels, each with its own region, calling at once;
 * a restarted server forgets its registrations;
+* keys outside --shm-prefix (PERMISSION_DENIED), and --shm-prefix '';
+* --region-idle-timeout: a region in use stays, an idle one is
+  unregistered and logged, then NOT_FOUND, then registered again;
 * GetServerInfo's shm and region limits.
 Every server must exit 0 on SIGTERM (under ASan/UBSan/TSan any report
 makes it fail). Exits 77 (ctest skip) when no stub generator is
@@ -1235,6 +1238,50 @@ class Slow:
         raise AssertionError("the slow call never held its region")
 
 
+def test_expiry(args, out):
+    """--region-idle-timeout 1: a region in use stays registered, one left
+    idle is unregistered at the next sweep (every 2 s) and logged, a call
+    naming it then gets NOT_FOUND, and registering it again works."""
+    obj = ShmObject("expiry", 16384)
+    proc, log, port = serve(args, out, "expiry",
+                            ["--region-idle-timeout", "1"])
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        stub = pbg.ConvGradStub(ch)
+        reg = Region(obj, "left").register(stub)
+        prob = Problem(False, 1, 2, 3, 1, (5, 4), 2)
+        op = pb.CONVOLUTION_BACKWARD_WEIGHTS
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.5:  # past a sweep, in use
+            region_call(stub, prob, op, pb.F32, 4, reg, reg, seed=7)
+            time.sleep(0.3)
+        assert "left" in listed(stub), "expired while in use"
+        idle_from = time.monotonic()
+        while "left" in listed(stub) and time.monotonic() - idle_from < 10:
+            time.sleep(0.1)
+        idle = time.monotonic() - idle_from
+        assert "left" not in listed(stub), "still registered after 10 s idle"
+        assert idle >= 0.9, "expired after %.2f s idle" % idle
+        log.flush()
+        with open(log.name) as f:
+            lines = [ln for ln in f if "region op=expire" in ln]
+        assert len(lines) == 1 and "name=left" in lines[0] and \
+            obj.key in lines[0], lines
+        expect("expired region", lambda: region_call(
+            stub, prob, op, pb.F32, 4, reg, reg, seed=7),
+            grpc.StatusCode.NOT_FOUND, "inputs[0].region.name", "left")
+        reg.register(stub)
+        region_call(stub, prob, op, pb.F32, 4, reg, reg, seed=7)
+        reg.unregister(stub)
+        assert serving(ch)
+        ch.close()
+    finally:
+        rc = stop_server(proc, log)
+        obj.close()
+    assert rc == 0, ("expiry server exit", rc)
+    return round(idle, 1)
+
+
 def test_slow(args, out):
     """Unregistration while a call uses a region, then truncation while a
     call uses it, on a server with one worker and no work limit."""
@@ -1400,6 +1447,8 @@ def main():
         lap("policy")
         test_restart(args, out)
         lap("restart")
+        idle = test_expiry(args, out)
+        lap("expiry after %.1f s idle" % idle)
         slow = test_slow(args, out)
         lap("slow")
         assert proc.poll() is None and serving(ch)
