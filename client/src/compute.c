@@ -794,7 +794,8 @@ static int cgc__find_regions(cgc__attempt *a, cgc_channel *ch) {
 }
 
 /* A call's regions were unknown to the server (it restarted since they
- * were registered): registers each again. */
+ * were registered, or dropped them after --region-idle-timeout unused):
+ * registers each again. */
 static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
                                cgc_status *st) {
   const cgc_region *done[3 + CG_GRAD_COUNT];

@@ -353,8 +353,9 @@ CGC_EXPORT int cgc_region_view(cgc_region *r, size_t offset, cg_dtype dtype,
                                cgc_tensor_view *v, cgc_status *st);
 /* Registers r with the server behind ch (RegisterRegion; the name is the
  * key without its '/'). A region is registered on one channel at a time.
- * When a call finds its regions unknown to the server (it restarted), the
- * library registers them again and retries the call once. Returns like
+ * When a call finds its regions unknown to the server (it restarted, or
+ * dropped them after its --region-idle-timeout unused), the library
+ * registers them again and retries the call once. Returns like
  * cgc_health. Thread-safe. */
 CGC_EXPORT int cgc_region_register(cgc_channel *ch, cgc_region *r,
                                    cgc_status *st);
