@@ -287,6 +287,35 @@ for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
   [ "$calls" -gt 0 ] || die "$c served no calls: round_robin did not reach it"
 done
 
+# Shared-memory regions from a sidecar: a client container in replica 1's
+# IPC and network namespaces (what a pod's containers share) passes its
+# tensors by region over loopback (the default --shm local) and checks the
+# result; no tensor byte crosses the socket, and the replica logs the
+# registration. The same client in an IPC namespace of its own is told
+# NOT_FOUND for its key (README, "Shared-memory regions").
+c="${project}_server_1"
+shm_run() {
+  podman run --rm --ipc "$1" --network "container:$c" --entrypoint convgrad \
+    "$CONVGRAD_IMAGE" run --target 127.0.0.1:50051 --shm \
+    --op ConvolutionBackwardData --in0-shape 2x8x8x4 --in1-shape 3x3x4x4 \
+    --pads-begin 1,1 --pads-end 1,1 --check 2>&1
+}
+out=$(shm_run "container:$c") || die "sidecar run --shm failed: $out"
+case "$out" in
+  *'0 bytes up, 0 down'*'check: '*': OK'*) ;;
+  *) die "sidecar run --shm moved tensor bytes or did not check: $out" ;;
+esac
+podman logs "$c" 2>&1 | grep -q 'region op=register .* status=OK' ||
+  die "$c logged no region registration"
+set +e
+out=$(shm_run private)
+shm_rc=$?
+set -e
+if [ "$shm_rc" = 0 ] || [[ "$out" != *NOT_FOUND*key:* ]]; then
+  die "a client in another IPC namespace was not refused NOT_FOUND (exit $shm_rc): $out"
+fi
+log "shared memory: a sidecar's call moved 0 tensor bytes; another IPC namespace got NOT_FOUND"
+
 # SIGTERM (the image's STOPSIGNAL) must drain and exit 0 with the server as
 # PID 1; compose down would kill after 1 s, so stop the replicas first.
 for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
