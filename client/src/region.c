@@ -52,9 +52,21 @@ int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
     }
     snprintf(r->key, sizeof r->key, "%s", key);
   } else {
+    /* The server's --shm-prefix reads the same variable, so a sidecar and
+     * its server given one environment agree. */
+    const char *prefix = getenv("CONVGRAD_SHM_PREFIX");
+    if (!prefix)
+      prefix = "convgrad-";
+    if (*prefix && !cg_text_plain_name(prefix, 64)) {
+      free(r);
+      return cg_errorf(err, errlen, CG_EINVAL,
+                       "CONVGRAD_SHM_PREFIX: must be 1 to 64 of A-Z a-z 0-9 . "
+                       "_ - (not only dots), got '%s'",
+                       prefix);
+    }
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(r->key, sizeof r->key, "/convgrad-%ld-%lu-%08lx", (long)getpid(),
+    snprintf(r->key, sizeof r->key, "/%s%ld-%lu-%08lx", prefix, (long)getpid(),
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED),
              (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 8)) & 0xfffffffful);
   }

@@ -346,6 +346,45 @@ static void test_server_restart(void **state) {
   assert_int_equal(th_count_lines(srv.log, "region op=unregister"), 1);
 }
 
+/* A server with --shm-prefix cgtest-: the library's default names are
+ * refused PERMISSION_DENIED before anything is opened, and with
+ * CONVGRAD_SHM_PREFIX=cgtest- (the variable the server's flag reads) they
+ * match and the call runs in the region. The server is left as it was. */
+static void test_prefix_from_environment(void **state) {
+  (void)state;
+  int port = srv.port;
+  th_server_stop(&srv);
+  const char *prefixed[] = {"--workers", "2", "--shm-prefix", "cgtest-", NULL};
+  assert_int_equal(th_server_start(&srv, server_exe, port, prefixed), 0);
+  cgc_channel *ch = channel();
+  cgc_region *r;
+  char err[256];
+  cgc_status st;
+  assert_int_equal(cgc_region_create(&r, NULL, REGION_BYTES, err, sizeof err),
+                   0);
+  assert_int_not_equal(cgc_region_register(ch, r, &st), 0);
+  assert_int_equal(st.code, GRPC_STATUS_PERMISSION_DENIED);
+  assert_non_null(strstr(st.message, "--shm-prefix"));
+  cgc_region_free(r);
+
+  setenv("CONVGRAD_SHM_PREFIX", "a/b", 1);
+  assert_int_equal(cgc_region_create(&r, NULL, REGION_BYTES, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "CONVGRAD_SHM_PREFIX"));
+  setenv("CONVGRAD_SHM_PREFIX", "cgtest-", 1);
+  r = region_on(ch);
+  unsetenv("CONVGRAD_SHM_PREFIX");
+  assert_true(strncmp(cgc_region_key(r), "/cgtest-", 8) == 0);
+  placement pl = {0, 0, 0};
+  run_ok(ch, r, CG_OP_CONV_BWD_WEIGHTS, CG_DTYPE_F32, &pl);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+
+  th_server_stop(&srv);
+  const char *plain[] = {"--workers", "2", NULL};
+  assert_int_equal(th_server_start(&srv, server_exe, port, plain), 0);
+}
+
 /* What the library refuses before any call. */
 static void test_local_checks(void **state) {
   (void)state;
@@ -404,6 +443,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_two_callers),
       cmocka_unit_test(test_local_checks),
       cmocka_unit_test(test_server_restart),
+      cmocka_unit_test(test_prefix_from_environment),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

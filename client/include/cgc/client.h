@@ -335,7 +335,9 @@ typedef struct cgc_region cgc_region;
 
 /* Creates and maps an object of bytes (> 0) read-write, mode 0600, under
  * key ("/NAME", NAME of [A-Za-z0-9._-]; NULL: a fresh
- * "/convgrad-PID-N-RANDOM"). An existing key is refused (CG_EINVAL).
+ * "/PREFIXPID-N-RANDOM", PREFIX $CONVGRAD_SHM_PREFIX, the variable of the
+ * server's --shm-prefix, else "convgrad-"). An existing key is refused
+ * (CG_EINVAL).
  * Returns 0 with *out owned by the caller (cgc_region_free), or a negative
  * code with err filled. */
 CGC_EXPORT int cgc_region_create(cgc_region **out, const char *key,
