@@ -113,7 +113,8 @@ static const opt_def opt_table[] = {
      "RegisterRegion opens only objects whose key starts with '/' and this "
      "(A-Z a-z 0-9 . _ -, at most 64), which keeps other programs' objects "
      "in /dev/shm out of callers' reach; the client library names its "
-     "objects /convgrad-...; '' = any name"},
+     "objects /convgrad-..., or after this variable when set; '' = any "
+     "name"},
     {"max-regions", OPT_UINT, offsetof(cgs_config, max_regions), "64", 1, 4096,
      "shared-memory regions registered at once, all callers together"},
     {"max-region-bytes", OPT_SIZE, offsetof(cgs_config, max_region_bytes),
