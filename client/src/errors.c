@@ -1,5 +1,5 @@
-/* errors.c - libcgclient's names for error codes, gRPC status codes,
- * layouts and health states, and the cgc_status writers. */
+/* errors.c - libcgclient's version, its names for error codes, gRPC
+ * status codes, layouts and health states, and the cgc_status writers. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +8,10 @@
 
 #include "cgw.h"
 #include "internal.h"
+
+const char *cgc_version(void) {
+  return CGC_LIBRARY_VERSION;
+}
 
 const char *cgc_strerror(int err) {
   switch (err) {

@@ -446,6 +446,25 @@ class Errors(unittest.TestCase):
         self.assertIn("ImportError: CONVGRAD_LIBRARY=/nonexistent/"
                       "libcgclient.so cannot be loaded", r.stderr)
 
+    def test_library_of_another_abi(self):
+        """A library without cgc_version (as before 0.2: here libcgcore,
+        beside libcgclient in the build) is refused, not read with the
+        wrong structure layouts; the one ctest names reports the
+        package's own version."""
+        from convgrad import _lib
+        lib = os.environ["CONVGRAD_LIBRARY"]
+        self.assertEqual(_lib.load().cgc_version().decode().rsplit(".", 1)[0],
+                         _lib.SONAME.split(".so.", 1)[1])
+        core = os.path.join(os.path.dirname(os.path.dirname(lib)), "kernels",
+                            "libcgcore.so")
+        env = dict(os.environ, CONVGRAD_LIBRARY=core)
+        r = subprocess.run([sys.executable, "-c", "import cgtest, convgrad"],
+                           cwd=cgtest.HERE, env=env, capture_output=True,
+                           text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("ImportError: %s is libcgclient older than 0.2; this "
+                      "convgrad package needs" % core, r.stderr)
+
 
 class TLS(unittest.TestCase):
     """The package's TLS keywords against a mutual-TLS server, with

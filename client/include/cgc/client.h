@@ -50,6 +50,12 @@ typedef enum {
 #undef CGC__ERR_ENUM
 } cgc_errno;
 
+/* The library's version, "MAJOR.MINOR.PATCH": the release it belongs to.
+ * While MAJOR is 0 the soname carries MAJOR.MINOR (libcgclient.so.0.2),
+ * and every minor release may change the ABI (CHANGELOG.md). Static
+ * string; thread-safe. */
+CGC_EXPORT const char *cgc_version(void);
+
 /* Static string for any CG_E* or CGC_E* code; never NULL. */
 CGC_EXPORT const char *cgc_strerror(int err);
 /* "OK", "INVALID_ARGUMENT", ... for a gRPC status code; never NULL. */

@@ -4,7 +4,6 @@ parts of cg/problem.h it uses) and how the library is found.
 The structures mirror the C headers field by field; ctypes lays them out by
 the platform's C ABI, as the compiler does. Keep both in step."""
 import ctypes as C
-import ctypes.util
 import os
 
 MAX_SPATIAL = 3
@@ -130,29 +129,32 @@ class ServerInfo(C.Structure):
                 ("priv_", C.c_void_p)]
 
 
+# The library whose ABI the structures above mirror, by its soname: an
+# older or newer libcgclient has other layouts. CMakeLists.txt refuses to
+# configure when this differs from the soname it builds, so a version bump
+# comes here and to the structures together.
+SONAME = "libcgclient.so.0.2"
+
+
 def _candidates():
     """Where libcgclient may be, in order: the environment variable, the
     prefix this package was installed into by `cmake --install`
-    (PREFIX/lib/python3/dist-packages/convgrad -> PREFIX/lib), the
-    interpreter's prefix, then the dynamic linker's own search."""
+    (PREFIX/lib/python3.X/dist-packages/convgrad -> PREFIX/lib),
+    /usr/local/lib (cmake's default prefix, before ldconfig ran), then the
+    dynamic linker's own search by soname (a Debian package's library in
+    /usr/lib/<multiarch>)."""
     env = os.environ.get("CONVGRAD_LIBRARY")
     if env:
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.normpath(os.path.join(here, "..", "..", "..",
-                                           "libcgclient.so"))]
-    for prefix in ("/usr/local", "/usr"):
-        paths.append(os.path.join(prefix, "lib", "libcgclient.so"))
-    found = ctypes.util.find_library("cgclient")
-    if found:
-        paths.append(found)
-    paths.append("libcgclient.so")
-    return paths, False
+    return [os.path.normpath(os.path.join(here, "..", "..", "..", SONAME)),
+            os.path.join("/usr/local/lib", SONAME), SONAME], False
 
 
 def _declare(lib):
     P = C.POINTER
     sigs = {
+        "cgc_version": (C.c_char_p, []),
         "cgc_strerror": (C.c_char_p, [C.c_int]),
         "cgc_status_code_name": (C.c_char_p, [C.c_int]),
         "cgc_options_init": (None, [P(Options)]),
@@ -209,14 +211,42 @@ def load():
     tried = []
     for path in paths:
         try:
-            _lib = _declare(C.CDLL(path))
-            return _lib
+            lib = C.CDLL(path)
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
+            continue
+        _check_abi(lib, path)
+        _lib = _declare(lib)
+        return _lib
     if from_env:
         hint = "CONVGRAD_LIBRARY=%s cannot be loaded" % paths[0]
     else:
-        hint = ("libcgclient.so was not found; install convgrad "
-                "(cmake --install build) or set CONVGRAD_LIBRARY to the "
-                "full path of libcgclient.so, e.g. build/client/libcgclient.so")
+        hint = ("%s was not found; install it (Debian: the libcgclient%s "
+                "package; or cmake --install build) or set CONVGRAD_LIBRARY "
+                "to the full path of the library, e.g. "
+                "build/client/libcgclient.so" % (SONAME, _abi()))
     raise ImportError(hint + "; tried: " + "; ".join(tried))
+
+
+def _abi():
+    """"0.2" of "libcgclient.so.0.2"."""
+    return SONAME.split(".so.", 1)[1]
+
+
+def _check_abi(lib, path):
+    """Refuses a library of another ABI than SONAME's (one named by
+    CONVGRAD_LIBRARY): its structures would be read with the wrong
+    layout. Libraries before 0.2 have no cgc_version at all."""
+    try:
+        fn = lib.cgc_version
+    except AttributeError:
+        fn = None
+    version = None
+    if fn is not None:
+        fn.restype = C.c_char_p
+        fn.argtypes = []
+        version = fn().decode()
+    if version is None or not (version + ".").startswith(_abi() + "."):
+        raise ImportError(
+            "%s is libcgclient %s; this convgrad package needs %s (%s)" %
+            (path, version or "older than 0.2", _abi(), SONAME))
