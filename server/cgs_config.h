@@ -84,8 +84,10 @@ typedef struct cgs_config {
 int cgs_config_defaults(cgs_config *c, char *err, size_t errlen);
 /* Applies argv (getopt_long) and, for each option no flag sets, its
  * CONVGRAD_* variable if set. Returns 0, 1 when --help was given (usage
- * already printed to out; nothing else is checked), or -1 with a message
- * naming the flag or variable. */
+ * already printed to out; nothing else is checked), CGS_CONFIG_VERSION
+ * when --version was (for the caller to print; nothing else is checked),
+ * or -1 with a message naming the flag or variable. */
+#define CGS_CONFIG_VERSION 2
 int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
                     size_t errlen);
 /* Sets one option by its long name ("max-request-bytes"). Returns 0 or -1

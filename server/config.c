@@ -403,14 +403,16 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
   /* Flags first, so that --help works and a flag overrides a variable
    * even when the variable would not parse. */
   const char *flag_value[OPT_COUNT_ALL] = {0};
-  struct option longopts[OPT_COUNT_ALL + 2];
+  struct option longopts[OPT_COUNT_ALL + 3];
   for (size_t i = 0; i < OPT_COUNT_ALL; i++)
     longopts[i] = (struct option){
         opt_table[i].name,
         opt_table[i].type == OPT_FLAG ? no_argument : required_argument, NULL,
         (int)(256 + i)};
   longopts[OPT_COUNT_ALL] = (struct option){"help", no_argument, NULL, 'h'};
-  longopts[OPT_COUNT_ALL + 1] = (struct option){NULL, 0, NULL, 0};
+  longopts[OPT_COUNT_ALL + 1] =
+      (struct option){"version", no_argument, NULL, 'V'};
+  longopts[OPT_COUNT_ALL + 2] = (struct option){NULL, 0, NULL, 0};
   optind = 1;
   opterr = 0;
   int ch;
@@ -419,6 +421,8 @@ int cgs_config_load(cgs_config *c, int argc, char **argv, FILE *out, char *err,
       cgs_config_usage(out, argv[0]);
       return 1;
     }
+    if (ch == 'V')
+      return CGS_CONFIG_VERSION;
     if (ch == '?' || ch == ':') {
       snprintf(err, errlen, "%s: '%s' (try --help)",
                ch == ':' ? "missing value for option" : "unknown option",
@@ -630,7 +634,9 @@ void cgs_config_usage(FILE *out, const char *argv0) {
       fprintf(out, "      bounds: %g .. %g seconds\n", (double)o->min / 1000.0,
               (double)o->max / 1000.0);
   }
-  fprintf(out, "  -h, --help\n      print this help and exit\n\n"
+  fprintf(out, "  -h, --help\n      print this help and exit\n"
+               "  --version\n      print the versions of the server, oneDNN "
+               "(with the ISA it dispatches to here) and gRPC, and exit\n\n"
                "On start the server prints one line to stdout:\n"
                "  convgrad-server ready listen=HOST:PORT [unix=PATH...] "
                "workers=N threads_per_worker=T threads_policy=POLICY "

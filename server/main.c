@@ -146,6 +146,14 @@ static void print_ready(const app *a) {
   fflush(stdout);
 }
 
+/* --version: what an ops engineer or a bug report needs to know about
+ * this binary on this machine. The ISA is the one oneDNN dispatches to
+ * here (DNNL_MAX_CPU_ISA caps it). */
+static void print_version(void) {
+  printf("convgrad-server %s\noneDNN %s, ISA %s\ngRPC core %s\n", CGS_VERSION,
+         cg_backend_version(), cg_backend_isa(), grpc_version_string());
+}
+
 int main(int argc, char **argv) {
   static app a; /* large; lives for the whole run */
   char err[512];
@@ -156,6 +164,10 @@ int main(int argc, char **argv) {
     rc = cgs_config_load(&a.cfg, argc, argv, stdout, err, sizeof err);
   if (rc == 1)
     return 0; /* --help */
+  if (rc == CGS_CONFIG_VERSION) {
+    print_version();
+    return 0;
+  }
   cgs_log_set_level(a.cfg.log_level);
   if (rc == 0)
     rc = cgs_config_finish(&a.cfg, err, sizeof err);

@@ -91,5 +91,6 @@ int cgc_cmd_info(int argc, char **argv);
 int cgc_cmd_run(int argc, char **argv);
 int cgc_cmd_smoke(int argc, char **argv);
 int cgc_cmd_bench(int argc, char **argv);
+int cgc_cmd_version(int argc, char **argv);
 
 #endif

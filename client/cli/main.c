@@ -1,10 +1,11 @@
-/* main.c - the convgrad CLI entry point: subcommand dispatch and the two
- * small subcommands (health, info). */
+/* main.c - the convgrad CLI entry point: subcommand dispatch and the
+ * small subcommands (health, info, version). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <cJSON.h>
+#include <grpc/grpc.h>
 
 #include "cli.h"
 
@@ -200,6 +201,44 @@ int cgc_cmd_info(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ */
 
+static const char cgc__version_help[] =
+    "Usage: convgrad version [options]   (or convgrad --version [options])\n"
+    "Prints the versions of this CLI, of the libcgclient it loaded and of\n"
+    "gRPC, then those of the server at the target (GetServerInfo): its\n"
+    "version, oneDNN version and the ISA oneDNN dispatches to there. The\n"
+    "CLI itself runs no oneDNN. Exits 0 once the local versions are\n"
+    "printed, whether the server answered or not (its line says why not).\n"
+    "The deadline defaults to 2000 ms, retries to 0.\n";
+
+int cgc_cmd_version(int argc, char **argv) {
+  cgc_cli cli;
+  int code;
+  const cgc_cli_opt opts[] = {{NULL, 0, NULL}};
+  cgc_cli_init(&cli, "version", cgc__version_help, 2000);
+  cli.opts.retries = 0; /* a missing server must not stall the answer */
+  if (cgc_cli_parse(&cli, opts, argc, argv, &code))
+    return code;
+  printf("convgrad %s\nlibcgclient %s, gRPC core %s\n", CGC_CLI_VERSION,
+         cgc_version(), grpc_version_string());
+  fflush(stdout);
+  cgc_channel *ch;
+  if ((code = cgc_cli_connect(&cli, &ch)) != 0)
+    return code;
+  cgc_server_info *in = NULL;
+  cgc_status st;
+  if (cgc_server_info_get(ch, 0, &in, &st) == 0)
+    printf("server %s: convgrad-server %s, oneDNN %s, ISA %s\n", cli.target,
+           in->version, in->onednn_version, in->cpu_isa);
+  else
+    printf("server %s: no answer (%s: %s)\n", cli.target,
+           cgc_status_code_name(st.code), st.message);
+  cgc_server_info_free(in);
+  cgc_channel_free(ch);
+  return CGC_EXIT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+
 static const char cgc__main_help[] =
     "Usage: convgrad COMMAND [options]\n"
     "Client of the convgrad convolution-gradient service.\n"
@@ -211,6 +250,8 @@ static const char cgc__main_help[] =
     "           from .npy or random; --check against the local reference\n"
     "  smoke    every op in several attribute combinations, verified\n"
     "  bench    latency percentiles and throughput for a problem list\n"
+    "  version  versions of the CLI, libcgclient, gRPC and the server's\n"
+    "           (oneDNN, ISA); also --version\n"
     "\n"
     "`convgrad COMMAND --help` describes each. The server address comes\n"
     "from --target or $CONVGRAD_TARGET (default " CGC_DEFAULT_TARGET ").\n";
@@ -221,11 +262,9 @@ int main(int argc, char **argv) {
   static const struct {
     const char *name;
     int (*fn)(int, char **);
-  } cmds[] = {{"health", cgc_cmd_health},
-              {"info", cgc_cmd_info},
-              {"run", cgc_cmd_run},
-              {"smoke", cgc_cmd_smoke},
-              {"bench", cgc_cmd_bench}};
+  } cmds[] = {{"health", cgc_cmd_health}, {"info", cgc_cmd_info},
+              {"run", cgc_cmd_run},       {"smoke", cgc_cmd_smoke},
+              {"bench", cgc_cmd_bench},   {"version", cgc_cmd_version}};
   if (argc < 2) {
     fprintf(stderr, "convgrad: missing command (see convgrad --help)\n");
     return CGC_EXIT_USAGE;
@@ -235,6 +274,8 @@ int main(int argc, char **argv) {
     printf("%s\n%s", cgc__main_help, CGC_EXIT_CODES_HELP);
     return 0;
   }
+  if (!strcmp(argv[1], "--version"))
+    return cgc_cmd_version(argc - 1, argv + 1);
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(argv[1], cmds[i].name))
       return cmds[i].fn(argc - 1, argv + 1);

@@ -69,9 +69,10 @@ static void expect(th_run *r, int code, const char *needle,
 
 static void test_help_everywhere(void **state) {
   (void)state;
-  static const char *const cmds[] = {"health", "info", "run", "smoke", "bench"};
+  static const char *const cmds[] = {"health", "info",  "run",
+                                     "smoke",  "bench", "version"};
   th_run r;
-  for (size_t i = 0; i < 5; i++) {
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
     const char *argv[] = {cli, cmds[i], "--help", NULL};
     expect(&r, 0, "Exit codes", argv);
     assert_non_null(strstr(r.out, "--target"));
@@ -119,6 +120,52 @@ static void test_info(void **state) {
       cJSON_GetStringValue(cJSON_GetObjectItem(root, "threads_policy")),
       "adaptive");
   cJSON_Delete(root);
+}
+
+/* The text after "prefix" in out, up to the end of its line, into buf. */
+static void line_after(const char *out, const char *prefix, char *buf,
+                       size_t cap) {
+  const char *p = strstr(out, prefix);
+  if (!p)
+    fail_msg("no '%s' in: %s", prefix, out);
+  p += strlen(prefix);
+  snprintf(buf, cap, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/* --version of the CLI (with the server's) and of the server binary: the
+ * release everywhere, and the live server reports the oneDNN and ISA its
+ * binary's --version names on this machine. */
+static void test_version(void **state) {
+  (void)state;
+  th_run r, s;
+  char want[256], got[256], onednn[128], grpc_cli[64], grpc_server[64];
+  const char *argv[] = {cli, "--version", tflag, NULL};
+  expect(&r, 0,
+         "convgrad " CG_TEST_VERSION "\nlibcgclient " CG_TEST_VERSION
+         ", gRPC core ",
+         argv);
+  const char *server[] = {server_exe, "--version", NULL};
+  th_run_cmd(&s, server);
+  assert_int_equal(s.code, 0);
+  assert_memory_equal(s.out, "convgrad-server " CG_TEST_VERSION "\n",
+                      strlen("convgrad-server " CG_TEST_VERSION "\n"));
+  line_after(s.out, "\noneDNN ", onednn, sizeof onednn);
+  assert_non_null(strstr(onednn, ", ISA "));
+  snprintf(want, sizeof want,
+           "%s: convgrad-server " CG_TEST_VERSION ", oneDNN %s", target,
+           onednn);
+  line_after(r.out, "\nserver ", got, sizeof got);
+  assert_string_equal(got, want);
+  /* One build, one libgrpc. */
+  line_after(r.out, "gRPC core ", grpc_cli, sizeof grpc_cli);
+  line_after(s.out, "gRPC core ", grpc_server, sizeof grpc_server);
+  assert_string_equal(grpc_cli, grpc_server);
+  /* No server: the local lines and exit 0, the server line says why. */
+  char dead[80];
+  snprintf(dead, sizeof dead, "--target=127.0.0.1:%d", th_free_port());
+  const char *down[] = {cli, "version", dead, NULL};
+  expect(&r, 0, "convgrad " CG_TEST_VERSION "\n", down);
+  assert_non_null(strstr(r.out, ": no answer (UNAVAILABLE: "));
 }
 
 /* What an info line shows on every machine: its label, or for the limits
@@ -641,6 +688,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_health),
       cmocka_unit_test(test_info),
       cmocka_unit_test(test_readme_info_example),
+      cmocka_unit_test(test_version),
       cmocka_unit_test(test_run_flags_check_and_out),
       cmocka_unit_test(test_run_problem_in_given_formats),
       cmocka_unit_test(test_run_graph_json),
