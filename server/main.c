@@ -19,6 +19,7 @@
 #include "cgs_buf.h"
 #include "cgs_config.h"
 #include "cgs_log.h"
+#include "cgs_notify.h"
 #include "cgs_server.h"
 
 typedef struct app {
@@ -27,6 +28,7 @@ typedef struct app {
   cgs_server server;
   uv_signal_t sigterm, sigint, sighup;
   int signals_open;
+  cgs_notify notify;
 } app;
 
 /* oneDNN runs on libgomp, whose idle team threads spin for 300,000 rounds
@@ -72,6 +74,7 @@ static void tune_malloc(void) {
 static void on_signal(uv_signal_t *h, int signum) {
   app *a = h->data;
   cgs_info("received %s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  cgs_notify_stopping();
   cgs_server_drain(&a->server);
 }
 
@@ -95,7 +98,9 @@ static void close_signals(app *a) {
 }
 
 static void on_server_stopped(cgs_server *s) {
-  close_signals(cgs_container_of(s, app, server));
+  app *a = cgs_container_of(s, app, server);
+  close_signals(a);
+  cgs_notify_close(&a->notify);
 }
 
 /* "listen=HOST:PORT" of the first TCP address (its bound port), or
@@ -120,7 +125,9 @@ static void format_listeners(const cgs_listeners *ls, char *buf, size_t cap) {
       cg_text_appendf(&t, " unix=%s", ls->l[i].path);
 }
 
-static void print_ready(const app *a) {
+/* The readiness line into line (cap bytes, without the newline), printed
+ * to stdout. */
+static void print_ready(const app *a, char *line, size_t cap) {
   char cpus[1024], io_cpus[1024], listen[1200];
   cgs_config_format_cpus(&a->cfg.cpus, cpus, sizeof cpus);
   cgs_config_format_cpus(&a->cfg.io_cpus, io_cpus, sizeof io_cpus);
@@ -137,12 +144,14 @@ static void print_ready(const app *a) {
     snprintf(listen + n, sizeof listen - n, " tls=%s",
              a->cfg.tls_client_ca[0] ? "mutual" : "on");
   }
+  snprintf(line, cap,
+           "convgrad-server ready %s workers=%u threads_per_worker=%u "
+           "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s",
+           listen, a->cfg.workers, a->cfg.threads_per_worker,
+           cgs_threads_policy_name(a->cfg.threads_policy), cpus, io_cpus,
+           cg_backend_isa(), cg_backend_version());
   /* stdout, one line, flushed: scripts and tests parse it. */
-  printf("convgrad-server ready %s workers=%u threads_per_worker=%u "
-         "threads_policy=%s cpus=%s io_cpus=%s isa=%s onednn=%s\n",
-         listen, a->cfg.workers, a->cfg.threads_per_worker,
-         cgs_threads_policy_name(a->cfg.threads_policy), cpus, io_cpus,
-         cg_backend_isa(), cg_backend_version());
+  printf("%s\n", line);
   fflush(stdout);
 }
 
@@ -220,7 +229,9 @@ int main(int argc, char **argv) {
     uv_signal_start(&a.sigterm, on_signal, SIGTERM);
     uv_signal_start(&a.sigint, on_signal, SIGINT);
     uv_signal_start(&a.sighup, on_sighup, SIGHUP);
-    print_ready(&a);
+    char ready[4096];
+    print_ready(&a, ready, sizeof ready);
+    cgs_notify_ready(&a.notify, &a.loop, ready);
   }
   /* Runs until every handle is closed: after a drain, or at once after a
    * failed start (only close callbacks are left then). */

@@ -18,7 +18,7 @@ main_packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler libuv1-dev libmicrohttpd-dev libssl-dev libdnnl-dev
-  libcmocka-dev libcjson-dev
+  libcmocka-dev libcjson-dev libsystemd-dev
   python3 python3-numpy
 )
 test_packages=(
