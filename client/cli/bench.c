@@ -1,6 +1,7 @@
 /* bench.c - `convgrad bench`: end-to-end latency percentiles and
  * throughput for a benchdnn-style problem list (cg/bdesc.h) at a given
- * concurrency, as a table or JSON. Threads share one channel. */
+ * concurrency, as a table or JSON, with the retries the calls needed and
+ * the calls that failed. Threads share one channel. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -27,10 +28,16 @@ static const char cgc__bench_help[] =
     "  --data-format F --weights-format F   layouts (default NXC, XIO/XOI)\n"
     "  --concurrency N  concurrent callers (default 1)\n"
     "  --requests N     timed requests per row (default 200)\n"
+    "  --duration S     end each row's timed part after S seconds, if\n"
+    "                   its requests are not all done by then\n"
     "  --warmup N       untimed requests per row first (default 10)\n"
     "  --json           print JSON instead of a table\n"
     "  --shm            pass tensors in a shared-memory region per caller\n"
-    "                   (a server on this host: unix:PATH or loopback)\n";
+    "                   (a server on this host: unix:PATH or loopback)\n"
+    "Calls refused with \"retry later\" are retried (--retries); the\n"
+    "retries column counts them. A call that still fails is counted in\n"
+    "the errors column and left out of the latencies; the run goes on, and\n"
+    "exits with the first failure's code at the end.\n";
 
 #define CGC__MAX_PROBLEMS 256
 
@@ -40,9 +47,11 @@ typedef struct cgc__bench_row {
   char name[64];
   void *in[2];
   /* results */
-  double *lat_ms;
+  double *lat_ms; /* by request; < 0 for a failed call */
   atomic_long next;
-  long n, errors;
+  double stop_s;       /* no request starts after this; 0: none */
+  long n, errors, ran; /* ran: requests started */
+  long retries;
   double compute_ms_sum, queue_ms_sum;
   double wall_s;
   int first_rc;
@@ -79,7 +88,7 @@ static void *cgc__bench_thread(void *arg) {
   cgc_spec_request(&r->spec, r->in[0], r->geom.in_bytes[0], r->in[1],
                    r->geom.in_bytes[1], &req);
   double qsum = 0, csum = 0;
-  long errs = 0;
+  long errs = 0, retries = 0;
   /* One result buffer per thread, reused like a trainer's gradient
    * buffer: the figures leave out allocation and first-touch faults. With
    * --shm it lies in the thread's region, beside the inputs' copies. */
@@ -106,13 +115,15 @@ static void *cgc__bench_thread(void *arg) {
     buf = malloc(cap);
   }
   for (;;) {
+    double t0 = cgc__now_s();
+    if (r->stop_s > 0 && t0 >= r->stop_s)
+      break;
     long i = atomic_fetch_add(&r->next, 1);
     if (i >= r->n)
       break;
     cgc_tensor out;
-    cgc_result res;
+    cgc_result res = {.attempts = 1};
     cgc_status st;
-    double t0 = cgc__now_s();
     int rc = CG_ENOMEM;
     if (buf)
       rc = cgc_compute_into(w->ch, &req, buf, cap, &out, &res, &st);
@@ -120,7 +131,9 @@ static void *cgc__bench_thread(void *arg) {
       st = (cgc_status){GRPC_STATUS_RESOURCE_EXHAUSTED,
                         "out of memory for the result buffer"};
     r->lat_ms[i] = (cgc__now_s() - t0) * 1e3;
+    retries += res.attempts > 1 ? res.attempts - 1 : 0;
     if (rc) {
+      r->lat_ms[i] = -1;
       errs++;
       cgc__bench_failed(r, rc, &st);
     } else {
@@ -134,6 +147,7 @@ static void *cgc__bench_thread(void *arg) {
     free(buf);
   pthread_mutex_lock(&r->mu);
   r->errors += errs;
+  r->retries += retries;
   r->queue_ms_sum += qsum;
   r->compute_ms_sum += csum;
   pthread_mutex_unlock(&r->mu);
@@ -145,8 +159,10 @@ static int cgc__cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Nearest-rank percentile of sorted v. */
+/* Nearest-rank percentile of sorted v; 0 when empty. */
 static double cgc__pct(const double *v, long n, double p) {
+  if (n == 0)
+    return 0;
   long k = (long)(p / 100.0 * (double)n + 0.999999) - 1;
   if (k < 0)
     k = 0;
@@ -155,9 +171,11 @@ static double cgc__pct(const double *v, long n, double p) {
   return v[k];
 }
 
-/* Runs warmup then n timed requests of row r on `conc` threads. */
+/* Runs warmup then n timed requests of row r on `conc` threads, for at
+ * most duration_s seconds (0: no bound); r->n becomes the number of
+ * successful calls, their latencies sorted first in r->lat_ms. */
 static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
-                              long n, int conc, int shm) {
+                              long n, double duration_s, int conc, int shm) {
   pthread_t th[256];
   cgc__bench_worker w = {ch, r, shm};
   r->lat_ms = calloc((size_t)(n > warmup ? n : warmup) + 1, sizeof(double));
@@ -167,11 +185,13 @@ static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
   r->n = warmup;
   atomic_store(&r->next, 0);
   cgc__bench_thread(&w);
-  r->errors = 0;
+  r->errors = r->retries = 0;
+  r->first_rc = 0; /* the warmup's failures are not the row's */
   r->queue_ms_sum = r->compute_ms_sum = 0;
   r->n = n;
   atomic_store(&r->next, 0);
   double t0 = cgc__now_s();
+  r->stop_s = duration_s > 0 ? t0 + duration_s : 0;
   int started = 0;
   for (; started < conc; started++)
     if (pthread_create(&th[started], NULL, cgc__bench_thread, &w) != 0)
@@ -181,7 +201,13 @@ static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
   for (int i = 0; i < started; i++)
     pthread_join(th[i], NULL);
   r->wall_s = cgc__now_s() - t0;
-  qsort(r->lat_ms, (size_t)n, sizeof(double), cgc__cmp_double);
+  long ran = atomic_load(&r->next), ok = 0;
+  r->ran = ran < n ? ran : n;
+  for (long i = 0; i < r->ran; i++)
+    if (r->lat_ms[i] >= 0)
+      r->lat_ms[ok++] = r->lat_ms[i];
+  r->n = ok;
+  qsort(r->lat_ms, (size_t)ok, sizeof(double), cgc__cmp_double);
   return 0;
 }
 
@@ -296,16 +322,17 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
          p90 = cgc__pct(r->lat_ms, r->n, 90),
          p99 = cgc__pct(r->lat_ms, r->n, 99);
   double rps = (double)r->n / r->wall_s;
+  long ok = r->n ? r->n : 1;
   double mbs =
       rps *
       (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] + r->geom.out_bytes) /
       1e6;
-  double cms = r->compute_ms_sum / (double)r->n;
+  double cms = r->compute_ms_sum / (double)ok;
   if (!jrows) {
     printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
-           "%10.3f\n",
+           "%10.3f %7ld %6ld\n",
            w, r->name, cg_op_name(r->spec.op), cg_dtype_name(r->spec.dtype),
-           conc, r->n, p50, p90, p99, rps, mbs, cms);
+           conc, r->n, p50, p90, p99, rps, mbs, cms, r->retries, r->errors);
     fflush(stdout);
     return;
   }
@@ -321,7 +348,9 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
   cJSON_AddNumberToObject(o, "requests_per_s", rps);
   cJSON_AddNumberToObject(o, "mb_per_s", mbs);
   cJSON_AddNumberToObject(o, "server_compute_ms", cms);
-  cJSON_AddNumberToObject(o, "server_queue_ms", r->queue_ms_sum / (double)r->n);
+  cJSON_AddNumberToObject(o, "server_queue_ms", r->queue_ms_sum / (double)ok);
+  cJSON_AddNumberToObject(o, "retries", (double)r->retries);
+  cJSON_AddNumberToObject(o, "errors", (double)r->errors);
   cJSON_AddNumberToObject(o, "gflops", r->geom.flops * rps / 1e9);
   cJSON_AddItemToArray(jrows, o);
 }
@@ -329,17 +358,18 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
 /* Measures every row in turn on random inputs, printing each as it ends;
  * jrows collects them for --json (NULL for the table). */
 static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
-                          int nrows, long warmup, long nreq, int conc, int shm,
-                          cJSON *jrows) {
+                          int nrows, long warmup, long nreq, double duration_s,
+                          int conc, int shm, cJSON *jrows) {
   uint64_t seed = 7;
   int code, w = 7; /* the problem column fits the longest name */
+  const cgc__bench_row *failed = NULL;
   for (int i = 0; i < nrows; i++)
     if ((int)strlen(rows[i].name) > w)
       w = (int)strlen(rows[i].name);
   if (!jrows)
-    printf("%-*s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s\n", w, "problem",
-           "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms", "req/s",
-           "MB/s", "compute ms");
+    printf("%-*s %-28s %-4s %4s %6s %8s %8s %8s %9s %9s %10s %7s %6s\n", w,
+           "problem", "op", "type", "conc", "n", "p50 ms", "p90 ms", "p99 ms",
+           "req/s", "MB/s", "compute ms", "retries", "errors");
   for (int i = 0; i < nrows; i++) {
     cgc__bench_row *r = &rows[i];
     for (int k = 0; k < 2; k++) {
@@ -350,13 +380,14 @@ static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
       }
       cg_fill_uniform(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
     }
-    if ((code = cgc__bench_row_run(ch, r, warmup, nreq, conc, shm)) != 0)
+    if ((code = cgc__bench_row_run(ch, r, warmup, nreq, duration_s, conc,
+                                   shm)) != 0)
       return code;
-    if (r->errors)
-      return cgc_cli_fail(cli, r->first_rc, &r->first_st);
+    if (r->errors && !failed)
+      failed = r;
     cgc__bench_print(r, w, conc, jrows);
   }
-  return 0;
+  return failed ? cgc_cli_fail(cli, failed->first_rc, &failed->first_st) : 0;
 }
 
 int cgc_cmd_bench(int argc, char **argv) {
@@ -371,6 +402,7 @@ int cgc_cmd_bench(int argc, char **argv) {
   cgc_cli_num conc = {1, 1, 256, "--concurrency must be 1..256"};
   cgc_cli_num nreq = {200, 1, 10000000, "--requests must be >= 1"};
   cgc_cli_num warmup = {10, 0, 1000000, "--warmup must be >= 0"};
+  cgc_cli_num duration = {0, 0, 86400, "--duration must be 0..86400 seconds"};
   const cgc_cli_opt opts[] = {{"problems", CGC_CLI_STR, &file},
                               {"problem", CGC_CLI_STRS, &descs},
                               {"deconv", CGC_CLI_FLAG, &deconv},
@@ -381,6 +413,7 @@ int cgc_cmd_bench(int argc, char **argv) {
                               {"concurrency", CGC_CLI_NUM, &conc},
                               {"requests", CGC_CLI_NUM, &nreq},
                               {"warmup", CGC_CLI_NUM, &warmup},
+                              {"duration", CGC_CLI_NUM, &duration},
                               {"json", CGC_CLI_FLAG, &json},
                               {"shm", CGC_CLI_FLAG, &shm},
                               {NULL, 0, NULL}};
@@ -402,8 +435,8 @@ int cgc_cmd_bench(int argc, char **argv) {
       (code = cgc_cli_connect(&cli, &ch)) == 0) {
     cJSON *jrows = json ? cJSON_CreateArray() : NULL;
     code = cgc__bench_run(&cli, ch, rows, nrows, (long)warmup.v, (long)nreq.v,
-                          (int)conc.v, shm, jrows);
-    char *text = !code && jrows ? cJSON_Print(jrows) : NULL;
+                          (double)duration.v, (int)conc.v, shm, jrows);
+    char *text = jrows ? cJSON_Print(jrows) : NULL;
     if (text)
       printf("%s\n", text);
     cJSON_free(text);

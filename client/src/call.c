@@ -3,6 +3,7 @@
  * used by Health/Check and GetServerInfo: one batch of six ops on a
  * completion queue owned by the call, so a shared channel needs no
  * locking. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,12 +50,51 @@ int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len) {
   return 0;
 }
 
-void cgc__call_io_init(cgc__call_io *io) {
+void cgc__call_io_init(cgc__call_io *io, const cgc_channel *ch, int retry) {
   memset(io, 0, sizeof *io);
+  if (ch->auth_md_count)
+    io->md[io->md_count++] = ch->auth_md;
+  if (retry > 0) {
+    int n = snprintf(io->retry_value, sizeof io->retry_value, "%d", retry);
+    io->md[io->md_count].key =
+        grpc_slice_from_static_string(CGC__RETRY_ATTEMPT_KEY);
+    io->md[io->md_count].value =
+        grpc_slice_from_static_buffer(io->retry_value, (size_t)n);
+    io->md_count++;
+  }
   grpc_metadata_array_init(&io->initial_md);
   grpc_metadata_array_init(&io->trailing_md);
   io->code = GRPC_STATUS_UNKNOWN;
   io->details = grpc_empty_slice();
+}
+
+/* The value of key in md as a count of milliseconds, -1 when absent or
+ * not plain decimal digits (at most 9: a wait past 11 days is no hint). */
+static int64_t cgc__md_millis(const grpc_metadata_array *md, const char *key) {
+  for (size_t i = 0; i < md->count; i++) {
+    if (grpc_slice_str_cmp(md->metadata[i].key, key) != 0)
+      continue;
+    const grpc_slice v = md->metadata[i].value;
+    size_t n = GRPC_SLICE_LENGTH(v);
+    const uint8_t *p = GRPC_SLICE_START_PTR(v);
+    int64_t ms = 0;
+    if (n == 0 || n > 9)
+      return -1;
+    for (size_t k = 0; k < n; k++) {
+      if (p[k] < '0' || p[k] > '9')
+        return -1;
+      ms = ms * 10 + (p[k] - '0');
+    }
+    return ms;
+  }
+  return -1;
+}
+
+int64_t cgc__call_io_retry_after(const cgc__call_io *io) {
+  /* A refusal without a response is "Trailers-Only" on the wire; look in
+   * both arrays whichever way gRPC surfaces it. */
+  int64_t ms = cgc__md_millis(&io->trailing_md, CGC__RETRY_AFTER_KEY);
+  return ms >= 0 ? ms : cgc__md_millis(&io->initial_md, CGC__RETRY_AFTER_KEY);
 }
 
 void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
@@ -80,12 +120,11 @@ void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
   grpc_metadata_array_destroy(&io->trailing_md);
 }
 
-void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io,
-                          const cgc_channel *ch) {
+void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io) {
   memset(ops, 0, 5 * sizeof *ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-  ops[0].data.send_initial_metadata.count = ch->auth_md_count;
-  ops[0].data.send_initial_metadata.metadata = (grpc_metadata *)&ch->auth_md;
+  ops[0].data.send_initial_metadata.count = io->md_count;
+  ops[0].data.send_initial_metadata.metadata = io->md;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = io->send_bb;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -105,8 +144,8 @@ void cgc__op_recv_status(grpc_op *op, cgc__call_io *io) {
 }
 
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
-               size_t reqlen, gpr_timespec deadline, void **resp,
-               size_t *resplen, cgc_status *st) {
+               size_t reqlen, cgc__try *t, void **resp, size_t *resplen,
+               cgc_status *st) {
   int rc = 0;
   grpc_completion_queue *cq = NULL;
   grpc_call *call = NULL;
@@ -116,7 +155,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
 
   *resp = NULL;
   *resplen = 0;
-  cgc__call_io_init(&io);
+  cgc__call_io_init(&io, ch, t->retry);
 
   grpc_slice payload = grpc_slice_from_copied_buffer(req, reqlen);
   io.send_bb = grpc_raw_byte_buffer_create(&payload, 1);
@@ -125,14 +164,14 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
   cq = grpc_completion_queue_create_for_next(NULL);
   call = grpc_channel_create_call(ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                   grpc_slice_from_static_string(method), NULL,
-                                  deadline, NULL);
+                                  t->deadline, NULL);
   if (!call) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create a call to %s",
                     method);
     rc = CGC_ERPC;
     goto out;
   }
-  cgc__ops_one_message(ops, &io, ch);
+  cgc__ops_one_message(ops, &io);
   cgc__op_recv_status(&ops[5], &io);
   if (grpc_call_start_batch(call, ops, 6, (void *)1, NULL) != GRPC_CALL_OK) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call to %s",
@@ -148,6 +187,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
       cgc__status_set(st, GRPC_STATUS_INTERNAL, "completion queue failed");
     else
       cgc__status_from_grpc(st, io.code, io.details);
+    t->retry_after_ms = cgc__call_io_retry_after(&io);
     rc = CGC_ERPC;
     goto out;
   }

@@ -483,40 +483,74 @@ static void cgc__wait_for_channel(cgc_channel *ch, gpr_timespec wake) {
   grpc_completion_queue_destroy(cq);
 }
 
+/* Next value of a per-call xorshift generator: jitter spreads the retries
+ * of many clients, and a state per call keeps this thread-safe without a
+ * shared generator. */
+static uint64_t cgc__xorshift(uint64_t *seed) {
+  *seed ^= *seed << 13;
+  *seed ^= *seed >> 7;
+  *seed ^= *seed << 17;
+  return *seed;
+}
+
+/* How long to wait before retry number t->retry + 1 of a call that
+ * failed with code, in ms, or -1 when it must not be retried (a permanent
+ * failure, or a wait that would pass the deadline). backoff is this
+ * retry's exponential step. */
+static int64_t cgc__retry_wait(const cgc__try *t, grpc_status_code code,
+                               double backoff, uint64_t *seed) {
+  double left_ms = gpr_timespec_to_micros(gpr_time_sub(
+                       t->deadline, gpr_now(GPR_CLOCK_MONOTONIC))) /
+                   1e3;
+  double unit = (double)(cgc__xorshift(seed) % 1000000) / 1e6; /* [0, 1) */
+  if (t->retry_after_ms >= 0 && (code == GRPC_STATUS_RESOURCE_EXHAUSTED ||
+                                 code == GRPC_STATUS_UNAVAILABLE)) {
+    /* "Retry later": never before the server's hint, then full jitter
+     * over the exponential step, so that the callers one refusal burst
+     * turned away come back spread out rather than together. */
+    double hint = (double)t->retry_after_ms;
+    if (hint >= left_ms)
+      return -1;
+    double spread = backoff < left_ms - hint ? backoff : left_ms - hint;
+    return (int64_t)(hint + unit * spread);
+  }
+  if (code != GRPC_STATUS_UNAVAILABLE)
+    return -1; /* RESOURCE_EXHAUSTED without a hint is a limit: permanent */
+  /* A lost connection: the wait ends as soon as the channel is READY
+   * again (cgc__wait_for_channel), so it keeps the whole step, +-20%. */
+  double wait = backoff * (0.8 + 0.4 * unit);
+  return wait < left_ms ? (int64_t)wait : -1;
+}
+
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st) {
   const cgc_options *o = &ch->opts;
   double backoff = (double)o->backoff_initial_ms;
-  /* Jitter spreads the retries of many clients; a per-call xorshift
-   * state keeps this thread-safe without a shared generator. */
   uint64_t seed = (uint64_t)(cgc__now_ms() * 1e6) ^ (uint64_t)(uintptr_t)&seed;
-  int rc, n = 0;
+  int rc;
+  cgc__try t = {deadline, attempts ? *attempts : 0, -1};
   /* The decision needs the status even when the caller did not ask. */
   cgc_status local;
   if (!st)
     st = &local;
   for (;;) {
-    n++;
-    rc = attempt(ch, ctx, deadline, st);
-    if (rc != CGC_ERPC || st->code != GRPC_STATUS_UNAVAILABLE || n > o->retries)
+    t.retry_after_ms = -1;
+    rc = attempt(ch, ctx, &t, st);
+    if (rc != CGC_ERPC || t.retry >= o->retries)
       break;
-    seed ^= seed << 13;
-    seed ^= seed >> 7;
-    seed ^= seed << 17;
-    double jitter = 0.8 + 0.4 * (double)(seed % 1000) / 1000.0;
-    int64_t wait_ms = (int64_t)(backoff * jitter);
-    gpr_timespec wake =
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                     gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
-    if (gpr_time_cmp(wake, deadline) >= 0)
+    int64_t wait_ms = cgc__retry_wait(&t, st->code, backoff, &seed);
+    if (wait_ms < 0)
       break;
-    cgc__wait_for_channel(ch, wake);
+    cgc__wait_for_channel(
+        ch, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                         gpr_time_from_millis(wait_ms, GPR_TIMESPAN)));
+    t.retry++;
     backoff *= o->backoff_multiplier;
     if (backoff > (double)o->backoff_max_ms)
       backoff = (double)o->backoff_max_ms;
   }
   if (attempts)
-    *attempts = n;
+    *attempts = t.retry + 1;
   return rc;
 }

@@ -507,10 +507,10 @@ static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
 
 /* Starts the first batches: the header, and for a long upload the status
  * too. Returns 0, or CGC_ERPC when a batch cannot start. */
-static int cgc__open(cgc__attempt *a, cgc__flight *f, const cgc_channel *ch) {
+static int cgc__open(cgc__attempt *a, cgc__flight *f) {
   grpc_op ops[5];
   cgc__op_recv_status(&f->status_op, &f->io);
-  cgc__ops_one_message(ops, &f->io, ch);
+  cgc__ops_one_message(ops, &f->io);
   f->sending = cgc__upload_left(a);
   if (!f->sending) {
     /* The whole request fits one message: a single batch sends it and
@@ -690,14 +690,14 @@ static void cgc__unpin(cgc__attempt *a) {
 /* One Compute call on a completion queue of its own: send batches (one at
  * a time), receive batches (one at a time) and the status batch, driven
  * until none is pending. */
-static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
-                                gpr_timespec deadline, cgc_status *st) {
+static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
+                                cgc_status *st) {
   cgc__attempt *a = vctx;
   cgc__flight f;
   memset(&f, 0, sizeof f);
   f.cq = grpc_completion_queue_create_for_next(NULL);
   f.t0 = f.t_last = cgc__now_ms();
-  cgc__call_io_init(&f.io);
+  cgc__call_io_init(&f.io, ch, t->retry);
   int rc = cgc__attempt_reset(a, st);
   if (rc)
     goto out;
@@ -706,17 +706,18 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx,
   f.call = grpc_channel_create_call(
       ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
       grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
-      deadline, NULL);
+      t->deadline, NULL);
   if (!f.call) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
     rc = CGC_ERPC;
-  } else if (cgc__open(a, &f, ch) != 0) {
+  } else if (cgc__open(a, &f) != 0) {
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
     rc = CGC_ERPC;
     cgc__drain(&f);
   } else {
     cgc__drive(a, &f);
     rc = cgc__outcome(a, &f, st);
+    t->retry_after_ms = cgc__call_io_retry_after(&f.io);
   }
 out:
   cgc__call_end(f.call, f.cq, &f.io);
@@ -852,11 +853,8 @@ static int cgc__compute(cgc_channel *ch, const cgc_request *req,
   gpr_timespec deadline = cgc__deadline(ch, req->deadline_ms);
   rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &attempts, s);
   if (rc == CGC_ERPC && s->code == GRPC_STATUS_NOT_FOUND && in_regions &&
-      cgc__register_again(&a, ch, s) == 0) {
-    int more = 0;
-    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &more, s);
-    attempts += more;
-  }
+      cgc__register_again(&a, ch, s) == 0)
+    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &attempts, s);
   a.res.attempts = attempts;
   if (res)
     *res = a.res;

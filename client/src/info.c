@@ -12,8 +12,8 @@ typedef struct cgc__health_ctx {
   cgc_health_status status;
 } cgc__health_ctx;
 
-static int cgc__health_attempt(cgc_channel *ch, void *vctx,
-                               gpr_timespec deadline, cgc_status *st) {
+static int cgc__health_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
+                               cgc_status *st) {
   cgc__health_ctx *ctx = vctx;
   Grpc__Health__V1__HealthCheckRequest req =
       GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
@@ -27,8 +27,8 @@ static int cgc__health_attempt(cgc_channel *ch, void *vctx,
     return CG_EINVAL;
   }
   size_t len = grpc__health__v1__health_check_request__pack(&req, buf);
-  int rc = cgc__unary(ch, "/grpc.health.v1.Health/Check", buf, len, deadline,
-                      &resp, &resplen, st);
+  int rc = cgc__unary(ch, "/grpc.health.v1.Health/Check", buf, len, t, &resp,
+                      &resplen, st);
   if (rc)
     return rc;
   Grpc__Health__V1__HealthCheckResponse *r =
@@ -66,13 +66,13 @@ typedef struct cgc__info_ctx {
   cgc_server_info *info;
 } cgc__info_ctx;
 
-static int cgc__info_attempt(cgc_channel *ch, void *vctx, gpr_timespec deadline,
+static int cgc__info_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
                              cgc_status *st) {
   cgc__info_ctx *ctx = vctx;
   void *resp = NULL;
   size_t resplen = 0;
-  int rc = cgc__unary(ch, "/convgrad.v1.ConvGrad/GetServerInfo", "", 0,
-                      deadline, &resp, &resplen, st);
+  int rc = cgc__unary(ch, "/convgrad.v1.ConvGrad/GetServerInfo", "", 0, t,
+                      &resp, &resplen, st);
   if (rc)
     return rc;
   Convgrad__V1__ServerInfo *m =

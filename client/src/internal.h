@@ -35,12 +35,32 @@ gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms);
 /* Milliseconds since an arbitrary monotonic origin. */
 double cgc__now_ms(void);
 
+/* Request metadata on a retried attempt: "convgrad-retry-attempt: N", N
+ * = 1 for the first retry, so the server can count retries. */
+#define CGC__RETRY_ATTEMPT_KEY "convgrad-retry-attempt"
+/* Trailing metadata of a "retry later" refusal: the milliseconds the
+ * server asks the caller to wait, in decimal. */
+#define CGC__RETRY_AFTER_KEY "retry-after-ms"
+
+/* What one attempt of a call is told, and tells back. */
+typedef struct cgc__try {
+  gpr_timespec deadline; /* the call's, retries included */
+  int retry;             /* 0 for the first attempt, N for the Nth retry */
+  /* Set by the attempt: the server's retry-after-ms, -1 when it sent
+   * none. */
+  int64_t retry_after_ms;
+} cgc__try;
+
 /* One attempt of a call: returns 0 or a negative code with st filled. */
-typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx,
-                               gpr_timespec deadline, cgc_status *st);
-/* Runs attempt until it succeeds, fails with something other than
- * UNAVAILABLE, runs out of retries or the next backoff would pass the
- * deadline. *attempts (may be NULL) receives how many were made. */
+typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx, cgc__try *t,
+                               cgc_status *st);
+/* Runs attempt until it succeeds, fails for good, runs out of retries or
+ * the next wait would pass the deadline. Retried: UNAVAILABLE, and
+ * RESOURCE_EXHAUSTED with a retry-after-ms trailer ("retry later"); a
+ * RESOURCE_EXHAUSTED without one is permanent (a size limit).
+ * *attempts (may be NULL) holds how many attempts of the call were made
+ * before (they count as retries: numbered, and against the channel's
+ * retries) and receives the total. */
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st);
@@ -49,28 +69,35 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
  * runs the call owns it: cgc__call_io_init, then cgc__call_end, which
  * frees whatever it still holds. */
 typedef struct cgc__call_io {
+  /* The request metadata: the channel's token, the retry number. */
+  grpc_metadata md[2];
+  size_t md_count;
+  char retry_value[16]; /* the retry number's text, md points into it */
   grpc_byte_buffer *send_bb, *recv_bb;
   grpc_metadata_array initial_md, trailing_md;
   grpc_status_code code;
   grpc_slice details;
   const char *error_string;
 } cgc__call_io;
-void cgc__call_io_init(cgc__call_io *io);
+/* retry: 0 for a first attempt, N for the Nth retry (sent as
+ * convgrad-retry-attempt). io must not move while the call runs. */
+void cgc__call_io_init(cgc__call_io *io, const cgc_channel *ch, int retry);
+/* The retry-after-ms the server sent with its status, -1 for none (or a
+ * value that is not a decimal count of milliseconds). */
+int64_t cgc__call_io_retry_after(const cgc__call_io *io);
 
 /* The opening ops of a call whose request fits one message: send the
- * initial metadata (ch's token, if any), io->send_bb and the half-close,
- * receive the initial metadata and the first response message. Fills ops[0..4].
- */
-void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io,
-                          const cgc_channel *ch);
+ * initial metadata (io->md), io->send_bb and the half-close, receive the
+ * initial metadata and the first response message. Fills ops[0..4]. */
+void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io);
 /* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into io. */
 void cgc__op_recv_status(grpc_op *op, cgc__call_io *io);
-/* One unary call of method with the serialized request req. On success
- * *resp holds the serialized response (caller frees). Returns 0, CGC_ERPC
- * or CG_ENOMEM. */
+/* One unary call of method with the serialized request req, as attempt
+ * t (t->retry_after_ms is set). On success *resp holds the serialized
+ * response (caller frees). Returns 0, CGC_ERPC or CG_ENOMEM. */
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
-               size_t reqlen, gpr_timespec deadline, void **resp,
-               size_t *resplen, cgc_status *st);
+               size_t reqlen, cgc__try *t, void **resp, size_t *resplen,
+               cgc_status *st);
 
 /* Ends a call's life: unrefs call (may be NULL), shuts down, drains and
  * destroys its completion queue, then frees what io holds. */

@@ -148,8 +148,8 @@ static int cgc__region_rpc(cgc_channel *ch, const char *method,
   size_t len = protobuf_c_message_pack(req, buf);
   void *resp = NULL;
   size_t resplen = 0;
-  int rc = cgc__unary(ch, method, buf, len, cgc__deadline(ch, 0), &resp,
-                      &resplen, st);
+  cgc__try t = {cgc__deadline(ch, 0), 0, -1};
+  int rc = cgc__unary(ch, method, buf, len, &t, &resp, &resplen, st);
   free(resp); /* the responses carry nothing */
   return rc;
 }

@@ -9,8 +9,19 @@ fewer bytes than announced, a shape that overflows, a result above the
 client's size cap, an undecodable message, two headers (the second before
 the first output is whole, or an output not asked for), inline data
 (ResultHeader.data) that is not the whole result or is followed by a
-chunk, and two correct answers (chunked and inline). Prints
-"fake-server ready listen=127.0.0.1:PORT" when serving.
+chunk, and two correct answers (chunked and inline).
+
+A call whose token ("authorization: Bearer SCENARIO") names a scenario is
+answered by it instead, for the client's retry tests:
+  busy-once-MS    refused RESOURCE_EXHAUSTED with trailing metadata
+                  retry-after-ms: MS, unless the request carries
+                  convgrad-retry-attempt; then answered (the inline result)
+                  with worker "attempt=N", N the header's value;
+  busy-always-MS  always refused so, the message naming the attempt
+                  ("attempt N", "attempt none" for the first);
+  limit           refused RESOURCE_EXHAUSTED without the trailer, a
+                  permanent refusal.
+Prints "fake-server ready listen=127.0.0.1:PORT" when serving.
 Debian's python3-grpcio; no generated stubs needed.
 """
 import sys
@@ -34,12 +45,12 @@ def ld(num, payload):
     return varint(num << 3 | 2) + varint(len(payload)) + payload
 
 
-def header(shape=(2, 2), total=16, dtype=1, data=b""):
+def header(shape=(2, 2), total=16, dtype=1, data=b"", worker=b"fake-0"):
     """ResultHeader: dtype (1), packed shape (2), total_bytes (4), worker (10),
     data (11) when given."""
     packed = b"".join(varint(d) for d in shape)
     return ld(1, varint(1 << 3) + varint(dtype) + ld(2, packed) +
-              varint(4 << 3) + varint(total) + ld(10, b"fake-0") +
+              varint(4 << 3) + varint(total) + ld(10, worker) +
               (ld(11, data) if data else b""))
 
 
@@ -69,9 +80,32 @@ lock = threading.Lock()
 calls = [0]
 
 
+def scenario(name, attempt, context):
+    """The answer of a retry scenario (see the module's comment)."""
+    kind, _, ms = name.rpartition("-")
+    if name == "limit":
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      "request over a size limit (permanent)")
+    if kind == "busy-once" and attempt is not None:
+        return [header(data=bytes(range(16)),
+                       worker=b"attempt=" + attempt.encode())]
+    if kind in ("busy-once", "busy-always"):
+        context.set_trailing_metadata((("retry-after-ms", ms),))
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                      "busy, attempt %s; retry later" % (attempt or "none"))
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                  "fake server: unknown scenario " + name)
+
+
 def compute(request_iterator, context):
     for _ in request_iterator:
         pass
+    md = dict(context.invocation_metadata())
+    token = md.get("authorization", "")
+    if token.startswith("Bearer "):
+        yield from scenario(token[7:], md.get("convgrad-retry-attempt"),
+                            context)
+        return
     with lock:
         i = calls[0]
         calls[0] += 1

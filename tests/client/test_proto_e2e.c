@@ -1,21 +1,29 @@
-/* test_proto_e2e.c - libcgclient against a server that breaks the wire
- * contract (tests/client/fake_server.py, Python grpcio): every malformed
- * response ends the call with CGC_EPROTO or CG_ELIMIT and a message, never
- * a crash, an over-read or an allocation sized by the server alone; a
- * correct answer split over two chunks is reassembled byte for byte. */
+/* test_proto_e2e.c - libcgclient against a scripted server
+ * (tests/client/fake_server.py, Python grpcio).
+ * - A server that breaks the wire contract: every malformed response ends
+ *   the call with CGC_EPROTO or CG_ELIMIT and a message, never a crash, an
+ *   over-read or an allocation sized by the server alone; a correct answer
+ *   split over two chunks is reassembled byte for byte.
+ * - "Retry later" refusals (RESOURCE_EXHAUSTED with retry-after-ms): the
+ *   call is retried after the hint, the retried attempt says so in its
+ *   metadata, a refusal without the hint is not retried, and neither the
+ *   channel's retries nor the call's deadline are exceeded; `convgrad
+ *   bench` counts the retries and the calls that failed, and goes on. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "cgc/client.h"
 #include "harness.h"
 
-static const char *fake_exe;
+static const char *fake_exe, *cli_exe;
 
 typedef struct expect_row {
   int rc;
@@ -41,8 +49,8 @@ static const expect_row rows[] = {
     {0, NULL},
 };
 
-/* The fake server lives in setup and teardown, so that a failing check
- * does not leave it running. */
+/* The fake server lives in the group's setup and teardown, so that a
+ * failing check does not leave it running. */
 static th_server srv;
 
 static int start_fake(void **state) {
@@ -56,24 +64,138 @@ static int stop_fake(void **state) {
   return 0;
 }
 
-static void test_malformed_responses(void **state) {
-  (void)state;
+/* A channel to the fake server; token names a retry scenario (NULL: the
+ * malformed-response script). */
+static cgc_channel *fake_channel(const char *token, int retries,
+                                 int64_t deadline_ms) {
   char target[64], err[256];
   cgc_options o;
-  cgc_channel *ch;
+  cgc_channel *ch = NULL;
   snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
   cgc_options_init(&o);
-  o.retries = 0; /* one call per scripted answer */
-  assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err), 0);
+  o.retries = retries;
+  o.token = token ? token : "";
+  o.deadline_ms = deadline_ms;
+  o.backoff_initial_ms = 20;
+  if (cgc_channel_new(&ch, target, &o, err, sizeof err) != 0)
+    fail_msg("channel: %s", err);
+  return ch;
+}
 
-  static float a[4], b[4];
+static float tiny_a[4], tiny_b[4];
+
+/* A 2x2 ConvolutionBackwardData request; the fake answers any. */
+static void tiny_request(cgc_request *req) {
+  cgc_request_init(req);
+  req->op = CG_OP_CONV_BWD_DATA;
+  req->inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4,      {1, 1, 2, 2},
+                                     CGC_LAYOUT_DEFAULT, tiny_a, sizeof tiny_a};
+  req->inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4,      {1, 1, 2, 2},
+                                     CGC_LAYOUT_DEFAULT, tiny_b, sizeof tiny_b};
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* One call of scenario token on a fresh channel: rc, *res, *st and the
+ * call's wall time in *ms. */
+static int scenario_call(const char *token, int retries, int64_t deadline_ms,
+                         cgc_result *res, cgc_status *st, double *ms) {
+  cgc_channel *ch = fake_channel(token, retries, deadline_ms);
   cgc_request req;
-  cgc_request_init(&req);
-  req.op = CG_OP_CONV_BWD_DATA;
-  req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4, {1, 1, 2, 2},
-                                    CGC_LAYOUT_DEFAULT, a, sizeof a};
-  req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4, {1, 1, 2, 2},
-                                    CGC_LAYOUT_DEFAULT, b, sizeof b};
+  cgc_tensor *out = NULL;
+  tiny_request(&req);
+  /* Connect first: the wall time is the call's, not the handshake's. */
+  cgc_health_status hs;
+  cgc_health(ch, NULL, 0, &hs, NULL);
+  double t0 = now_ms();
+  int rc = cgc_compute(ch, &req, &out, res, st);
+  *ms = now_ms() - t0;
+  if (rc == 0) {
+    assert_int_equal(out->nbytes, 16);
+    assert_int_equal(((const uint8_t *)out->data)[15], 15);
+  }
+  cgc_tensor_free(out);
+  cgc_channel_free(ch);
+  return rc;
+}
+
+/* Refused once with retry-after-ms 150: retried once, not before the
+ * hint, the retry carrying convgrad-retry-attempt: 1 (the fake names it
+ * in the worker field of its answer). */
+static void test_retry_after_hint(void **state) {
+  (void)state;
+  cgc_result res;
+  cgc_status st;
+  double ms;
+  int rc = scenario_call("busy-once-150", 5, 10000, &res, &st, &ms);
+  if (rc)
+    fail_msg("rc %d: %s %s", rc, cgc_status_code_name(st.code), st.message);
+  assert_int_equal(res.attempts, 2);
+  assert_string_equal(res.worker, "attempt=1");
+  if (ms < 150)
+    fail_msg("retried after %.1f ms, before the 150 ms hint", ms);
+}
+
+/* RESOURCE_EXHAUSTED without the trailer is a limit: one attempt. */
+static void test_refusal_without_hint_not_retried(void **state) {
+  (void)state;
+  cgc_result res;
+  cgc_status st;
+  double ms;
+  assert_int_equal(scenario_call("limit", 5, 10000, &res, &st, &ms), CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(st.message, "size limit"));
+  assert_int_equal(res.attempts, 1);
+}
+
+/* Always refused: the channel's 3 retries, numbered 1..3, then the
+ * server's refusal. */
+static void test_retries_bounded_and_numbered(void **state) {
+  (void)state;
+  cgc_result res;
+  cgc_status st;
+  double ms;
+  assert_int_equal(scenario_call("busy-always-10", 3, 10000, &res, &st, &ms),
+                   CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_int_equal(res.attempts, 4);
+  if (!strstr(st.message, "attempt 3;"))
+    fail_msg("last attempt's refusal: '%s'", st.message);
+}
+
+/* Refused every 100 ms of hint under a 400 ms deadline and many retries:
+ * it waits at least one hint, starts no wait past the deadline, and
+ * returns the server's refusal rather than DEADLINE_EXCEEDED. A hint
+ * longer than the whole deadline is not waited for at all. */
+static void test_retry_within_deadline(void **state) {
+  (void)state;
+  cgc_result res;
+  cgc_status st;
+  double ms;
+  assert_int_equal(scenario_call("busy-always-100", 100, 400, &res, &st, &ms),
+                   CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  if (res.attempts < 2 || res.attempts > 4 || ms < 100 || ms > 400)
+    fail_msg("%d attempts in %.1f ms under a 400 ms deadline", res.attempts,
+             ms);
+  assert_int_equal(scenario_call("busy-always-5000", 100, 1000, &res, &st, &ms),
+                   CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_RESOURCE_EXHAUSTED);
+  assert_int_equal(res.attempts, 1);
+  if (ms > 900)
+    fail_msg("a 5 s hint under a 1 s deadline waited %.1f ms", ms);
+}
+
+static void test_malformed_responses(void **state) {
+  (void)state;
+  /* One call per scripted answer. */
+  cgc_channel *ch = fake_channel(NULL, 0, 60000);
+  cgc_request req;
+  tiny_request(&req);
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
     cgc_tensor *out = NULL;
     cgc_result res;
@@ -103,15 +225,86 @@ static void test_malformed_responses(void **state) {
   cgc_channel_free(ch);
 }
 
+/* The value of column col (0-based, blank-separated) of the first line
+ * of text that starts with prefix, -1 if none. */
+static long column(const char *text, const char *prefix, int col) {
+  const char *line = strstr(text, prefix);
+  long v = -1;
+  char word[64];
+  for (int i = 0; line && i <= col; i++) {
+    int used = 0;
+    if (sscanf(line, "%63s%n", word, &used) != 1)
+      return -1;
+    line += used;
+    if (i == col)
+      v = strtol(word, NULL, 10);
+  }
+  return v;
+}
+
+/* The bench table's columns: problem op type conc n p50 p90 p99 req/s MB/s
+ * compute retries errors. */
+enum { COL_N = 4, COL_RETRIES = 11, COL_ERRORS = 12 };
+
+/* `convgrad bench` against refusals: a "retry later" refusal of every
+ * first attempt is retried and counted, the calls succeed; permanent
+ * refusals are counted as errors without stopping the run, which exits
+ * with the failure's code after printing the row. */
+static void test_bench_counts_retries(void **state) {
+  (void)state;
+  char target[64];
+  snprintf(target, sizeof target, "--target=127.0.0.1:%d", srv.port);
+  const char *busy[] = {cli_exe,
+                        "bench",
+                        target,
+                        "--token=busy-once-5",
+                        "--problem",
+                        "mb1ic1ih2oc1oh2kh1",
+                        "--op",
+                        "ConvolutionBackwardData",
+                        "--requests",
+                        "12",
+                        "--warmup",
+                        "0",
+                        "--concurrency",
+                        "3",
+                        NULL};
+  th_run r;
+  th_run_cmd(&r, busy);
+  if (r.code != 0)
+    fail_msg("exit %d: %s%s", r.code, r.out, r.err);
+  assert_int_equal(column(r.out, "mb1ic1", COL_N), 12);
+  assert_int_equal(column(r.out, "mb1ic1", COL_RETRIES), 12);
+  assert_int_equal(column(r.out, "mb1ic1", COL_ERRORS), 0);
+  const char *limit[] = {cli_exe,      "bench",
+                         target,       "--token=limit",
+                         "--problem",  "mb1ic1ih2oc1oh2kh1",
+                         "--op",       "ConvolutionBackwardData",
+                         "--requests", "5",
+                         "--warmup",   "0",
+                         NULL};
+  th_run_cmd(&r, limit);
+  assert_int_equal(r.code, 6);
+  assert_non_null(strstr(r.err, "size limit"));
+  assert_int_equal(column(r.out, "mb1ic1", COL_N), 0);
+  assert_int_equal(column(r.out, "mb1ic1", COL_RETRIES), 0);
+  assert_int_equal(column(r.out, "mb1ic1", COL_ERRORS), 5);
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s fake_server.py\n", argv[0]);
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s fake_server.py convgrad\n", argv[0]);
     return 2;
   }
   fake_exe = argv[1];
+  cli_exe = argv[2];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_malformed_responses, start_fake,
-                                      stop_fake),
+      cmocka_unit_test(test_malformed_responses),
+      cmocka_unit_test(test_retry_after_hint),
+      cmocka_unit_test(test_refusal_without_hint_not_retried),
+      cmocka_unit_test(test_retries_bounded_and_numbered),
+      cmocka_unit_test(test_retry_within_deadline),
+      cmocka_unit_test(test_bench_counts_retries),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, start_fake, stop_fake);
 }

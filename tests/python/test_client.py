@@ -420,6 +420,29 @@ class Errors(unittest.TestCase):
                              deadline=5, retries=1) as c:
             self.check(convgrad.Unavailable, 14, "", c.health)
 
+    def test_retry_later(self):
+        """A "retry later" refusal (RESOURCE_EXHAUSTED with the trailer
+        retry-after-ms) is retried by libcgclient; one without the trailer
+        is a limit and raises at once. tests/client/fake_server.py plays the
+        server, its scenario named by the token."""
+        fake = cgtest.Server(os.path.join(cgtest.HERE, "..", "client",
+                                          "fake_server.py"))
+        try:
+            a = np.zeros((1, 1, 2, 2), np.float32)
+            with convgrad.Client(fake.target, token="busy-once-10") as c:
+                out, res = c.conv_backward_data(a, a, with_result=True)
+            self.assertEqual((res.attempts, res.worker), (2, "attempt=1"))
+            np.testing.assert_array_equal(out.view(np.uint8).ravel(),
+                                          np.arange(16))
+            with convgrad.Client(fake.target, token="limit") as c:
+                e = self.check(convgrad.ResourceExhausted, 8, "size limit",
+                               c.conv_backward_data, a, a)
+            self.assertEqual(e.errno, -20)
+        finally:
+            fake.proc.kill()
+            fake.proc.wait()
+            fake.proc.stdout.close()
+
     def test_not_found(self):
         self.check(convgrad.NotFound, 5, "", self.c.health, "no.such.Service")
 

@@ -4,9 +4,10 @@
  * server or to several replicas balanced by gRPC's own round_robin policy.
  * Each op call uploads the input tensors in chunks straight from the
  * caller's memory, and reassembles the streamed result into one owned
- * allocation (cgc_tensor). Failed calls are retried on UNAVAILABLE with
- * exponential backoff inside the call's deadline: the ops are pure
- * functions of their inputs, so repeating one is always safe.
+ * allocation (cgc_tensor). Failed calls are retried on UNAVAILABLE, and
+ * on the server's "retry later" refusals, with exponential backoff inside
+ * the call's deadline: the ops are pure functions of their inputs, so
+ * repeating one is always safe.
  *
  * Conventions (every function below):
  * - Returns 0 on success or a negative code: a CG_E* code from cg/error.h
@@ -86,11 +87,20 @@ typedef struct cgc_options {
   uint32_t download_chunk_bytes;
   /* Largest result this client accepts (checked before allocating). */
   uint64_t max_output_bytes; /* default 4 GiB */
-  /* Retries after an UNAVAILABLE answer; each waits backoff_initial_ms,
-   * then multiplied by backoff_multiplier up to backoff_max_ms, with
-   * +-20% jitter, never past the call's deadline; a wait ends early when
-   * the channel, down after the failure, is READY again (a restarted
-   * server is retried at once). 0 = no retry. */
+  /* Retries of a call that failed with UNAVAILABLE, or was refused with
+   * "retry later" (RESOURCE_EXHAUSTED or UNAVAILABLE carrying the trailing
+   * metadata retry-after-ms: a full queue, a busy in-flight budget); a
+   * RESOURCE_EXHAUSTED without it is a limit and is not retried. The
+   * exponential step starts at backoff_initial_ms and is multiplied by
+   * backoff_multiplier up to backoff_max_ms. A "retry later" waits the
+   * server's retry-after-ms plus a uniformly random part of the step
+   * (full jitter: refused callers come back spread out), and is not
+   * retried when the hint alone passes the call's deadline. An
+   * UNAVAILABLE without a hint waits the step +-20%, ending early when the
+   * channel, down after the failure, is READY again (a restarted server
+   * is retried at once). No wait passes the deadline. Each retried attempt
+   * carries the request metadata "convgrad-retry-attempt: N" (N = 1 for
+   * the first retry). 0 = no retry. */
   int retries;                /* default 5 */
   int64_t backoff_initial_ms; /* default 50 */
   int64_t backoff_max_ms;     /* default 2000; also caps gRPC reconnects */

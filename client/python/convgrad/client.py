@@ -151,7 +151,8 @@ class Client:
     once (the GIL is released during calls).
 
     deadline: seconds per call, retries and backoff included (default 60);
-    retries: retries after UNAVAILABLE (default 5); other keyword arguments
+    retries: retries after UNAVAILABLE or a "retry later" refusal (the
+    server's retry-after-ms trailer; default 5); other keyword arguments
     set the remaining fields of libcgclient's cgc_options by name
     (upload_chunk_bytes, download_chunk_bytes, max_message_bytes,
     max_output_bytes, backoff_initial_ms, backoff_max_ms,

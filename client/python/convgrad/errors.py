@@ -50,8 +50,10 @@ NotFound = _define("NOT_FOUND", 5, "Unknown method or health service.")
 AlreadyExists = _define("ALREADY_EXISTS", 6, "ALREADY_EXISTS.")
 PermissionDenied = _define("PERMISSION_DENIED", 7, "PERMISSION_DENIED.")
 ResourceExhausted = _define("RESOURCE_EXHAUSTED", 8,
-                            "A limit was hit: request size, queue, memory, "
-                            "flops, or an out= array too small.")
+                            "A limit was hit (request size, flops, an out= "
+                            "array too small), or the server still said "
+                            "\"retry later\" (queue, memory) after the "
+                            "client's retries.")
 FailedPrecondition = _define("FAILED_PRECONDITION", 9, "FAILED_PRECONDITION.")
 Aborted = _define("ABORTED", 10, "ABORTED.")
 OutOfRange = _define("OUT_OF_RANGE", 11, "OUT_OF_RANGE.")
