@@ -69,6 +69,25 @@ def models(dtype=torch.float32):
     return local, remote
 
 
+def expected_download(model, xs):
+    """Bytes the offloaded backward of model(*xs) must receive: per layer,
+    grad_input only when its input requires grad, grad_weight and
+    grad_bias only when they require grad (f32)."""
+    sizes = []
+
+    def hook(m, inp, out):
+        sizes.append(inp[0].numel() * inp[0].requires_grad +
+                     m.weight.numel() * m.weight.requires_grad +
+                     (m.bias.numel() * m.bias.requires_grad
+                      if m.bias is not None else 0))
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if type(m).__name__.startswith("Offloaded")]
+    model(*[x.detach().requires_grad_(x.requires_grad) for x in xs])
+    for h in handles:
+        h.remove()
+    return 4 * sum(sizes)
+
+
 class Offload(unittest.TestCase):
     def compare(self, local, remote, xl, xr, tol):
         for (name, p), (_, q) in zip(local.named_parameters(),
@@ -90,33 +109,48 @@ class Offload(unittest.TestCase):
         self.assertEqual(list(local.state_dict()), list(remote.state_dict()))
         xl, xr = inputs(), inputs()
         client = remote.c1._convgrad_client
+        want = expected_download(remote, xr)
         client.stats(reset=True)
         loss_of(local(*xl)).backward()
         loss_of(remote(*xr)).backward()
         self.compare(local, remote, xl, xr, 1e-5)
-        # 5 layers: grad_weight and grad_input each
-        self.assertEqual(client.stats()["calls"], 10)
+        # 5 layers, one layer-op call each, every gradient from the server
+        s = client.stats()
+        self.assertEqual(s["calls"], 5)
+        self.assertEqual(s["bytes_received"], want)
 
     def test_first_layer_skips_grad_input(self):
         local, remote = models()
         xl, xr = inputs(requires_grad=False), inputs(requires_grad=False)
         client = remote.c1._convgrad_client
+        want = expected_download(remote, xr)
         client.stats(reset=True)
         loss_of(local(*xl)).backward()
         loss_of(remote(*xr)).backward()
         self.compare(local, remote, xl, xr, 1e-5)
-        # c1, c3, c2a see the inputs: grad_weight only; c2b, t2: both
-        self.assertEqual(client.stats()["calls"], 7)
+        # c1, c3, c2a see the inputs: no grad_input comes back for them
+        s = client.stats()
+        self.assertEqual(s["calls"], 5)
+        self.assertEqual(s["bytes_received"], want)
 
     def test_frozen_weights_skip_grad_weight(self):
         local, remote = models()
         for m in (local, remote):
             m.c2a.weight.requires_grad_(False)
+            m.c2b.weight.requires_grad_(False)
         xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        want = expected_download(remote, xr)
+        client.stats(reset=True)
         loss_of(local(*xl)).backward()
         loss_of(remote(*xr)).backward()
         self.assertIsNone(remote.c2a.weight.grad)
         self.compare(local, remote, xl, xr, 1e-5)
+        # c2b (no bias, frozen weight) asks BackwardData: diff_dst and the
+        # weight go up, not its input
+        s = client.stats()
+        self.assertEqual(s["calls"], 5)
+        self.assertEqual(s["bytes_received"], want)
 
     def test_bf16_and_f16(self):
         # Reference: f64 autograd on the same rounded parameters and inputs.

@@ -4,13 +4,13 @@ backward of every convolution of a model run on a convgrad server.
     model = convgrad.torch.offload(model, "localhost:50051")
     loss = model(x).sum(); loss.backward()   # conv gradients: on the server
 
-The forward stays in torch. The backward asks the server for grad_input
-(ConvolutionBackwardData / ConvTransposeBackwardData, skipped when the
-input does not require grad) and grad_weight (the BackwardWeights ops), the
-two concurrently; grad_bias is the sum of grad_output over batch and space,
-computed locally (the server has no op for it)."""
-import concurrent.futures
-import threading
+The forward stays in torch. The backward of each layer is one call: the
+layer op (ConvolutionBackward / ConvTransposeBackward) sends the input,
+grad_output and the weight once and answers the gradients autograd asks
+for (needs_input_grad) among grad_input, grad_weight and grad_bias; a layer
+whose weight and bias are frozen asks ConvolutionBackwardData /
+ConvTransposeBackwardData for grad_input alone, without uploading the
+input."""
 import warnings
 
 import torch
@@ -21,20 +21,6 @@ from torch.autograd.function import once_differentiable
 from .client import Client
 
 __all__ = ["offload", "restore"]
-
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _executor():
-    """Threads that run a layer's BackwardWeights call while the caller's
-    thread runs its BackwardData call (ctypes releases the GIL)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=4, thread_name_prefix="convgrad")
-        return _pool
 
 
 def _pads(m):
@@ -103,36 +89,32 @@ class _ConvFunction(torch.autograd.Function):
         x, w = ctx.saved_tensors
         client = ctx.m._convgrad_client
         gy = gy.to(x.dtype).contiguous()
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx = gw = gb = None
-        if ctx.transposed:
-            bwd_data = client.conv_transpose_backward_data
-            bwd_weights = client.conv_transpose_backward_weights
-            data_attrs = ctx.attrs
-        else:
-            bwd_data = client.conv_backward_data
-            bwd_weights = client.conv_backward_weights
-            data_attrs = dict(ctx.attrs, dst_shape=list(x.shape))
-        pending = None
-        if need_w:
-            gw = torch.empty(w.shape, dtype=w.dtype)
-            call = bwd_weights if not need_x else (
-                lambda *a, **k: _executor().submit(bwd_weights, *a, **k))
-            pending = call(x, gy, out=gw, weights_shape=list(w.shape),
-                           **ctx.attrs)
-        if need_x:
-            gx = torch.empty(x.shape, dtype=x.dtype)
-            bwd_data(gy, w, out=gx, **data_attrs)
-        if isinstance(pending, concurrent.futures.Future):
-            pending.result()
-        if need_b:
-            dims = [0] + list(range(2, gy.dim()))
-            gb = gy.sum(dim=dims, dtype=torch.float32).to(ctx.dtypes[2])
-        if gx is not None:
-            gx = gx.to(ctx.dtypes[0])
-        if gw is not None:
-            gw = gw.to(ctx.dtypes[1])
-        return gx, gw, gb, None, None
+        need = ctx.needs_input_grad[:3]
+        out = {}
+        if need[0]:
+            out["diff_src"] = torch.empty(x.shape, dtype=x.dtype)
+        if need[1]:
+            out["diff_weights"] = torch.empty(w.shape, dtype=w.dtype)
+        if need[2]:
+            out["diff_bias"] = torch.empty(
+                w.shape[1] * ctx.m.groups if ctx.transposed else w.shape[0],
+                dtype=x.dtype)
+        if not (need[1] or need[2]):
+            # grad_input alone: the BackwardData op needs no input tensor.
+            if ctx.transposed:
+                client.conv_transpose_backward_data(
+                    gy, w, out=out["diff_src"], **ctx.attrs)
+            else:
+                client.conv_backward_data(gy, w, out=out["diff_src"],
+                                          dst_shape=list(x.shape),
+                                          **ctx.attrs)
+        elif out:
+            layer = (client.conv_transpose_backward if ctx.transposed
+                     else client.conv_backward)
+            layer(x, gy, w, outputs=list(out), out=out, **ctx.attrs)
+        return tuple(None if g is None else g.to(dt) for g, dt in zip(
+            (out.get(k) for k in ("diff_src", "diff_weights", "diff_bias")),
+            ctx.dtypes)) + (None, None)
 
 
 class _Offloaded:
