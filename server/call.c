@@ -61,9 +61,18 @@ struct cgs_call {
   grpc_call *call;
   uint64_t id;
   char *peer;
-  char client[160];   /* the caller: its token's label, else its certificate's
-                         subject (mutual TLS); "" when neither */
-  cgs_peer *from;     /* counts this call until it is freed */
+  char client[160]; /* the caller: its token's label, else its certificate's
+                       subject (mutual TLS); "" when neither */
+  cgs_peer *from;   /* its live count holds this call until it is freed */
+  int receiving;    /* counted in from->receiving (--max-calls-per-peer) */
+  int by_label;     /* client is a token's label: the call's flow in the
+                       workers' fair queue (else its peer address) */
+  cgs_peer_class peer_class;
+  unsigned retry_attempt;  /* the client's convgrad-retry-attempt, 0 if none */
+  cgs_refusal refused;     /* a "retry later" refusal, for the metrics */
+  unsigned retry_after_ms; /* its hint, sent as trailing metadata */
+  grpc_metadata trailer;   /* retry-after-ms, while the status goes out */
+  int trailer_set;
   pthread_mutex_t mu; /* see the top of the file */
   cgs_tag tag_recv, tag_send, tag_close;
   cgs_tag tag_recv_failed; /* the fast path could not post a receive */
@@ -196,7 +205,10 @@ static void count_call(cgs_call *c) {
                         .computed = computed(c),
                         .compute_s = compute_ms(c) / 1e3,
                         .bytes_in = c->up.bytes_in,
-                        .bytes_out = c->sent_all};
+                        .bytes_out = c->sent_all,
+                        .refused = c->refused,
+                        .retry_attempt = c->retry_attempt,
+                        .peer_class = c->peer_class};
   for (int g = 0; m.computed && g < CG_GRAD_COUNT; g++) {
     /* diff_bias is a plain pass, no primitive to look up. */
     if (!(c->up.layer.grads & CG_GRAD_BIT(g)) || g == CG_GRAD_DIFF_BIAS)
@@ -222,8 +234,12 @@ static void on_timer_closed(uv_handle_t *h) {
       outbuf_unref(c->out[g]);
   if (c->status_slice_set)
     grpc_slice_unref(c->status_slice);
+  if (c->trailer_set) {
+    grpc_slice_unref(c->trailer.key);
+    grpc_slice_unref(c->trailer.value);
+  }
   gpr_free(c->peer);
-  c->from->calls--;
+  c->from->live--;
   pthread_mutex_destroy(&c->mu);
   free(c);
   s->compute_active--;
@@ -261,25 +277,31 @@ static void cancel_with_status(cgs_call *c) {
   grpc_call_cancel_with_status(c->call, c->status, c->msg, NULL);
 }
 
-/* Ends the call with code unless its end is already decided. Does not free
- * c; callers run maybe_free afterwards. */
-static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* The call's request is in, or will never be: it no longer counts against
+ * its peer's --max-calls-per-peer. */
+static void stop_receiving(cgs_call *c) {
+  if (c->receiving) {
+    c->receiving = 0;
+    c->from->receiving--;
+  }
+}
 
-static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
+/* The trailing metadata of a refusal the client should retry. */
+#define RETRY_AFTER_KEY "retry-after-ms"
+
+static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
+                    va_list ap) {
   if (c->finished)
     return;
   c->finished = 1;
   c->ended_in = state_names[c->st];
   c->status = code;
+  stop_receiving(c);
   if (c->place_held) {
     cgs_pool_unreserve(c->s->pool);
     c->place_held = 0;
   }
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(c->msg, sizeof c->msg, fmt, ap);
-  va_end(ap);
   uv_timer_stop(&c->timer);
   if (c->job_busy) {
     if (cgs_pool_cancel(c->s->pool, &c->job))
@@ -305,13 +327,75 @@ static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
   c->status_slice_set = 1;
   ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
   ops[n].data.send_status_from_server.status = code;
-  ops[n++].data.send_status_from_server.status_details = &c->status_slice;
+  ops[n].data.send_status_from_server.status_details = &c->status_slice;
+  if (c->retry_after_ms) {
+    char ms[16];
+    snprintf(ms, sizeof ms, "%u", c->retry_after_ms);
+    c->trailer.key = grpc_slice_from_static_string(RETRY_AFTER_KEY);
+    c->trailer.value = grpc_slice_from_copied_string(ms);
+    c->trailer_set = 1;
+    ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+    ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+  }
+  n++;
   c->st = ST_DONE;
   c->send_pending = 1;
   if (cgs_cq_batch(&c->s->cq, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     cancel_with_status(c);
   }
+}
+
+/* Ends the call with code unless its end is already decided. Does not free
+ * c; callers run maybe_free afterwards. */
+static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfinish(c, code, fmt, ap);
+  va_end(ap);
+}
+
+/* Refuses the call "retry later" for reason: finish() with the hint
+ * retry_after_ms in trailing metadata (RETRY_AFTER_KEY), which tells the
+ * client that nothing ran and that trying again is expected. */
+static void refuse(cgs_call *c, cgs_refusal reason, unsigned retry_after_ms,
+                   grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void refuse(cgs_call *c, cgs_refusal reason, unsigned retry_after_ms,
+                   grpc_status_code code, const char *fmt, ...) {
+  if (c->finished)
+    return;
+  c->refused = reason;
+  c->retry_after_ms = retry_after_ms ? retry_after_ms : 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vfinish(c, code, fmt, ap);
+  va_end(ap);
+}
+
+/* Hints of the refusals, in ms. A busy server's: about the time its
+ * workers take to run what waits now, from their recent jobs, within
+ * these bounds. */
+#define BUSY_RETRY_MIN_MS 5
+#define BUSY_RETRY_MAX_MS 2000
+/* Calls still receiving their request end within an upload, usually. */
+#define PEER_RETRY_MS 100
+/* A draining server is going away: its replacement or another replica
+ * takes calls after about this long. */
+#define DRAIN_RETRY_MS 1000
+
+static unsigned busy_retry_ms(cgs_server *s) {
+  unsigned queued, busy;
+  cgs_pool_load(s->pool, &queued, &busy);
+  double ms = cgs_pool_mean_run_ms(s->pool) *
+              ((double)queued / (double)s->cfg->workers + 1.0);
+  if (ms < BUSY_RETRY_MIN_MS)
+    return BUSY_RETRY_MIN_MS;
+  return ms > BUSY_RETRY_MAX_MS ? BUSY_RETRY_MAX_MS : (unsigned)ms;
 }
 
 static void on_timer(uv_timer_t *h);
@@ -629,7 +713,8 @@ static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
     return -1;
   }
   if (s->inflight_bytes > max - bytes) {
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+    refuse(c, CGS_REFUSED_INFLIGHT, busy_retry_ms(s),
+           GRPC_STATUS_RESOURCE_EXHAUSTED,
            "%s: needs %" PRIu64 " bytes but other requests hold %" PRIu64
            " of %" PRIu64 " (--max-inflight-bytes); retry later",
            what, bytes, s->inflight_bytes - c->reserved, max);
@@ -649,6 +734,16 @@ static int resolve(cgs_call *c) {
     return -1;
   }
   return reserve(c, cgs_upload_out_bytes(&c->up), "outputs");
+}
+
+/* Whose turn the call's job waits for in the workers' fair queue: its
+ * token's label with --auth-tokens, else its peer address. */
+static cgs_peer *flow_of(cgs_call *c) {
+  if (!c->by_label)
+    return c->from;
+  char key[sizeof CGS_PEER_LABEL_PREFIX + sizeof c->client];
+  snprintf(key, sizeof key, "%s%s", CGS_PEER_LABEL_PREFIX, c->client);
+  return cgs_peers_get_key(c->s->peers, key, uv_hrtime());
 }
 
 static void inputs_complete(cgs_call *c) {
@@ -679,7 +774,8 @@ static void inputs_complete(cgs_call *c) {
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
-  cgs_pool_submit(c->s->pool, &c->job);
+  stop_receiving(c);
+  cgs_pool_submit(c->s->pool, &c->job, &flow_of(c)->turn);
   c->place_held = 0;
   c->job_busy = 1;
   c->st = ST_QUEUED;
@@ -694,7 +790,8 @@ static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   }
   if (cgs_pool_reserve(c->s->pool) != 0) {
     /* Refuse before the client uploads anything. */
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+    refuse(c, CGS_REFUSED_QUEUE_FULL, busy_retry_ms(c->s),
+           GRPC_STATUS_RESOURCE_EXHAUSTED,
            "queue full: %u requests are running, uploading or waiting for "
            "a worker (--workers + --queue-depth); retry later",
            c->s->cfg->workers + c->s->cfg->queue_depth);
@@ -1024,7 +1121,8 @@ static void init_call(cgs_call *c, cgs_server *s, grpc_call *call) {
   read_client_identity(c);
   c->t_start = c->t_progress = uv_hrtime();
   c->from = cgs_peers_get(s->peers, c->peer, c->t_start);
-  c->from->calls++;
+  c->from->live++;
+  c->peer_class = cgs_peer_classify(c->peer);
   pthread_mutex_init(&c->mu, NULL);
   c->tag_recv.cb = on_recv;
   c->tag_recv.fast = on_recv_fast;
@@ -1063,19 +1161,23 @@ static int accept_call(cgs_call *c, gpr_timespec deadline) {
     return -1;
   }
   if (s->draining) {
-    finish(c, GRPC_STATUS_UNAVAILABLE,
+    refuse(c, CGS_REFUSED_DRAINING, DRAIN_RETRY_MS, GRPC_STATUS_UNAVAILABLE,
            "server is shutting down; retry elsewhere");
     return -1;
   }
-  /* Refused calls count too while they last: a peer that floods keeps
-   * itself refused, never anyone else. */
-  if (c->from->calls > s->cfg->max_calls_per_peer) {
-    finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "this client address holds %u calls, at most %u are allowed "
-           "(--max-calls-per-peer); retry later",
-           c->from->calls - 1, s->cfg->max_calls_per_peer);
+  /* Only calls still receiving their request count: those can hold a
+   * place without sending anything. Calls whose request is in wait their
+   * turn in the fair queue however many a peer has. */
+  if (c->from->receiving >= s->cfg->max_calls_per_peer) {
+    refuse(c, CGS_REFUSED_PEER_CALLS, PEER_RETRY_MS,
+           GRPC_STATUS_RESOURCE_EXHAUSTED,
+           "this client address has %u calls still sending their request, "
+           "at most %u are allowed (--max-calls-per-peer); retry later",
+           c->from->receiving, s->cfg->max_calls_per_peer);
     return -1;
   }
+  c->receiving = 1;
+  c->from->receiving++;
   gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
   if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
     int64_t ms =
@@ -1090,8 +1192,28 @@ static int accept_call(cgs_call *c, gpr_timespec deadline) {
   return 0;
 }
 
+/* The attempt number a retrying client sends (convgrad-retry-attempt: N,
+ * 1 for the first retry); 0 when absent or not a number. */
+static unsigned retry_attempt(const grpc_metadata_array *md) {
+  for (size_t i = 0; md && i < md->count; i++) {
+    if (!grpc_slice_str_cmp(md->metadata[i].key, "convgrad-retry-attempt")) {
+      char v[12];
+      size_t n = GRPC_SLICE_LENGTH(md->metadata[i].value);
+      if (n == 0 || n >= sizeof v)
+        return 0;
+      memcpy(v, GRPC_SLICE_START_PTR(md->metadata[i].value), n);
+      v[n] = '\0';
+      char *end;
+      unsigned long a = strtoul(v, &end, 10);
+      return *end || a > 1000000 ? 0 : (unsigned)a;
+    }
+  }
+  return 0;
+}
+
 static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload, const char *client) {
+                  grpc_byte_buffer *payload, const char *client,
+                  const grpc_metadata_array *md) {
   (void)payload; /* registered without: the call receives its own */
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
@@ -1100,8 +1222,11 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     return;
   }
   init_call(c, s, call);
-  if (client) /* the token's label names the caller before its certificate */
+  c->retry_attempt = retry_attempt(md);
+  if (client) { /* the token's label names the caller before its certificate */
     snprintf(c->client, sizeof c->client, "%s", client);
+    c->by_label = 1;
+  }
   const char *no_shm = NULL;
   cgs_regions *rs = cgs_shm_for_peer(s, c->peer, &no_shm);
   cgs_upload_use_regions(&c->up, rs, no_shm, client);

@@ -7,7 +7,7 @@
  * counters move exactly with the calls clients saw end; bytes are tensor
  * bytes (request chunks received, result bytes sent), not wire framing.
  *
- * Threads: cgs_metrics_call_ended runs on the loop thread, rendering on
+ * Threads: cgs_metrics_call_ended runs on any thread, rendering on
  * the endpoint's; a mutex, held only to copy the figures, orders them.
  * gauges_cb runs on the rendering thread and must be thread-safe. */
 #ifndef CGS_METRICS_H
@@ -16,7 +16,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cgs_peers.h"
+
 typedef struct cgs_metrics cgs_metrics;
+
+/* Why a call was refused "retry later" (with trailing metadata
+ * retry-after-ms); CGS_REFUSED_NONE for every other end. */
+typedef enum {
+  CGS_REFUSED_NONE,
+  CGS_REFUSED_QUEUE_FULL, /* --workers + --queue-depth places held */
+  CGS_REFUSED_INFLIGHT,   /* --max-inflight-bytes held by other calls */
+  CGS_REFUSED_PEER_CALLS, /* --max-calls-per-peer calls still receiving */
+  CGS_REFUSED_DRAINING,   /* the server is shutting down */
+  CGS_REFUSED_REASONS
+} cgs_refusal;
 
 /* What an ended Compute call adds. */
 typedef struct cgs_metrics_call {
@@ -30,6 +43,9 @@ typedef struct cgs_metrics_call {
   double compute_s; /* the job's run, every output */
   uint64_t bytes_in, bytes_out;
   unsigned cache_hits, cache_misses; /* primitive lookups of its runs */
+  cgs_refusal refused;
+  unsigned retry_attempt;    /* its convgrad-retry-attempt; 0: a first try */
+  cgs_peer_class peer_class; /* of its queue wait */
 } cgs_metrics_call;
 
 /* Read at each scrape. */

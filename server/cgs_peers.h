@@ -1,12 +1,17 @@
-/* cgs_peers.h - what the server knows about each peer: its live Compute
- * calls (for --max-calls-per-peer) and how many of its failed calls may
- * still be logged.
+/* cgs_peers.h - what the server knows about each peer: its Compute calls
+ * still receiving their request (for --max-calls-per-peer), its place in
+ * the workers' fair queue, and how many of its failed calls may still be
+ * logged.
  *
  * A peer is a client's IP address without the port, so that every
  * connection of one host counts together. Behind NAT or a proxy, every
  * client behind it is one peer; in compose, each container is its own
  * (see README, "Limits"). An IPv6 address is one peer whatever its
  * prefix.
+ *
+ * With --auth-tokens, the fair queue takes turns between token labels
+ * instead: their entries share the table, under keys cgs_peers_get_key
+ * names (CGS_PEER_LABEL_PREFIX and the label), which no address matches.
  *
  * Entries live from a peer's first call until it has had no call and no
  * log line for CGS_PEER_IDLE_NS; cgs_peers_sweep frees them. The table
@@ -23,9 +28,15 @@
 #define CGS_PEERS_MAX 65536
 #define CGS_PEER_IDLE_NS (60ull * 1000000000u)
 
+#define CGS_PEER_LABEL_PREFIX "label:"
+
 typedef struct cgs_peer {
-  char addr[64];       /* "127.0.0.1", "::1", or "unknown" */
-  unsigned calls;      /* live Compute calls */
+  char addr[80];      /* "127.0.0.1", "::1", "unix", "unknown", or
+                         CGS_PEER_LABEL_PREFIX and a token's label */
+  unsigned live;      /* Compute calls that point at the entry: it stays */
+  unsigned receiving; /* of those, the ones still receiving their request
+                         (--max-calls-per-peer) */
+  uint64_t turn; /* its flow's state in the workers' queue (cgs_pool_submit) */
   double log_tokens;   /* failure lines it may still write now */
   uint64_t suppressed; /* failure lines not written since the last sweep */
   uint64_t t_seen;     /* uv_hrtime of the last use */
@@ -43,6 +54,9 @@ void cgs_peers_free(cgs_peers *p);
  * "ipv6:[::1]:5555", as grpc_call_get_peer gives it), created if new;
  * never NULL. Valid until a sweep finds it idle. */
 cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now);
+/* The entry of key itself (no address parsing), created if new; never
+ * NULL, valid as above. */
+cgs_peer *cgs_peers_get_key(cgs_peers *p, const char *key, uint64_t now);
 /* 1 when a failure line of e may be written now, given per_sec lines a
  * second in bursts of CGS_PEER_LOG_BURST_SECS seconds' worth (0 = no
  * limit); 0 when it is suppressed and counted instead. */
@@ -58,5 +72,18 @@ size_t cgs_peers_count(const cgs_peers *p);
 
 /* Writes the address part of a grpc peer string into out[cap]. */
 void cgs_peer_address(const char *grpc_peer, char *out, size_t cap);
+
+/* How a peer reaches the server, for the metrics' queue waits (a label
+ * of three values, never one per address). */
+typedef enum {
+  CGS_PEER_REMOTE,
+  CGS_PEER_LOOPBACK,
+  CGS_PEER_UNIX,
+  CGS_PEER_CLASSES
+} cgs_peer_class;
+/* The class of a grpc peer string; NULL or unparsable is remote. */
+cgs_peer_class cgs_peer_classify(const char *grpc_peer);
+/* "remote", "loopback", "unix". */
+const char *cgs_peer_class_name(cgs_peer_class c);
 
 #endif

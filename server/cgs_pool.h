@@ -1,6 +1,8 @@
 /* cgs_pool.h - the compute worker pool: pthreads pinned to configured
- * cores, each owning a cg_engine, fed from one bounded FIFO queue; a new
- * job wakes an idle worker on the submitting core if there is one.
+ * cores, each owning a cg_engine, fed from one bounded queue in which the
+ * callers' flows take turns (start-time fair queueing with one unit a
+ * job: round robin between flows, first come first served within one); a
+ * new job wakes an idle worker on the submitting core if there is one.
  *
  * Only the loop thread calls these functions, but cgs_pool_load. Workers report
  * finished jobs back to the loop through a locked list and uv_async_send;
@@ -39,8 +41,9 @@ typedef struct cgs_job {
   unsigned worker;                 /* index of the worker that ran it */
   /* Pool-private. */
   uint64_t t_submit;
+  uint64_t turn; /* its place in the fair order */
   int queued;
-  struct cgs_job *next;
+  struct cgs_job *prev, *next;
 } cgs_job;
 
 typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
@@ -60,8 +63,12 @@ int cgs_pool_reserve(cgs_pool *p);
 /* Gives back a place that no job will use. */
 void cgs_pool_unreserve(cgs_pool *p);
 /* Queues job on a place held with cgs_pool_reserve; the place is given
- * back when the job has run or is cancelled. */
-void cgs_pool_submit(cgs_pool *p, cgs_job *job);
+ * back when the job has run or is cancelled. *flow_turn is the state of
+ * the flow job belongs to (0 for a new one), which the caller keeps and
+ * only the pool touches, under its lock: the job runs after the waiting
+ * jobs of every flow that has had fewer turns, so a flow with one job
+ * waiting passes before another's long line. */
+void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
 /* Takes job back if no worker has picked it up: returns 1 and done_cb will
  * not run for it. Returns 0 when it is running or finished (done_cb will
  * run or has run). */
@@ -72,6 +79,9 @@ unsigned cgs_pool_idle(cgs_pool *p);
  * own or, lent, another's). Thread-safe, for the metrics' thread, while
  * the pool is open. */
 void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy);
+/* Mean time a job held its worker, over the last few jobs (0 before the
+ * first): what retry hints are made of. Thread-safe. */
+double cgs_pool_mean_run_ms(cgs_pool *p);
 /* Name of worker i ("cg-worker-0"); static storage of the pool. */
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
 /* Stops the workers after their current job, joins them, delivers the

@@ -51,9 +51,11 @@ typedef struct cgs_method_def {
   int needs_token;
   /* Loop thread. Takes ownership of call's reference and of payload;
    * deadline as grpc reported it; client: the label of the caller's token,
-   * or NULL without --auth-tokens (valid during the call only). */
+   * or NULL without --auth-tokens (valid during the call only); md: the
+   * request's metadata (during start only). */
   void (*start)(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                grpc_byte_buffer *payload, const char *client);
+                grpc_byte_buffer *payload, const char *client,
+                const grpc_metadata_array *md);
 } cgs_method_def;
 
 /* Room for the registered handles of the server's method table. */

@@ -97,11 +97,11 @@ static const opt_def opt_table[] = {
      "cores for the event loop and gRPC's threads; empty = not pinned. "
      "Sharing a core with a worker makes small calls faster (thread "
      "hand-offs stay on one core)"},
-    {"queue-depth", OPT_UINT, offsetof(cgs_config, queue_depth), "64", 1,
+    {"queue-depth", OPT_UINT, offsetof(cgs_config, queue_depth), "256", 1,
      1000000,
      "requests admitted beyond the workers (uploading or "
-     "waiting); more are refused with RESOURCE_EXHAUSTED at their "
-     "header"},
+     "waiting; the clients' waiting jobs take turns); more are refused "
+     "with RESOURCE_EXHAUSTED and retry-after-ms at their header"},
     {"max-request-bytes", OPT_SIZE, offsetof(cgs_config, max_request_bytes),
      "3G", 1, 64 * TIB, "largest total of one request's tensor bytes"},
     {"shm", OPT_SHM, offsetof(cgs_config, shm), "local", 0, 0,
@@ -155,9 +155,11 @@ static const opt_def opt_table[] = {
      "0 = no limit"},
     {"max-calls-per-peer", OPT_UINT, offsetof(cgs_config, max_calls_per_peer),
      "0", 0, 1000000,
-     "Compute calls one client address may hold at once, in any state; "
-     "more are refused with RESOURCE_EXHAUSTED. 0 = half of --workers + "
-     "--queue-depth, so one client cannot take every place"},
+     "Compute calls one client address may have still sending their "
+     "request (from the stream's start to the last input byte; calls "
+     "waiting for a worker or answered do not count); more are refused with "
+     "RESOURCE_EXHAUSTED and retry-after-ms. 0 = half of --workers + "
+     "--queue-depth, so stalled uploads cannot take every place"},
     {"min-upload-rate", OPT_SIZE, offsetof(cgs_config, min_upload_rate), "64K",
      0, 1 * TIB,
      "bytes per second a request's upload must average over each "

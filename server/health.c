@@ -98,7 +98,9 @@ static char *parse_service(grpc_byte_buffer *payload) {
 }
 
 static void check(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload, const char *client) {
+                  grpc_byte_buffer *payload, const char *client,
+                  const grpc_metadata_array *md) {
+  (void)md;
   cgs_health *h = s->health;
   (void)deadline; /* answered at once */
   (void)client;
@@ -222,7 +224,9 @@ static void on_watch_recv(cgs_tag *t, int ok) {
 
 /* Registered without the first message: it is received here. */
 static void watch(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload, const char *client) {
+                  grpc_byte_buffer *payload, const char *client,
+                  const grpc_metadata_array *md) {
+  (void)md;
   cgs_health *h = s->health;
   (void)deadline; /* a Watch lasts until the client or the server ends it */
   (void)payload;

@@ -14,9 +14,11 @@
 #endif
 
 static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload, const char *client) {
+                  grpc_byte_buffer *payload, const char *client,
+                  const grpc_metadata_array *md) {
   (void)deadline; /* answered at once */
   (void)client;
+  (void)md;
   const cgs_config *cfg = s->cfg;
   if (!payload) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_INVALID_ARGUMENT,
@@ -99,6 +101,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   limits.max_request_flops = cfg->max_request_flops;
   limits.max_regions = cfg->max_regions;
   limits.max_region_bytes = cfg->max_region_bytes;
+  limits.max_calls_per_peer = cfg->max_calls_per_peer;
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;

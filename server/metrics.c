@@ -50,8 +50,14 @@ static const struct {
 typedef struct figures {
   uint64_t requests[N_OPS][N_DTYPES][N_CODES];
   histogram h[N_HISTOGRAMS][N_OPS];
+  histogram queue_by_class[CGS_PEER_CLASSES];
+  uint64_t refused[CGS_REFUSED_REASONS];
+  uint64_t retried;
   uint64_t bytes_in, bytes_out, cache_hits, cache_misses;
 } figures;
+
+static const char *const refusal_names[CGS_REFUSED_REASONS] = {
+    "none", "queue_full", "inflight_bytes", "peer_calls", "draining"};
 
 struct cgs_metrics {
   pthread_mutex_t mu;
@@ -95,8 +101,15 @@ void cgs_metrics_call_ended(cgs_metrics *m, const cgs_metrics_call *c) {
   figures *f = &m->f;
   f->requests[op][dt][code]++;
   observe(&f->h[H_REQUEST][op], c->request_s);
-  if (c->queued)
+  if (c->queued) {
     observe(&f->h[H_QUEUE][op], c->queue_s);
+    if (c->peer_class < CGS_PEER_CLASSES)
+      observe(&f->queue_by_class[c->peer_class], c->queue_s);
+  }
+  if (c->refused > CGS_REFUSED_NONE && c->refused < CGS_REFUSED_REASONS)
+    f->refused[c->refused]++;
+  if (c->retry_attempt)
+    f->retried++;
   if (c->computed)
     observe(&f->h[H_COMPUTE][op], c->compute_s);
   f->bytes_in += c->bytes_in;
@@ -159,29 +172,58 @@ static const char *dtype_label(int dt) {
   return dt ? cg_dtype_name((cg_dtype)dt) : "unknown";
 }
 
+static uint64_t observations(const histogram *h) {
+  uint64_t total = 0;
+  for (size_t b = 0; b <= N_BUCKETS; b++)
+    total += h->count[b];
+  return total;
+}
+
+/* One series of a histogram family: its buckets, sum and count, labelled
+ * label="value". */
+static void render_series(text *t, const char *name, const char *label,
+                          const char *value, const histogram *h) {
+  uint64_t total = observations(h), cumulative = 0;
+  for (size_t b = 0; b < N_BUCKETS; b++) {
+    cumulative += h->count[b];
+    put(t, "%s_bucket{%s=\"%s\",le=\"%g\"} %" PRIu64 "\n", name, label, value,
+        bucket_bounds[b], cumulative);
+  }
+  put(t, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", name, label, value,
+      total);
+  put(t, "%s_sum{%s=\"%s\"} %.9g\n%s_count{%s=\"%s\"} %" PRIu64 "\n", name,
+      label, value, h->sum, name, label, value, total);
+}
+
 static void render_histogram(text *t, int which, const figures *f) {
   const char *name = histogram_info[which].name;
   family(t, name, "histogram", histogram_info[which].help);
-  for (int op = 0; op < N_OPS; op++) {
-    const histogram *h = &f->h[which][op];
-    uint64_t total = 0;
-    for (size_t b = 0; b <= N_BUCKETS; b++)
-      total += h->count[b];
-    /* Every known op is shown, so that rate() sees it from zero; calls
-     * whose op is unknown only once there are some. */
-    if (op == 0 && total == 0)
-      continue;
-    const char *l = op_label(op);
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < N_BUCKETS; b++) {
-      cumulative += h->count[b];
-      put(t, "%s_bucket{op=\"%s\",le=\"%g\"} %" PRIu64 "\n", name, l,
-          bucket_bounds[b], cumulative);
-    }
-    put(t, "%s_bucket{op=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", name, l, total);
-    put(t, "%s_sum{op=\"%s\"} %.9g\n%s_count{op=\"%s\"} %" PRIu64 "\n", name, l,
-        h->sum, name, l, total);
-  }
+  /* Every known op is shown, so that rate() sees it from zero; calls
+   * whose op is unknown only once there are some. */
+  for (int op = 0; op < N_OPS; op++)
+    if (op || observations(&f->h[which][op]))
+      render_series(t, name, "op", op_label(op), &f->h[which][op]);
+}
+
+/* Refusals by reason, retries seen, and queue waits by peer class. */
+static void render_load(text *t, const figures *f) {
+  family(t, "convgrad_refusals_total", "counter",
+         "Compute calls refused with retry-after-ms (retry later), by "
+         "reason.");
+  for (int r = CGS_REFUSED_NONE + 1; r < CGS_REFUSED_REASONS; r++)
+    put(t, "convgrad_refusals_total{reason=\"%s\"} %" PRIu64 "\n",
+        refusal_names[r], f->refused[r]);
+  family(t, "convgrad_retried_requests_total", "counter",
+         "Compute calls that were a client's retry (convgrad-retry-attempt "
+         "metadata).");
+  put(t, "convgrad_retried_requests_total %" PRIu64 "\n", f->retried);
+  family(t, "convgrad_queue_wait_seconds", "histogram",
+         "Time Compute jobs waited for a worker, by how their client "
+         "connects (unix socket, loopback, remote).");
+  for (int c = 0; c < CGS_PEER_CLASSES; c++)
+    render_series(t, "convgrad_queue_wait_seconds", "peer",
+                  cgs_peer_class_name((cgs_peer_class)c),
+                  &f->queue_by_class[c]);
 }
 
 static void render_calls(text *t, const figures *f) {
@@ -199,6 +241,7 @@ static void render_calls(text *t, const figures *f) {
               f->requests[op][dt][code]);
   for (int h = 0; h < N_HISTOGRAMS; h++)
     render_histogram(t, h, f);
+  render_load(t, f);
   family(t, "convgrad_received_bytes_total", "counter",
          "Tensor bytes received in Compute requests.");
   put(t, "convgrad_received_bytes_total %" PRIu64 "\n", f->bytes_in);

@@ -2,6 +2,7 @@
  * their live-call counts and log-line budgets. */
 #include "cgs_peers.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,15 +64,13 @@ static size_t hash(const char *s) {
   return (size_t)(h % NBUCKETS);
 }
 
-cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
-  char addr[sizeof p->overflow.addr];
-  cgs_peer_address(grpc_peer, addr, sizeof addr);
-  size_t b = hash(addr);
+cgs_peer *cgs_peers_get_key(cgs_peers *p, const char *key, uint64_t now) {
+  size_t b = hash(key);
   cgs_peer *e = p->bucket[b];
-  while (e && strcmp(e->addr, addr) != 0)
+  while (e && strcmp(e->addr, key) != 0)
     e = e->next;
   if (!e && p->n < CGS_PEERS_MAX && (e = calloc(1, sizeof *e))) {
-    memcpy(e->addr, addr, sizeof addr);
+    snprintf(e->addr, sizeof e->addr, "%s", key);
     e->next = p->bucket[b];
     p->bucket[b] = e;
     p->n++;
@@ -80,6 +79,12 @@ cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
     e = &p->overflow;
   e->t_seen = now;
   return e;
+}
+
+cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
+  char addr[sizeof p->overflow.addr];
+  cgs_peer_address(grpc_peer, addr, sizeof addr);
+  return cgs_peers_get_key(p, addr, now);
 }
 
 int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec) {
@@ -114,7 +119,7 @@ void cgs_peers_sweep(cgs_peers *p, uint64_t now,
     while (*link) {
       cgs_peer *e = *link;
       flush_suppressed(e, report);
-      if (e->calls || now - e->t_seen < CGS_PEER_IDLE_NS) {
+      if (e->live || now - e->t_seen < CGS_PEER_IDLE_NS) {
         link = &e->next;
         continue;
       }
@@ -128,4 +133,22 @@ void cgs_peers_sweep(cgs_peers *p, uint64_t now,
 
 size_t cgs_peers_count(const cgs_peers *p) {
   return p->n;
+}
+
+cgs_peer_class cgs_peer_classify(const char *grpc_peer) {
+  if (!grpc_peer)
+    return CGS_PEER_REMOTE;
+  if (strncmp(grpc_peer, "unix", 4) == 0)
+    return CGS_PEER_UNIX; /* unix: and unix-abstract: */
+  if (strncmp(grpc_peer, "ipv4:127.", 9) == 0 ||
+      strncmp(grpc_peer, "ipv6:[::1]:", 11) == 0 ||
+      strncmp(grpc_peer, "ipv6:[::ffff:127.", 17) == 0)
+    return CGS_PEER_LOOPBACK;
+  return CGS_PEER_REMOTE;
+}
+
+const char *cgs_peer_class_name(cgs_peer_class c) {
+  static const char *const names[CGS_PEER_CLASSES] = {"remote", "loopback",
+                                                      "unix"};
+  return c < CGS_PEER_CLASSES ? names[c] : "remote";
 }

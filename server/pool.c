@@ -39,7 +39,9 @@ struct cgs_pool {
 
   pthread_mutex_t mu;
   pthread_cond_t ready_cv; /* a worker finished start-up */
-  cgs_job *head, *tail;    /* waiting jobs, FIFO */
+  cgs_job *head, *tail;    /* waiting jobs, by turn, then arrival */
+  uint64_t turn;           /* the turn of the job a worker took last */
+  double mean_run_ms;      /* of recent jobs, a moving average */
   unsigned queued;
   unsigned admitted; /* places held: reserved, queued or running */
   int stop;
@@ -249,6 +251,24 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
     job->rc = run_outputs(engine, job, (unsigned)threads);
 }
 
+/* With p->mu held: takes job, which is queued, off the queue. */
+static void unlink_job(cgs_pool *p, cgs_job *job) {
+  if (job->prev)
+    job->prev->next = job->next;
+  else
+    p->head = job->next;
+  if (job->next)
+    job->next->prev = job->prev;
+  else
+    p->tail = job->prev;
+  job->prev = job->next = NULL;
+  p->queued--;
+  job->queued = 0;
+}
+
+/* Jobs the moving average of run times spans, about. */
+#define MEAN_RUN_JOBS 8
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   cgs_pool *p = w->pool;
@@ -305,17 +325,20 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&p->mu);
       break;
     }
-    p->head = job->next;
-    if (!p->head)
-      p->tail = NULL;
-    p->queued--;
-    job->queued = 0;
+    unlink_job(p, job);
+    p->turn = job->turn;
     int threads = borrow(p, w);
     pthread_mutex_unlock(&p->mu);
 
+    uint64_t t0 = uv_hrtime();
     run_job(w, engine, job, threads);
+    double ms = (double)(uv_hrtime() - t0) / 1e6;
     holding = 1;
     pthread_mutex_lock(&p->mu);
+    p->mean_run_ms =
+        p->mean_run_ms > 0
+            ? p->mean_run_ms + (ms - p->mean_run_ms) / MEAN_RUN_JOBS
+            : ms;
     give_back(p, w);
     p->admitted--; /* the job's place */
     pthread_mutex_unlock(&p->mu);
@@ -484,16 +507,29 @@ void cgs_pool_unreserve(cgs_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
-void cgs_pool_submit(cgs_pool *p, cgs_job *job) {
+void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   pthread_mutex_lock(&p->mu);
   job->t_submit = uv_hrtime();
-  job->next = NULL;
-  job->queued = 1;
-  if (p->tail)
-    p->tail->next = job;
+  /* A flow that waited for none of its turns joins at the current one: an
+   * idle flow saves no turns up. */
+  job->turn = *flow_turn > p->turn ? *flow_turn : p->turn;
+  *flow_turn = job->turn + 1;
+  /* After every job of an earlier or the same turn: most jobs go at the
+   * tail, a light flow's a few places from the head. */
+  cgs_job *after = p->tail;
+  while (after && after->turn > job->turn)
+    after = after->prev;
+  job->prev = after;
+  job->next = after ? after->next : p->head;
+  if (job->next)
+    job->next->prev = job;
+  else
+    p->tail = job;
+  if (after)
+    after->next = job;
   else
     p->head = job;
-  p->tail = job;
+  job->queued = 1;
   p->queued++;
   wake_one(p);
   pthread_mutex_unlock(&p->mu);
@@ -503,20 +539,9 @@ int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
   int removed = 0;
   pthread_mutex_lock(&p->mu);
   if (job->queued) {
-    cgs_job **pp = &p->head, *prev = NULL;
-    while (*pp && *pp != job) {
-      prev = *pp;
-      pp = &(*pp)->next;
-    }
-    if (*pp) {
-      *pp = job->next;
-      if (p->tail == job)
-        p->tail = prev;
-      p->queued--;
-      p->admitted--;
-      job->queued = 0;
-      removed = 1;
-    }
+    unlink_job(p, job);
+    p->admitted--;
+    removed = 1;
   }
   pthread_mutex_unlock(&p->mu);
   return removed;
@@ -542,6 +567,13 @@ void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy) {
   *queued = p->queued;
   *busy = p->nworkers - idle_workers(p);
   pthread_mutex_unlock(&p->mu);
+}
+
+double cgs_pool_mean_run_ms(cgs_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  double ms = p->mean_run_ms;
+  pthread_mutex_unlock(&p->mu);
+  return ms;
 }
 
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i) {

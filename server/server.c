@@ -149,8 +149,8 @@ static void on_slot(cgs_tag *t, int ok) {
     if (sl->m == N_METHODS)
       answer_unknown(s, sl);
     else if (authenticate(s, sl, &client) == 0)
-      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload,
-                                 client);
+      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload, client,
+                                 &sl->md);
   }
   /* !ok: the server is shutting down and the request was withdrawn. */
   grpc_metadata_array_destroy(&sl->md);

@@ -114,8 +114,9 @@ static cgs_regions *regions_for(cgs_server *s, grpc_call *call,
 
 static void start_register(cgs_server *s, grpc_call *call,
                            gpr_timespec deadline, grpc_byte_buffer *payload,
-                           const char *client) {
+                           const char *client, const grpc_metadata_array *md) {
   (void)deadline;
+  (void)md;
   Convgrad__V1__RegisterRegionRequest *req =
       (Convgrad__V1__RegisterRegionRequest *)take_request(
           s, call, payload, &convgrad__v1__register_region_request__descriptor);
@@ -138,8 +139,10 @@ static void start_register(cgs_server *s, grpc_call *call,
 
 static void start_unregister(cgs_server *s, grpc_call *call,
                              gpr_timespec deadline, grpc_byte_buffer *payload,
-                             const char *client) {
+                             const char *client,
+                             const grpc_metadata_array *md) {
   (void)deadline;
+  (void)md;
   Convgrad__V1__UnregisterRegionRequest *req =
       (Convgrad__V1__UnregisterRegionRequest *)take_request(
           s, call, payload,
@@ -162,8 +165,10 @@ static void start_unregister(cgs_server *s, grpc_call *call,
 }
 
 static void start_list(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                       grpc_byte_buffer *payload, const char *client) {
+                       grpc_byte_buffer *payload, const char *client,
+                       const grpc_metadata_array *md) {
   (void)deadline;
+  (void)md;
   ProtobufCMessage *req = take_request(
       s, call, payload, &convgrad__v1__list_regions_request__descriptor);
   if (!req)

@@ -20,7 +20,7 @@ static void test_defaults(void **state) {
   assert_string_equal(c.listen, "127.0.0.1:50051");
   assert_int_equal(c.threads_per_worker, 0); /* auto */
   assert_int_equal(c.threads_policy, CGS_THREADS_AUTO);
-  assert_int_equal(c.queue_depth, 64);
+  assert_int_equal(c.queue_depth, 256);
   assert_int_equal(c.chunk_bytes, 1 << 20);
   assert_int_equal(c.stream_window_bytes, 4 << 20);
   assert_int_equal(c.grace_ms, 30000);

@@ -3,7 +3,9 @@
 read with Debian's python3-prometheus-client parser: every family the
 server promises, with its type; counters that move exactly with the calls
 made through grpcio (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, and a call
-whose op never arrived), bytes and primitive lookups included; histograms
+whose op never arrived), bytes, primitive lookups, retried calls and queue
+waits by peer class included (the "retry later" refusals are
+test_server_busy.py's); histograms
 whose buckets add up; the in-flight gauge while an upload waits; the
 process_* family; the shared-memory regions gauge; 404 and 405 for other paths and methods; and a bad or
 busy --metrics-listen refused at start with a message."""
@@ -35,6 +37,9 @@ FAMILIES = {
     "convgrad_shm_regions": "gauge",
     "convgrad_primitive_cache_hits": "counter",
     "convgrad_primitive_cache_misses": "counter",
+    "convgrad_refusals": "counter",
+    "convgrad_retried_requests": "counter",
+    "convgrad_queue_wait_seconds": "histogram",
     "process_cpu_seconds": "counter",
     "process_resident_memory_bytes": "gauge",
     "process_virtual_memory_bytes": "gauge",
@@ -198,9 +203,11 @@ def main():
                 assert e.code() == code, e
 
         sent = received = 0
-        for _ in range(3):
+        for k in range(3):
+            # The second and third come as a client's retries.
+            retry = (("convgrad-retry-attempt", str(k)),) if k else None
             msgs = list(stub.Compute(messages(bwd_data_header(), (dy, w)),
-                                     timeout=30))
+                                     timeout=30, metadata=retry))
             received += dy.nbytes + w.nbytes
             sent += result_bytes(msgs)
         assert sent == 3 * x.nbytes, sent
@@ -257,6 +264,18 @@ def main():
                             op=op)
                 assert got == computed, (op, fam, got)
         assert value(after, "convgrad_compute_seconds_sum", op=data) > 0
+        # Every job came from loopback; no refusal was "retry later".
+        for peer, want in (("loopback", 5), ("unix", 0), ("remote", 0)):
+            got = delta(before, after, "convgrad_queue_wait_seconds_count",
+                        peer=peer)
+            assert got == want, (peer, got)
+        got = delta(before, after, "convgrad_retried_requests_total")
+        assert got == 2, got
+        for reason in ("queue_full", "inflight_bytes", "peer_calls",
+                       "draining"):
+            got = delta(before, after, "convgrad_refusals_total",
+                        reason=reason)
+            assert got == 0, (reason, got)
         got = delta(before, after, "convgrad_received_bytes_total")
         assert got == received, (got, received)
         got = delta(before, after, "convgrad_sent_bytes_total")

@@ -317,7 +317,7 @@ static void test_server_info(void **state) {
   assert_true(strlen(info->cpu_isa) > 0);
   assert_int_equal(info->workers, 2);
   assert_non_null(info->limits);
-  assert_int_equal(info->limits->queue_depth, 64);
+  assert_int_equal(info->limits->queue_depth, 256);
   assert_int_equal(info->limits->default_chunk_bytes, 1u << 20);
   assert_int_equal(info->limits->idle_timeout_ms, 30000);
   assert_int_equal(info->limits->stream_window_bytes, 4u << 20);

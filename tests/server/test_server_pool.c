@@ -2,7 +2,8 @@
  * job submitted from a core wakes the idle worker pinned to that core; at
  * most workers + queue-depth places are held, and a finished job gives its
  * place back; a burst of jobs through a small queue all run correctly and
- * come back. Under the adaptive policy a lone job runs on every core, one
+ * come back; a caller's job passes another's waiting line. Under the
+ * adaptive policy a lone job runs on every core, one
  * team thread on each; two jobs at once get a core each; a job never
  * starts on a core lent to another. */
 #include <dirent.h>
@@ -35,6 +36,7 @@ typedef struct fixture {
   cgs_job jobs[NJOBS];
   void *out[NJOBS];
   int done;
+  uint64_t flow, other_flow; /* the fair queue's state of two callers */
 } fixture;
 
 static void on_done(cgs_job *job, void *data) {
@@ -154,7 +156,7 @@ static void test_wakes_the_worker_on_this_core(void **state) {
     job_init(f, 0);
     int done = f->done;
     assert_int_equal(cgs_pool_reserve(f->pool), 0);
-    cgs_pool_submit(f->pool, &f->jobs[0]);
+    cgs_pool_submit(f->pool, &f->jobs[0], &f->flow);
     wait_done(f, done + 1);
     assert_int_equal(f->jobs[0].rc, 0);
     /* worker i is pinned to --cpus entry i */
@@ -181,7 +183,7 @@ static void test_burst_runs_every_job(void **state) {
     if (i >= 5)
       while (cgs_pool_reserve(f->pool) == CG_ELIMIT)
         uv_run(&f->loop, UV_RUN_ONCE);
-    cgs_pool_submit(f->pool, &f->jobs[i]);
+    cgs_pool_submit(f->pool, &f->jobs[i], &f->flow);
   }
   wait_done(f, done + NJOBS);
   /* Every place has come back. */
@@ -256,7 +258,7 @@ static void test_lone_job_takes_every_core(void **state) {
     big_job(f, 0);
     int done = f->done;
     assert_int_equal(cgs_pool_reserve(f->pool), 0);
-    cgs_pool_submit(f->pool, &f->jobs[0]);
+    cgs_pool_submit(f->pool, &f->jobs[0], &f->flow);
     wait_done(f, done + 1);
     assert_int_equal(f->jobs[0].rc, 0);
     assert_int_equal(info_of(&f->jobs[0])->threads, 2);
@@ -283,7 +285,7 @@ static void test_jobs_at_once_get_a_core_each(void **state) {
     assert_int_equal(cgs_pool_reserve(f->pool), 0);
   }
   for (int i = 0; i < 4; i++)
-    cgs_pool_submit(f->pool, &f->jobs[i]);
+    cgs_pool_submit(f->pool, &f->jobs[i], &f->flow);
   wait_done(f, done + 4);
   for (int i = 0; i < 4; i++) {
     const cgs_job *a = &f->jobs[i];
@@ -318,7 +320,7 @@ static void test_no_job_starts_on_a_lent_core(void **state) {
     done = f->done;
     big_job(f, 0);
     assert_int_equal(cgs_pool_reserve(f->pool), 0);
-    cgs_pool_submit(f->pool, &f->jobs[0]);
+    cgs_pool_submit(f->pool, &f->jobs[0], &f->flow);
     for (int i = 0; i < 100000 && cgs_pool_idle(f->pool) != 0; i++)
       usleep(20);
     lent = cgs_pool_idle(f->pool) == 0;
@@ -328,7 +330,7 @@ static void test_no_job_starts_on_a_lent_core(void **state) {
   assert_true(lent);
   big_job(f, 1);
   assert_int_equal(cgs_pool_reserve(f->pool), 0);
-  cgs_pool_submit(f->pool, &f->jobs[1]);
+  cgs_pool_submit(f->pool, &f->jobs[1], &f->flow);
   wait_done(f, done + 2);
   const cgs_job *a = &f->jobs[0], *b = &f->jobs[1];
   assert_int_equal(a->rc, 0);
@@ -339,6 +341,29 @@ static void test_no_job_starts_on_a_lent_core(void **state) {
   assert_int_equal(ts_problem_check(&f->big, f->out[1]), 0);
 }
 
+/* Flows take turns: one caller queues four jobs (the first takes every
+ * core for some milliseconds), then another caller queues one, which runs
+ * before the first caller's third job rather than after its fourth. */
+static void test_flows_take_turns(void **state) {
+  fixture *f = *state;
+  wait_idle(f);
+  int done = f->done;
+  for (int i = 0; i < 5; i++) {
+    big_job(f, i);
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  }
+  for (int i = 0; i < 4; i++)
+    cgs_pool_submit(f->pool, &f->jobs[i], &f->flow);
+  cgs_pool_submit(f->pool, &f->jobs[4], &f->other_flow);
+  wait_done(f, done + 5);
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(f->jobs[i].rc, 0);
+    assert_int_equal(ts_problem_check(&f->big, f->out[i]), 0);
+  }
+  /* First come, first served would start it after jobs[3]. */
+  assert_true(started(&f->jobs[4]) <= started(&f->jobs[2]));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wakes_the_worker_on_this_core),
@@ -346,6 +371,7 @@ int main(void) {
       cmocka_unit_test(test_lone_job_takes_every_core),
       cmocka_unit_test(test_jobs_at_once_get_a_core_each),
       cmocka_unit_test(test_no_job_starts_on_a_lent_core),
+      cmocka_unit_test(test_flows_take_turns),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
