@@ -330,6 +330,7 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   if (!ch)
     return CG_ENOMEM;
   pthread_mutex_init(&ch->regions_mu, NULL);
+  cgc__pool_init(&ch->pool);
   if (opts)
     ch->opts = *opts;
   else
@@ -415,6 +416,8 @@ fail_grpc:
   grpc_shutdown();
   free(ch->target);
 fail_opts:
+  cgc__pool_close(&ch->pool);
+  pthread_mutex_destroy(&ch->regions_mu);
   free(ch);
   return rc;
 }
@@ -422,6 +425,7 @@ fail_opts:
 void cgc_channel_free(cgc_channel *ch) {
   if (!ch)
     return;
+  cgc__pool_close(&ch->pool);
   cgc__regions_close(ch);
   pthread_mutex_destroy(&ch->regions_mu);
   grpc_channel_destroy(ch->chan);

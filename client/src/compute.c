@@ -45,11 +45,17 @@ static void cgc__pin_unref(void *p) {
 
 enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 
+/* A Compute call across its attempts (cgc__job in internal.h). */
 typedef struct cgc__attempt {
   const cgc_request *req;
   const cgc_options *opts;
-  int nin;        /* data inputs: 2, or 3 for a layer op */
-  unsigned wants; /* CG_GRAD_BIT() of each output asked for */
+  int nin;            /* data inputs: 2, or 3 for a layer op */
+  unsigned wants_all; /* CG_GRAD_BIT() of each output the call asks for */
+  /* Outputs whole so far, in any attempt: final, never asked again. */
+  unsigned done;
+  unsigned wants;         /* this attempt's: wants_all but done */
+  cgc__whole_fn on_whole; /* told of each output once it is whole */
+  void *whole_arg;
   /* upload cursor */
   size_t inline_len[3]; /* bytes sent inside the header message */
   int cur;              /* input being chunked; nin = done */
@@ -72,7 +78,13 @@ typedef struct cgc__attempt {
   uint64_t received; /* bytes of out[out_cur] */
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
+  int in_regions; /* some input or output lies in a registered region */
 } cgc__attempt;
+
+struct cgc__job {
+  cgc__attempt a;
+  cgc_channel *ch;
+};
 
 /* Same numbering on the wire except weights formats, which share the wire
  * Layout enum with the data formats. */
@@ -227,8 +239,10 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   hdr.inputs = tp;
   hdr.output_layout = (Convgrad__V1__Layout)r->output_layout;
   hdr.weights_output_layout = (Convgrad__V1__Layout)r->weights_output_layout;
-  for (int g = 0; g < CG_GRAD_COUNT && r->grads; g++)
-    if (r->grads & CG_GRAD_BIT(g))
+  /* A layer op names its outputs: a retry asks only for those still
+   * missing. */
+  for (int g = 0; g < CG_GRAD_COUNT && cg_op_is_layer(r->op); g++)
+    if (a->wants & CG_GRAD_BIT(g))
       outputs[hdr.n_outputs++] =
           (Convgrad__V1__Output)(CONVGRAD__V1__OUTPUT__DIFF_SRC + g);
   hdr.outputs = outputs;
@@ -337,6 +351,17 @@ static int cgc__check_result(cgc__attempt *a,
   return 0;
 }
 
+/* Tells of the output being received once its last byte is in: from then
+ * on its data is final, whatever happens to the rest of the call. */
+static void cgc__mark_whole(cgc__attempt *a) {
+  unsigned bit = CG_GRAD_BIT(a->out_cur);
+  if (a->received != a->out[a->out_cur]->nbytes || (a->done & bit))
+    return;
+  a->done |= bit;
+  if (a->on_whole)
+    a->on_whole(a->whole_arg, a->done);
+}
+
 /* Allocates output g of a checked ResultHeader of n bytes (in the
  * caller's buffer, when there is one) and keeps the header's figures. */
 static int cgc__take_result(cgc__attempt *a,
@@ -385,6 +410,7 @@ static int cgc__take_result(cgc__attempt *a,
     a->res.pads_begin[i] = h->pads_begin[i];
     a->res.pads_end[i] = h->pads_end[i];
   }
+  cgc__mark_whole(a);
   return 0;
 }
 
@@ -432,6 +458,7 @@ static int cgc__read_chunk(cgc__attempt *a, grpc_byte_buffer *bb,
     return cgc__perr(a, "unreadable message");
   a->received += v->len;
   a->res.bytes_received += v->len;
+  cgc__mark_whole(a);
   return 0;
 }
 
@@ -450,9 +477,11 @@ static int cgc__on_message(cgc__attempt *a, grpc_byte_buffer *bb) {
   }
 }
 
-/* Drops the attempt's outputs, keeping the caller's memory. */
-static void cgc__drop_out(cgc__attempt *a) {
+/* Drops the outputs in mask, keeping the caller's memory. */
+static void cgc__drop_out(cgc__attempt *a, unsigned mask) {
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(mask & CG_GRAD_BIT(g)))
+      continue;
     if (a->out[g] && a->into[g])
       free(a->out[g]);
     else
@@ -488,9 +517,11 @@ typedef struct cgc__flight {
   double t0, t_last;  /* the call's start; all data in */
 } cgc__flight;
 
-/* Clears what a previous attempt left and pins the caller's tensors. */
+/* Clears what a previous attempt left (but the outputs already whole) and
+ * pins the caller's tensors. */
 static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
-  cgc__drop_out(a);
+  cgc__drop_out(a, ~a->done);
+  a->wants = a->wants_all & ~a->done;
   a->have_header = 0;
   a->got = 0;
   a->received = 0;
@@ -724,7 +755,7 @@ out:
   if (a->pin)
     cgc__unpin(a);
   if (rc)
-    cgc__drop_out(a);
+    cgc__drop_out(a, ~a->done);
   return rc;
 }
 
@@ -786,7 +817,7 @@ static int cgc__find_regions(cgc__attempt *a, cgc_channel *ch) {
   }
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     a->out_reg[g] =
-        (a->wants & CG_GRAD_BIT(g)) && a->into[g]
+        (a->wants_all & CG_GRAD_BIT(g)) && a->into[g]
             ? cgc__region_find(ch, a->into[g], a->into_cap[g], &a->out_off[g])
             : NULL;
     any |= a->out_reg[g] != NULL;
@@ -815,23 +846,15 @@ static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
   return 0;
 }
 
-/* Every cgc_compute* call: output g lands in into[g] when into and
- * into[g] are set, else in a new allocation; out[g] receives each output
- * asked for. */
-static int cgc__compute(cgc_channel *ch, const cgc_request *req,
-                        void *const *into, const size_t *into_cap,
-                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
-                        cgc_status *st) {
-  cgc__attempt a;
-  int rc, attempts = 0;
-  memset(&a, 0, sizeof a);
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    out[g] = NULL;
-  a.wants = cgc__wants(req, st);
-  if (!a.wants)
+int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
+                 void *const *into, const size_t *into_cap, cgc_status *st) {
+  int rc;
+  *out = NULL;
+  unsigned wants = cgc__wants(req, st);
+  if (!wants)
     return CG_EINVAL;
-  a.nin = cg_op_is_layer(req->op) ? 3 : 2;
-  for (int i = 0; i < a.nin; i++)
+  int nin = cg_op_is_layer(req->op) ? 3 : 2;
+  for (int i = 0; i < nin; i++)
     if ((rc = cgc__check_view(&req->inputs[i], i, st)) != 0)
       return rc;
   if (req->has_shape_input &&
@@ -841,26 +864,81 @@ static int cgc__compute(cgc_channel *ch, const cgc_request *req,
                     "shape_input: must have 1..%d values", CG_MAX_RANK);
     return CG_EINVAL;
   }
-  a.req = req;
-  a.opts = &ch->opts;
-  for (int g = 0; into && g < CG_GRAD_COUNT; g++) {
-    a.into[g] = into[g];
-    a.into_cap[g] = into_cap[g];
+  cgc__job *j = calloc(1, sizeof *j);
+  if (!j) {
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return CG_ENOMEM;
   }
-  int in_regions = cgc__find_regions(&a, ch);
+  cgc__attempt *a = &j->a;
+  j->ch = ch;
+  a->wants_all = wants;
+  a->nin = nin;
+  a->req = req;
+  a->opts = &ch->opts;
+  for (int g = 0; into && g < CG_GRAD_COUNT; g++) {
+    a->into[g] = into[g];
+    a->into_cap[g] = into_cap[g];
+  }
+  a->in_regions = cgc__find_regions(a, ch);
+  *out = j;
+  return 0;
+}
+
+unsigned cgc__job_wants(const cgc__job *j) {
+  return j->a.wants_all;
+}
+
+int cgc__job_run(cgc__job *j, gpr_timespec deadline, cgc__whole_fn on_whole,
+                 void *arg, cgc_result *res, cgc_status *st) {
+  cgc__attempt *a = &j->a;
+  cgc_channel *ch = j->ch;
+  int attempts = 0;
   cgc_status local;
   cgc_status *s = st ? st : &local;
-  gpr_timespec deadline = cgc__deadline(ch, req->deadline_ms);
-  rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &attempts, s);
-  if (rc == CGC_ERPC && s->code == GRPC_STATUS_NOT_FOUND && in_regions &&
-      cgc__register_again(&a, ch, s) == 0)
-    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, &a, &attempts, s);
-  a.res.attempts = attempts;
+  a->on_whole = on_whole;
+  a->whole_arg = arg;
+  int rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, a, &attempts, s);
+  if (rc == CGC_ERPC && s->code == GRPC_STATUS_NOT_FOUND && a->in_regions &&
+      cgc__register_again(a, ch, s) == 0)
+    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, a, &attempts, s);
+  a->res.attempts = attempts;
   if (res)
-    *res = a.res;
+    *res = a->res;
+  return rc;
+}
+
+void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]) {
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    out[g] = j->a.out[g];
+    j->a.out[g] = NULL;
+  }
+}
+
+void cgc__job_free(cgc__job *j) {
+  if (!j)
+    return;
+  cgc__drop_out(&j->a, ~0u);
+  free(j);
+}
+
+/* Every cgc_compute* call: output g lands in into[g] when into and
+ * into[g] are set, else in a new allocation; out[g] receives each output
+ * asked for. */
+static int cgc__compute(cgc_channel *ch, const cgc_request *req,
+                        void *const *into, const size_t *into_cap,
+                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                        cgc_status *st) {
+  cgc__job *j;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    out[g] = NULL;
+  int rc = cgc__job_new(&j, ch, req, into, into_cap, st);
+  if (rc)
+    return rc;
+  rc =
+      cgc__job_run(j, cgc__deadline(ch, req->deadline_ms), NULL, NULL, res, st);
   if (!rc)
-    for (int g = 0; g < CG_GRAD_COUNT; g++)
-      out[g] = a.out[g];
+    cgc__job_take(j, out);
+  cgc__job_free(j);
   return rc;
 }
 

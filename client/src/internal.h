@@ -11,6 +11,20 @@
 
 #include "cgc/client.h"
 
+/* The threads of a channel that run its asynchronous calls (async.c),
+ * started as calls need them. */
+typedef struct cgc__pool {
+  pthread_mutex_t mu;
+  pthread_cond_t work;  /* a call was queued, or the pool closes */
+  pthread_cond_t ended; /* a thread ended */
+  cgc_call *head, *tail;
+  int queued, idle, threads;
+  int closing;
+} cgc__pool;
+void cgc__pool_init(cgc__pool *p);
+/* Ends the pool's threads (no call may be queued or running). */
+void cgc__pool_close(cgc__pool *p);
+
 struct cgc_channel {
   grpc_channel *chan;
   cgc_options opts; /* immutable after cgc_channel_new */
@@ -21,6 +35,7 @@ struct cgc_channel {
   /* Regions registered through this channel (region.c). */
   pthread_mutex_t regions_mu;
   cgc_region *regions;
+  cgc__pool pool; /* the threads of asynchronous calls */
 };
 
 /* Writes code and a printf-style message into st (may be NULL). */
@@ -103,6 +118,30 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
  * destroys its completion queue, then frees what io holds. */
 void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
                    cgc__call_io *io);
+
+/* One Compute call (compute.c), as cgc_compute* and the asynchronous
+ * calls (async.c) run it. */
+typedef struct cgc__job cgc__job;
+/* Hears, on the thread running the call, each time an output has become
+ * whole: whole is every output whole so far (CG_GRAD_BIT()s). */
+typedef void (*cgc__whole_fn)(void *arg, unsigned whole);
+/* Checks req and prepares a call of it on ch: output g lands in into[g]
+ * when into and into[g] are set, else in a new allocation. req and what it
+ * points to are borrowed until cgc__job_free. Returns 0 with *out, or a
+ * negative code with st filled. */
+int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
+                 void *const *into, const size_t *into_cap, cgc_status *st);
+/* The outputs the call asks for. */
+unsigned cgc__job_wants(const cgc__job *j);
+/* Runs the call to its end, retries included (a retry asks only for the
+ * outputs not yet whole); on_whole (may be NULL) is told of outputs as they
+ * become whole. Returns 0 or a negative code with st and res filled. */
+int cgc__job_run(cgc__job *j, gpr_timespec deadline, cgc__whole_fn on_whole,
+                 void *arg, cgc_result *res, cgc_status *st);
+/* Hands over the outputs of a run that returned 0 (NULL where not asked). */
+void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]);
+/* Frees j and the outputs it still holds; NULL is accepted. */
+void cgc__job_free(cgc__job *j);
 
 /* The region registered on ch that holds the n bytes at p, or NULL;
  * *offset gets p's offset in it. */

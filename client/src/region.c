@@ -22,6 +22,7 @@ struct cgc_region {
   void *base;       /* the mapping */
   size_t size;      /* its bytes */
   int fd;           /* the object, open while mapped */
+  int unlinked;     /* its name was removed (cgc_region_unlink) */
   cgc_channel *ch;  /* registered on; NULL when not */
   cgc_region *next; /* in ch's list, under ch->regions_mu */
 };
@@ -78,9 +79,20 @@ int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
     free(r);
     return e == EEXIST ? CG_EINVAL : CG_EINTERNAL;
   }
-  if (ftruncate(r->fd, (off_t)bytes) != 0 ||
-      (r->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd,
-                      0)) == MAP_FAILED) {
+  /* The pages are reserved now: on a /dev/shm too small for the object
+   * (a container's default is 64 MiB) the creation fails here, instead of
+   * a later write into the mapping killing the process with SIGBUS. A file
+   * system without fallocate keeps the object sparse. */
+  int reserve = 0;
+  if (ftruncate(r->fd, (off_t)bytes) != 0)
+    reserve = errno;
+  else if ((reserve = posix_fallocate(r->fd, 0, (off_t)bytes)) == EOPNOTSUPP ||
+           reserve == EINVAL)
+    reserve = 0;
+  if (reserve != 0 || (r->base = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                                      MAP_SHARED, r->fd, 0)) == MAP_FAILED) {
+    if (reserve)
+      errno = reserve;
     cg_errorf(err, errlen, CG_ENOMEM, "%s: cannot make %zu bytes: %s", r->key,
               bytes, strerror(errno));
     shm_unlink(r->key);
@@ -171,6 +183,12 @@ const char *cgc__region_name(const cgc_region *r) {
 }
 
 int cgc_region_register(cgc_channel *ch, cgc_region *r, cgc_status *st) {
+  if (r->unlinked) {
+    cgc__status_set(st, GRPC_STATUS_FAILED_PRECONDITION,
+                    "region %s was unlinked: the server cannot open it",
+                    r->key);
+    return CG_EINVAL;
+  }
   if (r->ch) {
     cgc__status_set(st, GRPC_STATUS_FAILED_PRECONDITION,
                     "region %s is registered already", r->key);
@@ -216,14 +234,25 @@ int cgc_region_unregister(cgc_region *r, cgc_status *st) {
                          &req.base, st);
 }
 
+int cgc_region_unlink(cgc_region *r, cgc_status *st) {
+  int rc = 0;
+  if (r->ch)
+    rc = cgc_region_unregister(r, st);
+  if (!r->unlinked && shm_unlink(r->key) != 0 && errno != ENOENT && !rc) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "shm_unlink %s: %s", r->key,
+                    strerror(errno));
+    rc = CG_EINTERNAL;
+  }
+  r->unlinked = 1;
+  return rc;
+}
+
 void cgc_region_free(cgc_region *r) {
   if (!r)
     return;
-  if (r->ch)
-    cgc_region_unregister(r, NULL); /* best effort: the server may be gone */
+  cgc_region_unlink(r, NULL); /* best effort: the server may be gone */
   munmap(r->base, r->size);
   close(r->fd);
-  shm_unlink(r->key);
   free(r);
 }
 

@@ -20,12 +20,18 @@ answered by it instead, for the client's retry tests:
   busy-always-MS  always refused so, the message naming the attempt
                   ("attempt N", "attempt none" for the first);
   limit           refused RESOURCE_EXHAUSTED without the trailer, a
-                  permanent refusal.
+                  permanent refusal;
+  slow-MS         answered (the inline result) after MS milliseconds;
+  partial         a layer op's first attempt gets its first output
+                  (bytes 0..15) and then "retry later"; a retry gets each
+                  output its header names (output g: bytes 16g..16g+15) and
+                  the worker "outputs=LIST", the outputs it asked for.
 Prints "fake-server ready listen=127.0.0.1:PORT" when serving.
 Debian's python3-grpcio; no generated stubs needed.
 """
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -45,13 +51,59 @@ def ld(num, payload):
     return varint(num << 3 | 2) + varint(len(payload)) + payload
 
 
-def header(shape=(2, 2), total=16, dtype=1, data=b"", worker=b"fake-0"):
+def header(shape=(2, 2), total=16, dtype=1, data=b"", worker=b"fake-0",
+           output=0):
     """ResultHeader: dtype (1), packed shape (2), total_bytes (4), worker (10),
-    data (11) when given."""
+    data (11) and output (12) when given."""
     packed = b"".join(varint(d) for d in shape)
     return ld(1, varint(1 << 3) + varint(dtype) + ld(2, packed) +
               varint(4 << 3) + varint(total) + ld(10, worker) +
-              (ld(11, data) if data else b""))
+              (ld(11, data) if data else b"") +
+              (varint(12 << 3) + varint(output) if output else b""))
+
+
+def read_varint(buf, i):
+    """The varint at buf[i:] and the index past it."""
+    v, shift = 0, 0
+    while True:
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return v, i
+
+
+def fields(buf):
+    """(number, value) of each field of a message: an int for varints,
+    bytes for length-delimited fields."""
+    i = 0
+    while i < len(buf):
+        key, i = read_varint(buf, i)
+        if key & 7 == 0:
+            v, i = read_varint(buf, i)
+        elif key & 7 == 2:
+            n, i = read_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        else:
+            raise ValueError("fake server: wire type %d" % (key & 7))
+        yield key >> 3, v
+
+
+def asked_outputs(first_message):
+    """ComputeRequest.header (1) -> ComputeHeader.outputs (6), packed or
+    not."""
+    out = []
+    for num, hdr in fields(first_message):
+        for f, v in fields(hdr) if num == 1 else ():
+            if f == 6 and isinstance(v, int):
+                out.append(v)
+            elif f == 6:
+                i = 0
+                while i < len(v):
+                    g, i = read_varint(v, i)
+                    out.append(g)
+    return out
 
 
 def chunk(data):
@@ -80,15 +132,27 @@ lock = threading.Lock()
 calls = [0]
 
 
-def scenario(name, attempt, context):
-    """The answer of a retry scenario (see the module's comment)."""
+def scenario(name, attempt, first, context):
+    """The answer of a retry scenario (see the module's comment); first is
+    the request's first message."""
     kind, _, ms = name.rpartition("-")
+    if kind == "slow":
+        time.sleep(int(ms) / 1000)
+        return [header(data=bytes(range(16)))], None
+    if name == "partial" and attempt is None:
+        context.set_trailing_metadata((("retry-after-ms", "5"),))
+        return [header(data=bytes(range(16)), output=1)], "retry later"
+    if name == "partial":
+        outs = asked_outputs(first)
+        listed = ",".join(str(g) for g in outs).encode()
+        return [header(data=bytes(range(16 * g, 16 * g + 16)), output=g,
+                       worker=b"outputs=" + listed) for g in outs], None
     if name == "limit":
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                       "request over a size limit (permanent)")
     if kind == "busy-once" and attempt is not None:
         return [header(data=bytes(range(16)),
-                       worker=b"attempt=" + attempt.encode())]
+                       worker=b"attempt=" + attempt.encode())], None
     if kind in ("busy-once", "busy-always"):
         context.set_trailing_metadata((("retry-after-ms", ms),))
         context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -98,13 +162,17 @@ def scenario(name, attempt, context):
 
 
 def compute(request_iterator, context):
-    for _ in request_iterator:
-        pass
+    first = None
+    for msg in request_iterator:
+        first = msg if first is None else first
     md = dict(context.invocation_metadata())
     token = md.get("authorization", "")
     if token.startswith("Bearer "):
-        yield from scenario(token[7:], md.get("convgrad-retry-attempt"),
-                            context)
+        msgs, refusal = scenario(token[7:], md.get("convgrad-retry-attempt"),
+                                 first, context)
+        yield from msgs
+        if refusal:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         return
     with lock:
         i = calls[0]

@@ -2,8 +2,8 @@
  * ephemeral port: every op checked against the reference with tiny upload
  * and download chunks (many messages each way), a multi-MiB tensor with
  * the defaults, results received into caller memory, eight threads sharing
- * one channel, server statuses and messages, local argument checks, target
- * rewriting, health and info. */
+ * one channel, asynchronous calls from one thread, server statuses and
+ * messages, local argument checks, target rewriting, health and info. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -135,6 +135,64 @@ static void test_all_ops_tiny_chunks(void **state) {
   cgc_channel_free(ch);
 }
 
+/* A layer-op problem of make_spec's shape with random inputs, and the
+ * reference outputs it asks for (grads). */
+typedef struct layer_case {
+  cgc_spec s;
+  cg_problem p;
+  cg_layer l;
+  void *in[3];
+  cgc_tensor_view v[3];
+  void *ref[CG_GRAD_COUNT];
+} layer_case;
+
+static void layer_case_make(layer_case *c, int deconv, unsigned grads,
+                            int64_t scale, uint64_t seed) {
+  char err[256];
+  memset(c, 0, sizeof *c);
+  make_spec(&c->s, deconv ? CG_OP_DECONV_BWD_WEIGHTS : CG_OP_CONV_BWD_WEIGHTS,
+            scale);
+  cgc_spec_problem(&c->s, &c->p);
+  c->p.op = deconv ? CG_OP_DECONV_BWD : CG_OP_CONV_BWD;
+  c->p.input_dims[2] = c->p.attrs.weights_shape;
+  c->p.attrs.weights_shape = (cg_ints){NULL, 0};
+  c->p.grads = grads;
+  if (cg_layer_resolve(&c->p, &c->l, err, sizeof err))
+    fail_msg("resolve: %s", err);
+  for (int i = 0; i < 3; i++) {
+    c->in[i] = malloc(c->l.in_bytes[i]);
+    assert_non_null(c->in[i]);
+    cg_fill_uniform(CG_DTYPE_F32, c->in[i], c->l.in_bytes[i] / 4, &seed);
+    c->v[i].dtype = CG_DTYPE_F32;
+    c->v[i].rank = (int)c->p.input_dims[i].len;
+    memcpy(c->v[i].dims, c->p.input_dims[i].v, sizeof(int64_t) * 4);
+    c->v[i].data = c->in[i];
+    c->v[i].nbytes = c->l.in_bytes[i];
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (grads & CG_GRAD_BIT(g))
+      c->ref[g] = malloc(c->l.out_bytes[g]);
+  assert_int_equal(cg_reference_layer(&c->l, (const void *const *)c->in, c->ref,
+                                      err, sizeof err),
+                   0);
+}
+
+/* Output g of c as received (data, elements) against the reference. */
+static void layer_case_check(const layer_case *c, int g, const float *got) {
+  const float *want = c->ref[g];
+  for (size_t i = 0; i < c->l.out_elems[g]; i++)
+    if (fabsf(got[i] - want[i]) > 1e-4f * (1 + fabsf(want[i])))
+      fail_msg("%s %s[%zu]: %g, want %g", cg_op_name(c->p.op),
+               cg_grad_name((cg_grad)g), i, got[i], want[i]);
+}
+
+static void layer_case_free(layer_case *c) {
+  for (int i = 0; i < 3; i++)
+    free(c->in[i]);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(c->ref[g]);
+}
+
 /* cgc_conv_bwd / cgc_deconv_bwd: every subset of outputs, many small
  * messages each way, each output against the reference. */
 static void test_layer_ops(void **state) {
@@ -148,45 +206,15 @@ static void test_layer_ops(void **state) {
   assert_int_equal(cgc_channel_new(&ch, target, &o, err, sizeof err), 0);
   for (int deconv = 0; deconv < 2; deconv++)
     for (unsigned grads = 1; grads <= CG_GRADS_ALL; grads++) {
-      cgc_spec s;
-      make_spec(&s, deconv ? CG_OP_DECONV_BWD_WEIGHTS : CG_OP_CONV_BWD_WEIGHTS,
-                2);
-      cg_problem p;
-      cg_layer l;
-      cgc_spec_problem(&s, &p);
-      p.op = deconv ? CG_OP_DECONV_BWD : CG_OP_CONV_BWD;
-      p.input_dims[2] = p.attrs.weights_shape;
-      p.attrs.weights_shape = (cg_ints){NULL, 0};
-      p.grads = grads;
-      if (cg_layer_resolve(&p, &l, err, sizeof err))
-        fail_msg("resolve: %s", err);
-      const void *in[3];
-      cgc_tensor_view v[3];
-      uint64_t seed = grads;
-      for (int i = 0; i < 3; i++) {
-        void *b = malloc(l.in_bytes[i]);
-        assert_non_null(b);
-        cg_fill_uniform(CG_DTYPE_F32, b, l.in_bytes[i] / 4, &seed);
-        in[i] = b;
-        memset(&v[i], 0, sizeof v[i]);
-        v[i].dtype = CG_DTYPE_F32;
-        v[i].rank = (int)p.input_dims[i].len;
-        memcpy(v[i].dims, p.input_dims[i].v, sizeof(int64_t) * 4);
-        v[i].data = b;
-        v[i].nbytes = l.in_bytes[i];
-      }
+      layer_case c;
+      layer_case_make(&c, deconv, grads, 2, grads);
       cgc_tensor *out[CG_GRAD_COUNT];
       cgc_result res;
       cgc_status st;
       int rc = (deconv ? cgc_deconv_bwd : cgc_conv_bwd)(
-          ch, &p.attrs, &v[0], &v[1], &v[2], grads, out, &res, &st);
+          ch, &c.p.attrs, &c.v[0], &c.v[1], &c.v[2], grads, out, &res, &st);
       if (rc)
-        fail_msg("%s grads %u: %s", cg_op_name(p.op), grads, st.message);
-      void *ref[CG_GRAD_COUNT] = {NULL};
-      for (int g = 0; g < CG_GRAD_COUNT; g++)
-        if (grads & CG_GRAD_BIT(g))
-          ref[g] = malloc(l.out_bytes[g]);
-      assert_int_equal(cg_reference_layer(&l, in, ref, err, sizeof err), 0);
+        fail_msg("%s grads %u: %s", cg_op_name(c.p.op), grads, st.message);
       uint64_t want_bytes = 0;
       for (int g = 0; g < CG_GRAD_COUNT; g++) {
         if (!(grads & CG_GRAD_BIT(g))) {
@@ -195,23 +223,92 @@ static void test_layer_ops(void **state) {
           continue;
         }
         assert_non_null(out[g]);
-        assert_int_equal(out[g]->nbytes, l.out_bytes[g]);
-        assert_int_equal(out[g]->rank, l.out_rank[g]);
-        want_bytes += l.out_bytes[g];
-        const float *got = out[g]->data, *want = ref[g];
-        for (size_t i = 0; i < l.out_elems[g]; i++)
-          if (fabsf(got[i] - want[i]) > 1e-4f * (1 + fabsf(want[i])))
-            fail_msg("%s %s[%zu]: %g, want %g", cg_op_name(p.op),
-                     cg_grad_name((cg_grad)g), i, got[i], want[i]);
+        assert_int_equal(out[g]->nbytes, c.l.out_bytes[g]);
+        assert_int_equal(out[g]->rank, c.l.out_rank[g]);
+        want_bytes += c.l.out_bytes[g];
+        layer_case_check(&c, g, out[g]->data);
         cgc_tensor_free(out[g]);
-        free(ref[g]);
       }
       assert_int_equal(res.bytes_received, want_bytes);
       assert_int_equal(res.bytes_sent,
-                       l.in_bytes[0] + l.in_bytes[1] + l.in_bytes[2]);
-      for (int i = 0; i < 3; i++)
-        free((void *)in[i]);
+                       c.l.in_bytes[0] + c.l.in_bytes[1] + c.l.in_bytes[2]);
+      layer_case_free(&c);
     }
+  cgc_channel_free(ch);
+}
+
+/* Asynchronous calls: six layer calls in flight from this thread, each
+ * one's diff_src checked as soon as cgc_call_wait says it is whole (before
+ * the call ends), then every output once it is finished; a call the
+ * server refuses reports it to wait and finish; a missing output buffer is
+ * refused before anything starts. (Timed-out waits: client_proto_e2e.) */
+static void test_async_calls(void **state) {
+  (void)state;
+  enum { N = 6 };
+  cgc_channel *ch;
+  char err[256];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  layer_case c[N];
+  cgc_request req[N];
+  cgc_call *call[N];
+  void *data[N][CG_GRAD_COUNT];
+  size_t cap[N][CG_GRAD_COUNT];
+  cgc_status st;
+  for (int k = 0; k < N; k++) {
+    layer_case_make(&c[k], k % 2, CG_GRADS_ALL, 1 + k, 100 + (uint64_t)k);
+    cgc_request_init(&req[k]);
+    req[k].op = c[k].p.op;
+    req[k].attrs = c[k].p.attrs;
+    memcpy(req[k].inputs, c[k].v, sizeof c[k].v);
+    for (int g = 0; g < CG_GRAD_COUNT; g++) {
+      cap[k][g] = c[k].l.out_bytes[g];
+      data[k][g] = malloc(cap[k][g]);
+      assert_non_null(data[k][g]);
+    }
+    if (cgc_call_start(ch, &req[k], data[k], cap[k], &call[k], &st) != 0)
+      fail_msg("start %d: %s", k, st.message);
+  }
+  for (int k = 0; k < N; k++) {
+    if (cgc_call_wait(call[k], CG_GRAD_BIT(CG_GRAD_DIFF_SRC), -1, &st) != 0)
+      fail_msg("wait %d: %s", k, st.message);
+    layer_case_check(&c[k], CG_GRAD_DIFF_SRC, data[k][CG_GRAD_DIFF_SRC]);
+  }
+  for (int k = 0; k < N; k++) {
+    cgc_tensor out[CG_GRAD_COUNT];
+    cgc_result res;
+    assert_int_equal(cgc_call_wait(call[k], 0, -1, &st), 0);
+    if (cgc_call_finish(call[k], out, &res, &st) != 0)
+      fail_msg("finish %d: %s", k, st.message);
+    assert_int_equal(res.attempts, 1);
+    for (int g = 0; g < CG_GRAD_COUNT; g++) {
+      assert_ptr_equal(out[g].data, data[k][g]);
+      assert_int_equal(out[g].nbytes, c[k].l.out_bytes[g]);
+      layer_case_check(&c[k], g, data[k][g]);
+      free(data[k][g]);
+    }
+  }
+  /* The server refuses a bad attribute: wait and finish both say so. */
+  int64_t zero[2] = {0, 1};
+  req[0].attrs.strides = (cg_ints){zero, 2};
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    data[0][g] = malloc(cap[0][g]);
+  assert_int_equal(cgc_call_start(ch, &req[0], data[0], cap[0], &call[0], &st),
+                   0);
+  assert_int_equal(cgc_call_wait(call[0], 0, -1, &st), CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_INVALID_ARGUMENT);
+  cgc_tensor out[CG_GRAD_COUNT];
+  assert_int_equal(cgc_call_finish(call[0], out, NULL, &st), CGC_ERPC);
+  assert_non_null(strstr(st.message, "strides"));
+  assert_null(out[CG_GRAD_DIFF_SRC].data);
+  void *missing[CG_GRAD_COUNT] = {data[0][0], NULL, data[0][2]};
+  assert_int_equal(cgc_call_start(ch, &req[1], missing, cap[1], &call[1], &st),
+                   CG_EINVAL);
+  assert_null(call[1]);
+  assert_non_null(strstr(st.message, "diff_weights"));
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(data[0][g]);
+  for (int k = 0; k < N; k++)
+    layer_case_free(&c[k]);
   cgc_channel_free(ch);
 }
 
@@ -536,6 +633,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_ops_tiny_chunks),
       cmocka_unit_test(test_layer_ops),
+      cmocka_unit_test(test_async_calls),
       cmocka_unit_test(test_large_tensor_default_chunks),
       cmocka_unit_test(test_compute_into),
       cmocka_unit_test(test_shared_channel_threads),

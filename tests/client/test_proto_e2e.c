@@ -7,8 +7,11 @@
  * - "Retry later" refusals (RESOURCE_EXHAUSTED with retry-after-ms): the
  *   call is retried after the hint, the retried attempt says so in its
  *   metadata, a refusal without the hint is not retried, and neither the
- *   channel's retries nor the call's deadline are exceeded; `convgrad
- *   bench` counts the retries and the calls that failed, and goes on. */
+ *   channel's retries nor the call's deadline are exceeded; a retry of a
+ *   layer op asks only for the outputs not yet whole, which stay as they
+ *   came (synchronous and asynchronous calls); `convgrad bench` counts
+ *   the retries and the calls that failed, and goes on. A timed-out wait
+ *   for an asynchronous call leaves it going. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -225,6 +228,79 @@ static void test_malformed_responses(void **state) {
   cgc_channel_free(ch);
 }
 
+/* Output g as the "partial" scenario sends it: bytes 0..15 for the first
+ * attempt's diff_src, 16(g+1).. for the retry's. */
+static void check_partial_output(int g, const void *data, size_t nbytes) {
+  uint8_t want[16];
+  assert_int_equal(nbytes, 16);
+  for (int k = 0; k < 16; k++)
+    want[k] = (uint8_t)(g == CG_GRAD_DIFF_SRC ? k : 16 * (g + 1) + k);
+  assert_memory_equal(data, want, 16);
+}
+
+/* A layer op whose diff_src came whole before "retry later": the retry
+ * asks for diff_weights and diff_bias only (the fake lists them in its
+ * worker field), diff_src stays as the first attempt delivered it; an
+ * asynchronous call's wait for diff_src returns with it. */
+static void test_retry_asks_only_missing_outputs(void **state) {
+  (void)state;
+  cgc_channel *ch = fake_channel("partial", 3, 10000);
+  cgc_request req;
+  tiny_request(&req);
+  req.op = CG_OP_CONV_BWD;
+  req.inputs[2] = req.inputs[1];
+  cgc_tensor *out[CG_GRAD_COUNT];
+  cgc_result res;
+  cgc_status st;
+  int rc = cgc_compute_layer(ch, &req, out, &res, &st);
+  if (rc)
+    fail_msg("rc %d: %s", rc, st.message);
+  assert_int_equal(res.attempts, 2);
+  assert_string_equal(res.worker, "outputs=2,3");
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    check_partial_output(g, out[g]->data, out[g]->nbytes);
+    cgc_tensor_free(out[g]);
+  }
+  uint8_t bufs[CG_GRAD_COUNT][16];
+  void *data[CG_GRAD_COUNT] = {bufs[0], bufs[1], bufs[2]};
+  size_t cap[CG_GRAD_COUNT] = {16, 16, 16};
+  cgc_call *call;
+  cgc_tensor into[CG_GRAD_COUNT];
+  assert_int_equal(cgc_call_start(ch, &req, data, cap, &call, &st), 0);
+  assert_int_equal(cgc_call_wait(call, CG_GRAD_BIT(CG_GRAD_DIFF_SRC), -1, &st),
+                   0);
+  check_partial_output(CG_GRAD_DIFF_SRC, bufs[0], 16);
+  assert_int_equal(cgc_call_finish(call, into, &res, &st), 0);
+  assert_int_equal(res.attempts, 2);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    check_partial_output(g, into[g].data, into[g].nbytes);
+  cgc_channel_free(ch);
+}
+
+/* A wait that times out leaves the call going (the fake answers after
+ * 400 ms); done says so; finish then collects the answer. */
+static void test_async_wait_timeout(void **state) {
+  (void)state;
+  cgc_channel *ch = fake_channel("slow-400", 0, 10000);
+  cgc_request req;
+  tiny_request(&req);
+  uint8_t buf[16];
+  void *data[CG_GRAD_COUNT] = {buf, NULL, NULL};
+  size_t cap[CG_GRAD_COUNT] = {16, 0, 0};
+  cgc_call *call;
+  cgc_status st;
+  cgc_tensor out[CG_GRAD_COUNT];
+  cgc_result res;
+  assert_int_equal(cgc_call_start(ch, &req, data, cap, &call, &st), 0);
+  assert_int_equal(cgc_call_wait(call, 0, 20, &st), CGC_ETIMEDOUT);
+  assert_int_equal(st.code, GRPC_STATUS_DEADLINE_EXCEEDED);
+  assert_false(cgc_call_done(call));
+  assert_int_equal(cgc_call_finish(call, out, &res, &st), 0);
+  assert_ptr_equal(out[CG_GRAD_DIFF_SRC].data, buf);
+  assert_int_equal(buf[15], 15);
+  cgc_channel_free(ch);
+}
+
 /* The value of column col (0-based, blank-separated) of the first line
  * of text that starts with prefix, -1 if none. */
 static long column(const char *text, const char *prefix, int col) {
@@ -304,6 +380,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_refusal_without_hint_not_retried),
       cmocka_unit_test(test_retries_bounded_and_numbered),
       cmocka_unit_test(test_retry_within_deadline),
+      cmocka_unit_test(test_retry_asks_only_missing_outputs),
+      cmocka_unit_test(test_async_wait_timeout),
       cmocka_unit_test(test_bench_counts_retries),
   };
   return cmocka_run_group_tests(tests, start_fake, stop_fake);

@@ -426,6 +426,16 @@ static void test_local_checks(void **state) {
   assert_int_equal(cgc_region_register(ch, r, &st), CG_EINVAL);
   cgc_region_free(r); /* unregisters, unmaps, unlinks */
   assert_int_equal(cgc_region_create(&r, key, 4096, err, sizeof err), 0);
+  /* Unlinked: unregistered, the name gone (another object may take it),
+   * the memory still ours; it cannot be registered again. */
+  assert_int_equal(cgc_region_register(ch, r, &st), 0);
+  assert_int_equal(cgc_region_unlink(r, &st), 0);
+  assert_int_equal(cgc_region_unregister(r, &st), CG_EINVAL);
+  assert_int_equal(cgc_region_create(&twin, key, 4096, err, sizeof err), 0);
+  cgc_region_free(twin);
+  memset(cgc_region_data(r), 7, 4096);
+  assert_int_equal(cgc_region_register(ch, r, &st), CG_EINVAL);
+  assert_non_null(strstr(st.message, "unlinked"));
   cgc_region_free(r);
   cgc_channel_free(ch);
 }

@@ -22,22 +22,33 @@ def parse_args(description):
 
 
 class Server:
-    """A convgrad-server process on 127.0.0.1:<ephemeral port>; stop()
-    checks that it exits 0 on SIGTERM."""
+    """A convgrad-server process listening on listen (default 127.0.0.1
+    with an ephemeral port; a comma list may add unix:PATH), its command
+    line after prefix (e.g. unshare); stop() checks that it exits 0 on
+    SIGTERM. target is the TCP address it got (None without one)."""
 
-    def __init__(self, path, extra=()):
+    def __init__(self, path, extra=(), listen="127.0.0.1:0", prefix=()):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="cgpy-server-",
                                                suffix=".log")
         self.proc = subprocess.Popen(
-            [path, "--listen", "127.0.0.1:0", "--workers", "2"] + list(extra),
-            stdout=subprocess.PIPE, stderr=self.log, text=True)
+            list(prefix) + [path, "--listen", listen, "--workers", "2"] +
+            list(extra), stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
-        m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
+        m = re.search(r"listen=(-|([^ ]+):(\d+))", line)
         if not m:
             self.proc.kill()
-            raise SystemExit("server did not get ready: %r" % line)
-        self.port = int(m.group(1))
-        self.target = "127.0.0.1:%d" % self.port
+            self.log.seek(0)
+            raise SystemExit("server did not get ready: %r %s"
+                             % (line, self.log.read()[-2000:]))
+        # "-": unix sockets only
+        self.port = int(m.group(3)) if m.group(3) else None
+        self.target = "%s:%d" % (m.group(2), self.port) if self.port else None
+
+    def log_lines(self, needle):
+        """The lines of the server's log so far that contain needle."""
+        self.log.flush()
+        with open(self.log.name) as f:
+            return [line for line in f if needle in line]
 
     def stop(self):
         self.proc.terminate()

@@ -174,6 +174,55 @@ class Ops(unittest.TestCase):
         with self.assertRaises(convgrad.InvalidArgument):
             self.c.conv_backward(x, dy, w, outputs=["diff_dst"])
 
+    def test_layer_ops_async(self):
+        # Futures: several calls in flight from this thread, diff_src
+        # collected as soon as it is in, then the rest; outputs allocated
+        # by shape (diff_bias's length from each weights format) or given.
+        futures = []
+        for case in CASES:
+            for transposed in (False, True):
+                x, w, dy, dx_ref, dw_ref = reference(case, transposed,
+                                                     torch.float32, 9)
+                fn = (self.c.conv_transpose_backward_async if transposed
+                      else self.c.conv_backward_async)
+                f = fn(x, dy, w, with_result=True,
+                       **attrs_of(case, transposed))
+                db_ref = dy.double().sum(dim=[0] + list(range(2, dy.dim())))
+                futures.append((f, dx_ref, dw_ref, db_ref))
+        for f, dx_ref, _, _ in futures:
+            self.assertLess(cgtest.rel_err(f.output("diff_src"), dx_ref),
+                            2e-5)
+        for f, dx_ref, dw_ref, db_ref in futures:
+            got, res = f.result()
+            self.assertTrue(f.done())
+            self.assertEqual(res.attempts, 1)
+            for name, ref in (("diff_src", dx_ref), ("diff_weights", dw_ref),
+                              ("diff_bias", db_ref)):
+                self.assertLess(cgtest.rel_err(got[name], ref), 2e-5, name)
+        # numpy, NXC/XIO defaults, one output into a given array
+        case = CASES[1]
+        x, w, dy, dx_ref, dw_ref = reference(case, False, torch.float32, 4)
+        to_nxc = (0, 2, 3, 1)
+        xa = np.ascontiguousarray(x.permute(*to_nxc).numpy())
+        dya = np.ascontiguousarray(dy.permute(*to_nxc).numpy())
+        wa = np.ascontiguousarray(w.permute(2, 3, 1, 0).numpy())
+        out = {"diff_weights": np.empty_like(wa)}
+        a = attrs_of(case, False)
+        del a["data_format"], a["weights_format"]
+        f = self.c.conv_backward_async(xa, dya, wa, outputs="diff_weights",
+                                       out=out, **a)
+        self.assertIs(f.result(), out)
+        self.assertLess(cgtest.rel_err(torch.from_numpy(
+            out["diff_weights"]).permute(3, 2, 0, 1), dw_ref), 2e-5)
+        with self.assertRaises(convgrad.InvalidArgument):
+            f.output("diff_src")
+        bad = self.c.conv_backward_async(
+            x, dy, w, **attrs_of(case, False, strides=[0, 1]))
+        with self.assertRaises(convgrad.InvalidArgument):
+            bad.output("diff_src")
+        with self.assertRaises(convgrad.InvalidArgument):
+            bad.result()
+
     def test_nxc_defaults(self):
         # The spec's defaults: NXC data and XIO weights.
         case = CASES[1]
@@ -359,6 +408,31 @@ class Regions(unittest.TestCase):
             self.assertFalse(os.path.exists("/dev/shm" + key))
 
 
+class Arena(unittest.TestCase):
+    def test_shm_true_stages_through_the_arena(self):
+        # shm=True: inputs copied into the client's regions, a layer op's
+        # outputs returned over them; nothing on the wire, same results;
+        # closing the client removes the objects, arrays stay valid.
+        case = CASES[2]
+        x, w, dy, dx_ref, dw_ref = reference(case, False, torch.float32, 12)
+        a = attrs_of(case, False)
+        with convgrad.Client(SERVER.target, shm=True, shm_bytes=64 << 20) as c:
+            got, res = c.conv_backward(x, dy, w, with_result=True, **a)
+            self.assertEqual((res.bytes_sent, res.bytes_received), (0, 0))
+            self.assertEqual(c.stats()["arena_bytes"], 64 << 20)
+            dx, res = c.conv_backward_data(dy, w, dst_shape=list(x.shape),
+                                           with_result=True, **a)
+            self.assertEqual(res.bytes_sent, 0)
+            self.assertEqual(res.bytes_received, dx.numel() * 4)
+        self.assertFalse([n for n in os.listdir("/dev/shm")
+                          if n.startswith("convgrad-%d-" % os.getpid())])
+        self.assertLess(cgtest.rel_err(got["diff_src"], dx_ref), 2e-5)
+        self.assertLess(cgtest.rel_err(got["diff_weights"], dw_ref), 2e-5)
+        self.assertLess(cgtest.rel_err(dx, dx_ref), 2e-5)
+        with self.assertRaises(convgrad.InvalidArgument):
+            convgrad.Client(SERVER.target, shm="yes")
+
+
 class Errors(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -438,6 +512,27 @@ class Errors(unittest.TestCase):
                 e = self.check(convgrad.ResourceExhausted, 8, "size limit",
                                c.conv_backward_data, a, a)
             self.assertEqual(e.errno, -20)
+        finally:
+            fake.proc.kill()
+            fake.proc.wait()
+            fake.proc.stdout.close()
+
+    def test_future_timeout(self):
+        # A Future whose answer takes 300 ms (the fake server): a short
+        # wait raises TimeoutError and the call goes on to its answer.
+        fake = cgtest.Server(os.path.join(cgtest.HERE, "..", "client",
+                                          "fake_server.py"))
+        try:
+            a = np.zeros((1, 1, 2, 2), np.float32)
+            out = {"diff_src": np.zeros(4, np.float32)}
+            with convgrad.Client(fake.target, token="slow-300") as c:
+                f = c.conv_backward_async(a, a, a, outputs="diff_src",
+                                          out=out)
+                with self.assertRaises(TimeoutError):
+                    f.result(timeout=0.02)
+                self.assertFalse(f.done())
+                with self.assertRaises(convgrad.InvalidArgument):
+                    f.result()  # the fake's 2x2 is not out's shape (4,)
         finally:
             fake.proc.kill()
             fake.proc.wait()

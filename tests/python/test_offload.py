@@ -3,13 +3,27 @@
 a real convgrad-server: a model mixing Conv1d ('same'), Conv3d ('valid',
 strided, no bias), grouped and dilated Conv2d, a depthwise Conv2d and a
 grouped ConvTranspose2d with output_padding, in f32, bf16 and f16 and
-under CPU autocast; skipped grad_input for inputs that need no grad;
-gradient accumulation, retain_graph, double backward, padding_mode,
-state_dict and optimizer, unbatched input, output_size, restore().
+under CPU autocast; one layer-op call per layer, asking only for the
+gradients autograd wants; gradient accumulation, retain_graph, double
+backward, padding_mode, state_dict and optimizer, unbatched input,
+output_size, restore().
+
+Same host: the tensors go through shared-memory regions (no byte on the
+wire, regions registered once, not per call), with the weight gradients
+deferred to the end of the backward pass (overlap) or not, equal either
+way, and torch.autograd.grad and backward(inputs=) still right. Fallbacks
+to bytes, each logged once: a server reached at a non-loopback address of
+this host, one started with --shm off, one that cannot open the client's
+objects (its own /dev/shm: NOT_FOUND), and a server restarted mid-training
+(regions registered again; restarted with --shm off: bytes from then on).
 
 Usage: test_offload.py --server PATH (with CONVGRAD_LIBRARY set)."""
 import copy
+import logging
+import os
+import subprocess
 import sys
+import tempfile
 import unittest
 import warnings
 
@@ -22,6 +36,7 @@ import convgrad
 import convgrad.torch as ct
 
 SERVER = None
+ARGS = None
 
 
 class Net(nn.Module):
@@ -62,11 +77,26 @@ def loss_of(outs):
                for o in outs)
 
 
-def models(dtype=torch.float32):
+def models(dtype=torch.float32, target=None, **options):
     torch.manual_seed(0)
     local = Net().to(dtype)
-    remote = ct.offload(copy.deepcopy(local), SERVER.target)
+    remote = ct.offload(copy.deepcopy(local), target or SERVER.target,
+                        **options)
     return local, remote
+
+
+def compare_grads(case, local, remote, xl, xr, tol):
+    for (name, p), (_, q) in zip(local.named_parameters(),
+                                 remote.named_parameters()):
+        if p.grad is None:
+            case.assertIsNone(q.grad, name)
+            continue
+        case.assertEqual(q.grad.dtype, p.dtype, name)
+        case.assertLess(cgtest.rel_err(q.grad, p.grad), tol, name)
+    for i, (a, b) in enumerate(zip(xl, xr)):
+        if a.requires_grad:
+            case.assertLess(cgtest.rel_err(b.grad, a.grad), tol,
+                            "input %d" % i)
 
 
 def expected_download(model, xs):
@@ -90,20 +120,10 @@ def expected_download(model, xs):
 
 class Offload(unittest.TestCase):
     def compare(self, local, remote, xl, xr, tol):
-        for (name, p), (_, q) in zip(local.named_parameters(),
-                                     remote.named_parameters()):
-            if p.grad is None:
-                self.assertIsNone(q.grad, name)
-                continue
-            self.assertEqual(q.grad.dtype, p.dtype, name)
-            self.assertLess(cgtest.rel_err(q.grad, p.grad), tol, name)
-        for i, (a, b) in enumerate(zip(xl, xr)):
-            if a.requires_grad:
-                self.assertLess(cgtest.rel_err(b.grad, a.grad), tol,
-                                "input %d" % i)
+        compare_grads(self, local, remote, xl, xr, tol)
 
     def test_f32_matches_local_autograd(self):
-        local, remote = models()
+        local, remote = models(shm=False)
         self.assertEqual(type(remote.c2a).__name__, "OffloadedConv2d")
         self.assertIsInstance(remote.t2, nn.ConvTranspose2d)
         self.assertEqual(list(local.state_dict()), list(remote.state_dict()))
@@ -120,7 +140,7 @@ class Offload(unittest.TestCase):
         self.assertEqual(s["bytes_received"], want)
 
     def test_first_layer_skips_grad_input(self):
-        local, remote = models()
+        local, remote = models(shm=False)
         xl, xr = inputs(requires_grad=False), inputs(requires_grad=False)
         client = remote.c1._convgrad_client
         want = expected_download(remote, xr)
@@ -134,7 +154,7 @@ class Offload(unittest.TestCase):
         self.assertEqual(s["bytes_received"], want)
 
     def test_frozen_weights_skip_grad_weight(self):
-        local, remote = models()
+        local, remote = models(shm=False)
         for m in (local, remote):
             m.c2a.weight.requires_grad_(False)
             m.c2b.weight.requires_grad_(False)
@@ -255,9 +275,159 @@ class Offload(unittest.TestCase):
             self.assertEqual(c.stats()["calls"], 1)
 
 
+def train(case, local, remote, steps=2, tol=1e-5):
+    """steps of SGD on both models from equal weights; their gradients
+    and weights must stay equal."""
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+            for m in (local, remote)]
+    for step in range(steps):
+        xl, xr = inputs(), inputs()
+        for m, x, opt in zip((local, remote), (xl, xr), opts):
+            opt.zero_grad()
+            loss_of(m(*x)).backward()
+        compare_grads(case, local, remote, xl, xr, tol)
+        for opt in opts:
+            opt.step()
+
+
+class Regions(unittest.TestCase):
+    """Same host: shared memory, overlap, and the ways back to bytes."""
+
+    def test_no_bytes_on_the_wire_and_nothing_registered_per_call(self):
+        local, remote = models()
+        client = remote.c1._convgrad_client
+        registered = len(SERVER.log_lines("region op=register"))
+        client.stats(reset=True)
+        train(self, local, remote, steps=3)
+        s = client.stats()
+        self.assertEqual(s["calls"], 15)
+        self.assertEqual((s["bytes_sent"], s["bytes_received"]), (0, 0))
+        self.assertGreater(s["arena_bytes"], 0)
+        # one region holds this model's tensors: registered on first use
+        self.assertEqual(
+            len(SERVER.log_lines("region op=register")) - registered, 1)
+        client.close()
+        self.assertFalse([n for n in os.listdir("/dev/shm")
+                          if n.startswith("convgrad-%d-" % os.getpid())])
+
+    def test_overlap_defers_weight_gradients(self):
+        # With overlap, grad_input reaches the network's input while the
+        # weight gradient of t2 (whose backward ran first) is still on its
+        # way, settled at the end of the pass; without, t2's AccumulateGrad
+        # ran right after its backward. The gradients are the same.
+        for overlap in (True, False):
+            with self.subTest(overlap=overlap):
+                local, remote = models(overlap=overlap)
+                xl, xr = inputs(), inputs()
+                seen = []
+                xr[1].register_hook(
+                    lambda g: seen.append(remote.t2.weight.grad is None))
+                loss_of(local(*xl)).backward()
+                loss_of(remote(*xr)).backward()
+                self.assertEqual(seen, [overlap])
+                self.compare(local, remote, xl, xr)
+
+    def compare(self, local, remote, xl, xr):
+        compare_grads(self, local, remote, xl, xr, 1e-5)
+
+    def test_autograd_grad_and_backward_inputs(self):
+        local, remote = models()
+        xl, xr = inputs(), inputs()
+        gl = torch.autograd.grad(loss_of(local(*xl)),
+                                 [local.c2a.weight, xl[1]])
+        gr = torch.autograd.grad(loss_of(remote(*xr)),
+                                 [remote.c2a.weight, xr[1]])
+        for a, b in zip(gl, gr):
+            self.assertLess(cgtest.rel_err(b, a), 1e-5)
+        self.assertIsNone(remote.c2a.weight.grad)
+        # inputs= leaves the weights out: none may receive a gradient
+        loss_of(remote(*xr)).backward(inputs=[xr[1]])
+        self.assertIsNone(remote.c2a.weight.grad)
+        self.assertLess(cgtest.rel_err(xr[1].grad, gl[1]), 1e-5)
+
+    def fallback(self, target, why, **options):
+        """Training over target goes by bytes, says why once (debug)."""
+        local, remote = models(target=target, **options)
+        client = remote.c1._convgrad_client
+        with self.assertLogs("convgrad", logging.DEBUG) as logs:
+            train(self, local, remote)
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertIn(why, logs.output[0])
+        s = client.stats()
+        self.assertIsNone(client.arena())
+        self.assertGreater(s["bytes_sent"], 0)
+        self.assertGreater(s["bytes_received"], 0)
+
+    def test_fallback_remote_address(self):
+        # The server on every address; the client at a non-loopback one.
+        addr = subprocess.run(["hostname", "-I"], capture_output=True,
+                              text=True).stdout.split()
+        addr = [a for a in addr if ":" not in a]
+        if not addr:
+            self.skipTest("no non-loopback IPv4 address")
+        srv = cgtest.Server(ARGS.server, listen="0.0.0.0:0")
+        try:
+            self.fallback("%s:%d" % (addr[0], srv.port), "not on this host")
+        finally:
+            srv.stop()
+
+    def test_fallback_shm_off(self):
+        srv = cgtest.Server(ARGS.server, extra=["--shm", "off"])
+        try:
+            self.fallback(srv.target, "serves no regions")
+        finally:
+            srv.stop()
+
+    def test_fallback_not_found(self):
+        # A server with a /dev/shm of its own, as in another container:
+        # RegisterRegion answers NOT_FOUND for the client's objects.
+        prefix = ["unshare", "-m", "sh", "-c",
+                  "mount -t tmpfs tmpfs /dev/shm && exec \"$0\" \"$@\""]
+        if subprocess.run(prefix[:-1] + ["true"],
+                          capture_output=True).returncode != 0:
+            self.skipTest("cannot unshare a mount namespace here")
+        srv = cgtest.Server(ARGS.server, prefix=prefix)
+        try:
+            self.fallback(srv.target, "NOT_FOUND")
+        finally:
+            srv.stop()
+
+    def test_server_restart_mid_training(self):
+        d = tempfile.mkdtemp(prefix="cgpy-restart-")
+        sock = os.path.join(d, "s.sock")
+        srv = cgtest.Server(ARGS.server, listen="unix:" + sock)
+        try:
+            local, remote = models(target="unix:" + sock)
+            client = remote.c1._convgrad_client
+            train(self, local, remote, steps=1)
+            # Killed and back: the library registers the regions again.
+            srv.proc.kill()
+            srv.proc.wait()
+            srv = cgtest.Server(ARGS.server, listen="unix:" + sock)
+            client.stats(reset=True)
+            train(self, local, remote, steps=1)
+            self.assertIsNotNone(client.arena())
+            self.assertEqual(client.stats()["bytes_sent"], 0)
+            self.assertEqual(len(srv.log_lines("region op=register")), 1)
+            # Back without regions: bytes from then on, said once.
+            srv.proc.kill()
+            srv.proc.wait()
+            srv = cgtest.Server(ARGS.server, listen="unix:" + sock,
+                                extra=["--shm", "off"])
+            with self.assertLogs("convgrad", logging.DEBUG) as logs:
+                train(self, local, remote, steps=2)
+            self.assertEqual(len(logs.records), 1, logs.output)
+            self.assertIn("failed", logs.output[0])
+            self.assertIsNone(client.arena())
+            self.assertGreater(client.stats()["bytes_sent"], 0)
+        finally:
+            srv.stop()
+            os.rmdir(d) if not os.listdir(d) else None
+
+
 def main():
-    global SERVER
-    args = cgtest.parse_args(__doc__)
+    global SERVER, ARGS
+    ARGS = args = cgtest.parse_args(__doc__)
     SERVER = cgtest.Server(args.server)
     try:
         prog = unittest.main(argv=[sys.argv[0], "-v"], exit=False)

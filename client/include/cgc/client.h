@@ -43,7 +43,8 @@ extern "C" {
 /* Client-side codes; they do not overlap the CG_E* table. */
 #define CGC_ERRNO_MAP(X)                                                       \
   X(RPC, -20, "the server answered with an error status")                      \
-  X(PROTO, -21, "malformed response from the server")
+  X(PROTO, -21, "malformed response from the server")                          \
+  X(TIMEDOUT, -22, "the wait timed out; the call goes on")
 
 typedef enum {
 #define CGC__ERR_ENUM(name, value, msg) CGC_E##name = (value),
@@ -148,9 +149,9 @@ typedef struct cgc_channel cgc_channel;
 CGC_EXPORT int cgc_channel_new(cgc_channel **out, const char *target,
                                const cgc_options *opts, char *err,
                                size_t errlen);
-/* Closes the channel; calls still running on it must have returned.
- * Regions still registered through it are unregistered first. NULL is
- * accepted. */
+/* Closes the channel; calls still running on it must have returned, and
+ * asynchronous ones been finished. Regions still registered through it are
+ * unregistered first. NULL is accepted. */
 CGC_EXPORT void cgc_channel_free(cgc_channel *ch);
 /* The gRPC target string the channel was created with (after rewriting a
  * HOST:PORT list). Owned by ch. */
@@ -335,6 +336,47 @@ CGC_EXPORT int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
                                       cgc_result *res, cgc_status *st);
 
 /* ------------------------------------------------------------------ */
+/* Asynchronous calls: start a call, go on, collect it later */
+
+/* A call started by cgc_call_start, until cgc_call_finish. */
+typedef struct cgc_call cgc_call;
+
+/* Starts req on ch and returns at once: a thread of the channel's pool
+ * (started on demand, at most 64, shared by all its calls; more calls
+ * queue) runs the call, retries included, while the caller goes on, so
+ * one thread may keep many calls in flight. The outputs land in the
+ * caller's memory as with cgc_compute_layer_into: data[g] (cap[g] bytes)
+ * for each output asked for (the single ops' one output, the layer ops'
+ * grads); in a registered region, the server writes them in place. The
+ * deadline (req->deadline_ms, else the channel's) counts from now. req,
+ * everything it points to (attribute lists, input data) and data[] are
+ * borrowed until cgc_call_finish returns. On success *out must be ended
+ * with cgc_call_finish. Returns 0, or CG_EINVAL / CG_ENOMEM / CG_ERANGE
+ * with st filled and nothing started. Thread-safe. */
+CGC_EXPORT int cgc_call_start(cgc_channel *ch, const cgc_request *req,
+                              void *const data[CG_GRAD_COUNT],
+                              const size_t cap[CG_GRAD_COUNT], cgc_call **out,
+                              cgc_status *st);
+/* Waits, up to timeout_ms (negative: without bound), until every output
+ * in grads (CG_GRAD_BIT()s; 0: every output the call asks for) is whole.
+ * An output is whole once its last byte is in; its data is final from
+ * then on, even if the call fails later on another output: a retry asks
+ * only for the outputs still missing. Returns 0 when they are whole,
+ * CGC_ETIMEDOUT when the time passed first (the call goes on), or the
+ * call's failure (as cgc_call_finish would return it, st filled) when it
+ * ended without them. Thread-safe; any number of threads may wait. */
+CGC_EXPORT int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
+                             cgc_status *st);
+/* 1 when the call has ended (cgc_call_finish returns at once), else 0. */
+CGC_EXPORT int cgc_call_done(cgc_call *c);
+/* Waits for the call to end, fills out, res and st, and frees c. Returns
+ * as cgc_compute_layer_into: 0 with out[g] describing output g in data[g]
+ * (zeroed where not asked), or a negative code (every out[g] zeroed). A
+ * call must be finished exactly once, and before its channel is freed. */
+CGC_EXPORT int cgc_call_finish(cgc_call *c, cgc_tensor out[CG_GRAD_COUNT],
+                               cgc_result *res, cgc_status *st);
+
+/* ------------------------------------------------------------------ */
 /* Shared-memory regions: tensors passed by reference on one host */
 
 /* A POSIX shared-memory object this process created and mapped. Once it
@@ -380,6 +422,14 @@ CGC_EXPORT int cgc_region_register(cgc_channel *ch, cgc_region *r,
 /* UnregisterRegion; calls on the channel send r's bytes again. Calls
  * already running on the server finish with the region. */
 CGC_EXPORT int cgc_region_unregister(cgc_region *r, cgc_status *st);
+/* Removes r's object name (shm_unlink) and keeps the mapping: the memory
+ * stays valid until cgc_region_free, but no process can open the object
+ * any more, and it leaves nothing behind in /dev/shm should this process
+ * die. A registered region is unregistered first (the server opens
+ * regions by name, so a restarted server could not take it back). For
+ * callers whose arrays over a region may outlive its use. Returns 0, or
+ * the unregistration's failure (the name is removed all the same). */
+CGC_EXPORT int cgc_region_unlink(cgc_region *r, cgc_status *st);
 /* Unregisters r (when registered and its channel is alive), unmaps it and
  * removes the object. NULL is accepted. */
 CGC_EXPORT void cgc_region_free(cgc_region *r);

@@ -29,6 +29,7 @@ DTYPE_F16 = 3
 
 # cgc errno values (CGC_ERRNO_MAP, CG_ERRNO_MAP)
 CGC_ERPC = -20
+CGC_ETIMEDOUT = -22
 CG_ELIMIT = -6
 
 AUTO_PAD = {"none": 0, "same_upper": 1, "same_lower": 2, "valid": 3}
@@ -177,6 +178,15 @@ def _declare(lib):
                                              C.c_size_t * GRAD_COUNT,
                                              Tensor * GRAD_COUNT, P(Result),
                                              P(Status)]),
+        "cgc_call_start": (C.c_int, [C.c_void_p, P(Request),
+                                     C.c_void_p * GRAD_COUNT,
+                                     C.c_size_t * GRAD_COUNT,
+                                     P(C.c_void_p), P(Status)]),
+        "cgc_call_wait": (C.c_int, [C.c_void_p, C.c_uint, C.c_int64,
+                                    P(Status)]),
+        "cgc_call_done": (C.c_int, [C.c_void_p]),
+        "cgc_call_finish": (C.c_int, [C.c_void_p, Tensor * GRAD_COUNT,
+                                      P(Result), P(Status)]),
         "cgc_health": (C.c_int, [C.c_void_p, C.c_char_p, C.c_int64,
                                  P(C.c_int), P(Status)]),
         "cgc_server_info_get": (C.c_int, [C.c_void_p, C.c_int64,
@@ -189,6 +199,7 @@ def _declare(lib):
         "cgc_region_register": (C.c_int, [C.c_void_p, C.c_void_p,
                                           P(Status)]),
         "cgc_region_unregister": (C.c_int, [C.c_void_p, P(Status)]),
+        "cgc_region_unlink": (C.c_int, [C.c_void_p, P(Status)]),
         "cgc_region_free": (None, [C.c_void_p]),
     }
     for name, (res, args) in sigs.items():

@@ -1,13 +1,28 @@
-"""convgrad.Client: the four ops, health and server info over libcgclient."""
+"""convgrad.Client: the ops (synchronous, and the layer ops as futures),
+health and server info over libcgclient, and shared-memory regions."""
+import atexit
 import ctypes as C
+import ipaddress
+import logging
 import os
+import socket
 import sys
 import threading
+import weakref
 
 import numpy as np
 
+from . import _arena
 from . import _lib as L
 from .errors import Error, InvalidArgument, from_status
+
+log = logging.getLogger("convgrad")
+
+# Default bound of a Client's shared-memory arena (shm_bytes=).
+SHM_BYTES = 1 << 30
+# Clients whose arenas atexit closes, so that no object is left behind in
+# /dev/shm by a process that exits with tensors still over them.
+_with_arenas = weakref.WeakSet()
 
 # Loaded on import, so that a missing library shows at once, with what to do.
 L.load()
@@ -165,6 +180,19 @@ class Client:
     bearer token for a server started with --auth-tokens (default: the
     CONVGRAD_TOKEN environment variable).
 
+    shm: shared-memory regions for a server on this host (a unix socket
+    or loopback target whose server's --shm policy allows this caller).
+    "auto" (default): convgrad.torch.offload passes a layer's tensors
+    through the client's arena of regions; the ops called directly send
+    bytes, unless their arrays lie in a Region registered on the client.
+    True: the ops called directly go through the arena too (inputs copied
+    in, layer ops' results returned over arena memory). False: never.
+    shm_bytes: the arena's bound (default SHM_BYTES, 1 GiB): regions of at
+    least 64 MiB are added as calls need them, and a tensor that does not
+    fit travels as bytes. Without a server on this host, or when it refuses
+    regions, everything travels as bytes; that is logged once, at debug
+    level, on the "convgrad" logger.
+
     Each op takes its two arrays (numpy arrays or CPU torch tensors of one
     dtype: float32, bfloat16 - uint16 bits for numpy - or float16) and the
     spec's attributes as keyword arguments: strides, pads_begin, pads_end,
@@ -180,10 +208,19 @@ class Client:
     tensor when the inputs were tensors. with_result=True returns
     (array, CallResult) instead."""
 
-    def __init__(self, target, deadline=60.0, retries=5, **options):
+    def __init__(self, target, deadline=60.0, retries=5, shm="auto",
+                 shm_bytes=SHM_BYTES, **options):
         self._lib = L.load()
         self._ch = None
-        self._args = (target, deadline, retries, options)
+        self._arena = None
+        if shm not in ("auto", True, False):
+            raise InvalidArgument("shm: %r; accepted: 'auto', True, False"
+                                  % (shm,))
+        self._shm = shm
+        self._shm_bytes = int(shm_bytes)
+        self._shm_decided = shm is False
+        self._args = (target, deadline, retries,
+                      dict(options, shm=shm, shm_bytes=shm_bytes))
         opts = L.Options()
         self._lib.cgc_options_init(C.byref(opts))
         opts.deadline_ms = _ms(deadline)
@@ -207,6 +244,7 @@ class Client:
                               err.value.decode(errors="replace"), rc)
         self._ch = ch
         self._lock = threading.Lock()
+        self._shm_lock = threading.Lock()
         self._stats = dict(calls=0, bytes_sent=0, bytes_received=0,
                            compute_ms=0.0, queue_ms=0.0, total_ms=0.0)
 
@@ -217,7 +255,11 @@ class Client:
         return self._lib.cgc_channel_target(self._channel()).decode()
 
     def close(self):
-        """Closes the channel; calls still running must have returned."""
+        """Closes the channel and the arena (its regions unregistered and
+        removed; arrays over them stay valid); calls still running must
+        have returned, and futures been collected."""
+        if self._arena is not None:
+            self._arena.close()
         if self._ch is not None:
             self._lib.cgc_channel_free(self._ch)
             self._ch = None
@@ -250,14 +292,79 @@ class Client:
 
     def stats(self, reset=False):
         """Totals over the successful op calls of this client: calls,
-        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms.
-        reset=True starts new totals after reading."""
+        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms; and
+        arena_bytes, the shared-memory regions its arena holds (0 when
+        tensors travel as bytes). reset=True starts new totals after
+        reading."""
         with self._lock:
             s = dict(self._stats)
             if reset:
                 for k in self._stats:
                     self._stats[k] = 0
+        arena = self._arena
+        s["arena_bytes"] = arena.total if arena and not arena.closed else 0
         return s
+
+    def _count(self, res):
+        with self._lock:
+            s = self._stats
+            s["calls"] += 1
+            s["bytes_sent"] += res.bytes_sent
+            s["bytes_received"] += res.bytes_received
+            s["compute_ms"] += res.compute_ms
+            s["queue_ms"] += res.queue_ms
+            s["total_ms"] += res.total_ms
+
+    def arena(self):
+        """The shared-memory arena the client's tensors go through, or
+        None when they travel as bytes (shm=False, a server elsewhere or
+        refusing regions, a bound reached at once). Decided on first use:
+        the target must be a unix socket or loopback, the server's info
+        must offer regions, and the first region must register."""
+        if self._shm_decided:
+            return self._arena
+        with self._shm_lock:
+            if not self._shm_decided:
+                self._arena = self._open_arena()
+                self._shm_decided = True
+        return self._arena
+
+    def _open_arena(self):
+        why = None
+        if not _on_this_host(self.target):
+            why = "the server %s is not on this host" % self.target
+        else:
+            try:
+                policy = self.info().get("shm", "")
+            except Error as e:
+                policy, why = "", "GetServerInfo failed (%s)" % e
+            if why is None and policy not in ("local", "on"):
+                why = "the server serves no regions (shm %r)" % (
+                    policy or "unknown")
+        arena = None
+        if why is None:
+            arena = _arena.Arena(self, self._shm_bytes)
+            try:
+                if arena.grow(1) is None:
+                    why = "no region could be made"
+            except Error as e:
+                why = "the server refused a region: %s" % e
+        if why is not None:
+            log.debug("convgrad: %s: tensors travel as bytes", why)
+            return None
+        _with_arenas.add(self)
+        return arena
+
+    def _drop_arena(self, why):
+        """Falls back to bytes for good after a call failed over regions
+        (a server restarted without them); logged once at debug level."""
+        with self._shm_lock:
+            arena, self._arena = self._arena, None
+            self._shm_decided = True
+        if arena is not None:
+            log.debug("convgrad: %s: tensors travel as bytes from now on",
+                      why)
+            arena.close()
 
     def health(self, service="", deadline=None):
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING", ..."""
@@ -350,23 +457,37 @@ class Client:
                                           ("weights", weights)],
                         out, attrs, outputs)
 
-    def _check(self, rc, st):
-        if rc == 0:
-            return
-        msg = st.message.decode(errors="replace")
-        if not msg:
-            msg = self._lib.cgc_strerror(rc).decode()
-        raise from_status(st.code if st.code else 2, msg, rc)
+    def conv_backward_async(self, src, diff_dst, weights, outputs=None,
+                            out=None, **attrs):
+        """conv_backward started and not waited for: returns a Future at
+        once, the call running on a thread of libcgclient (cgc_call_start),
+        so one thread may keep many calls in flight. The arrays (and out's)
+        must stay unchanged until the Future is collected. out: a dict of
+        arrays to receive the outputs, else they are allocated (in the
+        arena with shm=True)."""
+        return self._start(L.OP_CONV_BWD, [("src", src),
+                                           ("diff_dst", diff_dst),
+                                           ("weights", weights)],
+                           out, attrs, outputs)
 
-    def _op(self, op, inputs, out, attrs, outputs=None):
+    def conv_transpose_backward_async(self, src, diff_dst, weights,
+                                      outputs=None, out=None, **attrs):
+        """conv_transpose_backward as a Future (see conv_backward_async)."""
+        return self._start(L.OP_DECONV_BWD, [("src", src),
+                                             ("diff_dst", diff_dst),
+                                             ("weights", weights)],
+                           out, attrs, outputs)
+
+    def _request(self, op, inputs, attrs, outputs):
+        """The cgc_request of an op call, the arrays and lists it points to
+        (to keep while it runs), and the call's with_result."""
         with_result = attrs.pop("with_result", False)
         deadline = attrs.pop("deadline", None)
-        layer = op in (L.OP_CONV_BWD, L.OP_DECONV_BWD)
         req = L.Request()
         self._lib.cgc_request_init(C.byref(req))
         req.op = op
         req.deadline_ms = _ms(deadline)
-        if layer:
+        if op in (L.OP_CONV_BWD, L.OP_DECONV_BWD):
             req.grads = _grads(outputs)
         keep = _attrs(req.attrs, attrs)
         ins = [_Array(name, a) for name, a in inputs]
@@ -377,8 +498,77 @@ class Client:
                                           x.name, _DTYPE_NAMES[x.dtype],
                                           ins[0].name,
                                           _DTYPE_NAMES[ins[0].dtype]))
+        if self._shm is True:
+            ins = self._stage(ins)
         for i, x in enumerate(ins):
             x.view(req.inputs[i])
+        return req, keep, ins, with_result
+
+    def _stage(self, ins):
+        """ins copied into the arena (shm=True), each that fits."""
+        arena = self.arena()
+        if arena is None:
+            return ins
+        staged = []
+        for x in ins:
+            a = arena.array(x.shape, _NP_OF[x.dtype])
+            if a is None:
+                staged.append(x)
+                continue
+            src = x.array
+            if x.torch:
+                src = src.view(sys.modules["torch"].int16) if (
+                    x.dtype == L.DTYPE_BF16) else src
+                src = src.numpy()
+            np.copyto(a, src.view(a.dtype), casting="no")
+            y = _Array(x.name, a)
+            y.dtype, y.torch = x.dtype, x.torch
+            staged.append(y)
+        return staged
+
+    def _start(self, op, inputs, out, attrs, outputs):
+        req, keep, ins, with_result = self._request(op, inputs, attrs,
+                                                    outputs)
+        names = [g for i, g in enumerate(L.GRADS) if req.grads & (1 << i)]
+        if out is None:
+            arena = self.arena() if self._shm is True else None
+            out = {g: _new_output(arena, ins, g, req.attrs, op)
+                   for g in names}
+        elif not isinstance(out, dict) or set(out) != set(names):
+            raise InvalidArgument("out: a dict with exactly the outputs "
+                                  "asked for (%s)" % ", ".join(names))
+        arrs = {g: _Array("out[%r]" % g, out[g], writable=True)
+                for g in names}
+        data = (C.c_void_p * L.GRAD_COUNT)()
+        caps = (C.c_size_t * L.GRAD_COUNT)()
+        for g, o in arrs.items():
+            if o.dtype != ins[0].dtype:
+                raise InvalidArgument("%s: %s but the inputs are %s" % (
+                    o.name, _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[ins[0].dtype]))
+            data[L.GRADS.index(g)] = o.ptr
+            caps[L.GRADS.index(g)] = o.nbytes
+        call = C.c_void_p()
+        st = L.Status()
+        rc = self._lib.cgc_call_start(self._channel(), C.byref(req), data,
+                                      caps, C.byref(call), C.byref(st))
+        self._check(rc, st)
+        return Future(self, call, (req, keep, ins, arrs), out, with_result)
+
+    def _check(self, rc, st):
+        if rc == 0:
+            return
+        msg = st.message.decode(errors="replace")
+        if not msg:
+            msg = self._lib.cgc_strerror(rc).decode()
+        raise from_status(st.code if st.code else 2, msg, rc)
+
+    def _op(self, op, inputs, out, attrs, outputs=None):
+        layer = op in (L.OP_CONV_BWD, L.OP_DECONV_BWD)
+        if layer and out is None and self._shm is True and self.arena():
+            # The results land in the arena: no copy, nothing on the wire.
+            return self._start(op, inputs, None, attrs, outputs).result()
+        req, keep, ins, with_result = self._request(op, inputs, attrs,
+                                                    outputs)
         res = L.Result()
         st = L.Status()
         if layer:
@@ -392,14 +582,7 @@ class Client:
             self._check(rc, st)
             result = _wrap(self._lib, p, ins[0].torch)
         del keep, ins
-        with self._lock:
-            s = self._stats
-            s["calls"] += 1
-            s["bytes_sent"] += res.bytes_sent
-            s["bytes_received"] += res.bytes_received
-            s["compute_ms"] += res.compute_ms
-            s["queue_ms"] += res.queue_ms
-            s["total_ms"] += res.total_ms
+        self._count(res)
         return (result, CallResult(res)) if with_result else result
 
     def _single_into(self, req, res, st, out, first):
@@ -446,6 +629,98 @@ class Client:
         for g, o in arrs.items():
             _check_out_shape(o.name, o, ts[L.GRADS.index(g)])
         return out
+
+
+class Future:
+    """A layer call in flight (Client.conv_backward_async and
+    conv_transpose_backward_async): its outputs can be collected one by
+    one as they arrive (output()), or all at once (result()). Every output
+    asked for is whole once result() returns; the call's arrays must stay
+    unchanged until then. Thread-safe."""
+
+    def __init__(self, client, call, keep, out, with_result):
+        self._client, self._call, self._keep = client, call, keep
+        self._out, self._with_result = out, with_result
+        self._names = tuple(out)
+        self._lock = threading.Lock()
+        self._outcome = None  # (result, error) once finished
+
+    def done(self):
+        """True once the call has ended (result() will not wait)."""
+        with self._lock:
+            if self._outcome is not None:
+                return True
+            return bool(self._client._lib.cgc_call_done(self._call))
+
+    def output(self, name, timeout=None):
+        """Output name ("diff_src", ...) as soon as it is whole, while the
+        rest of the call goes on: its data is final. Raises the call's
+        error if it ended without it, TimeoutError after timeout
+        seconds."""
+        if name not in self._names:
+            raise InvalidArgument("output: %r was not asked for (%s)"
+                                  % (name, ", ".join(self._names)))
+        self._wait(1 << L.GRADS.index(name), timeout)
+        with self._lock:
+            if self._outcome is None:
+                return self._out[name]
+        result = self.result()
+        return (result[0] if self._with_result else result)[name]
+
+    def result(self, timeout=None):
+        """Waits for the end of the call and returns the dict of its
+        outputs (with a CallResult when the call said with_result=True).
+        Raises the call's error, or TimeoutError after timeout seconds (the
+        call goes on)."""
+        if timeout is not None:
+            self._wait(0, timeout)
+        with self._lock:
+            if self._outcome is None:
+                self._outcome = self._finish()
+            result, error = self._outcome
+        if error is not None:
+            raise error
+        return result
+
+    def _wait(self, grads, timeout):
+        with self._lock:
+            if self._outcome is not None:
+                if self._outcome[1] is not None:
+                    raise self._outcome[1]
+                return
+            st = L.Status()
+            lib = self._client._lib
+            rc = lib.cgc_call_wait(self._call, grads,
+                                   -1 if timeout is None else
+                                   int(timeout * 1000), C.byref(st))
+        if rc == L.CGC_ETIMEDOUT:
+            raise TimeoutError("the call goes on after %.3f s" % timeout)
+        self._client._check(rc, st)
+
+    def _finish(self):
+        """cgc_call_finish (once): (result, None) or (None, error)."""
+        lib = self._client._lib
+        ts = (L.Tensor * L.GRAD_COUNT)()
+        res = L.Result()
+        st = L.Status()
+        rc = lib.cgc_call_finish(self._call, ts, C.byref(res), C.byref(st))
+        self._call = None
+        arrs = self._keep[3]
+        self._keep = None  # the inputs may go
+        try:
+            self._client._check(rc, st)
+            for g, o in arrs.items():
+                _check_out_shape(o.name, o, ts[L.GRADS.index(g)])
+        except Error as e:
+            return None, e
+        self._client._count(res)
+        out, self._out = self._out, None
+        return ((out, CallResult(res)) if self._with_result else out), None
+
+    def __del__(self):
+        # A call must be finished once: an abandoned future waits for it.
+        if getattr(self, "_call", None) is not None and self._outcome is None:
+            self._finish()
 
 
 class _Mapping:
@@ -534,6 +809,72 @@ class Region:
         if rc != 0:
             msg = st.message.decode(errors="replace")
             raise from_status(st.code if st.code else 9, msg, rc)
+
+
+def _on_this_host(target):
+    """True when every server target names is on this host: a unix
+    socket, or loopback addresses (names resolved now)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    if target.startswith(("ipv4:", "ipv6:")):
+        items = target.split(":", 1)[1].lstrip("/").split(",")
+    elif target.startswith("dns:"):
+        items = [target[4:].lstrip("/").split("/")[-1]]
+    else:
+        items = target.split(",")
+    for item in items:
+        host = item.rsplit(":", 1)[0].strip("[]")
+        try:
+            addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+        except OSError:
+            return False
+        if not addrs or not all(
+                ipaddress.ip_address(a.split("%")[0]).is_loopback
+                for a in addrs):
+            return False
+    return True
+
+
+def _close_arenas():
+    for client in list(_with_arenas):
+        if client._arena is not None:
+            client._arena.close()
+
+
+atexit.register(_close_arenas)
+
+
+def _bias_len(op, wshape, attrs):
+    """OC of a layer op from its weights' shape and format (SEMANTICS.md,
+    "Weights layouts")."""
+    groups = max(1, attrs.groups)
+    fmt = {v: k for k, v in L.WEIGHTS_FORMAT.items()}.get(
+        attrs.weights_format, "XIO" if op == L.OP_CONV_BWD else "XOI")
+    if op == L.OP_CONV_BWD:
+        return wshape[0] if fmt == "OIX" else wshape[-1]
+    # ConvTranspose: IOX (IC, OCg, K), XOI (K, OCg, IC), and the older
+    # spellings OIX (OCg, IC, K), XIO (K, IC, OCg).
+    return groups * {"IOX": wshape[1], "XOI": wshape[-2], "OIX": wshape[0],
+                     "XIO": wshape[-1]}[fmt]
+
+
+def _new_output(arena, ins, g, attrs, op):
+    """An uninitialised array for output g of a layer op on ins (src,
+    diff_dst, weights): in the arena when given and there is room, a
+    tensor when the inputs are tensors."""
+    src, w = ins[0], ins[2]
+    shape = {"diff_src": src.shape, "diff_weights": w.shape,
+             "diff_bias": (_bias_len(op, w.shape, attrs),)}[g]
+    dt = _NP_OF[src.dtype]
+    a = arena.array(shape, dt) if arena is not None else None
+    if a is None:
+        a = np.empty(shape, dt)
+    if not src.torch:
+        return a
+    torch = sys.modules["torch"]
+    if src.dtype == L.DTYPE_BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _check_out_shape(name, o, t):

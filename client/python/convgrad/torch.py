@@ -11,14 +11,18 @@ for (needs_input_grad) among grad_input, grad_weight and grad_bias; a layer
 whose weight and bias are frozen asks ConvolutionBackwardData /
 ConvTransposeBackwardData for grad_input alone, without uploading the
 input."""
+import functools
+import threading
 import warnings
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd import Variable
 from torch.autograd.function import once_differentiable
 
 from .client import Client
+from .errors import Error
 
 __all__ = ["offload", "restore"]
 
@@ -70,7 +74,10 @@ class _ConvFunction(torch.autograd.Function):
             else:
                 y = run(x.float(), weight.float(),
                         None if bias is None else bias.float()).to(dt)
-        ctx.save_for_backward(x.to(dt), weight.to(dt))
+        # Saved as they are: the backward casts them to dt where they go
+        # (the arena, or memory to upload from), in one pass.
+        ctx.save_for_backward(x, weight)
+        ctx.dt = dt
         ctx.m = m
         ctx.dtypes = (x.dtype, weight.dtype,
                       None if bias is None else bias.dtype)
@@ -87,34 +94,205 @@ class _ConvFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
-        client = ctx.m._convgrad_client
-        gy = gy.to(x.dtype).contiguous()
+        m, dt = ctx.m, ctx.dt
         need = ctx.needs_input_grad[:3]
+        if not any(need):
+            return None, None, None, None, None
+        client = m._convgrad_client
+        arena = client.arena()
+        gy, w = _place(arena, gy, dt), _place(arena, w, dt)
         out = {}
         if need[0]:
-            out["diff_src"] = torch.empty(x.shape, dtype=x.dtype)
+            out["diff_src"] = _empty(arena, x.shape, dt)
         if need[1]:
-            out["diff_weights"] = torch.empty(w.shape, dtype=w.dtype)
+            out["diff_weights"] = _empty(arena, w.shape, dt)
         if need[2]:
-            out["diff_bias"] = torch.empty(
-                w.shape[1] * ctx.m.groups if ctx.transposed else w.shape[0],
-                dtype=x.dtype)
+            out["diff_bias"] = _empty(arena, (
+                w.shape[1] * m.groups if ctx.transposed else w.shape[0],), dt)
         if not (need[1] or need[2]):
             # grad_input alone: the BackwardData op needs no input tensor.
-            if ctx.transposed:
-                client.conv_transpose_backward_data(
-                    gy, w, out=out["diff_src"], **ctx.attrs)
-            else:
-                client.conv_backward_data(gy, w, out=out["diff_src"],
-                                          dst_shape=list(x.shape),
-                                          **ctx.attrs)
-        elif out:
-            layer = (client.conv_transpose_backward if ctx.transposed
-                     else client.conv_backward)
-            layer(x, gy, w, outputs=list(out), out=out, **ctx.attrs)
-        return tuple(None if g is None else g.to(dt) for g, dt in zip(
-            (out.get(k) for k in ("diff_src", "diff_weights", "diff_bias")),
+            _data_call(client, ctx, gy, w, x.shape, out["diff_src"])
+            return out["diff_src"].to(ctx.dtypes[0]), None, None, None, None
+        layer = _Layer(ctx, _place(arena, x, dt), gy, w, out)
+        if need[0] and _may_defer(m):
+            # grad_input goes on through autograd as soon as it is in; the
+            # weight and bias gradients are settled at the end of the
+            # backward pass.
+            gx = layer.output("diff_src")
+            _defer(layer)
+            return gx.to(ctx.dtypes[0]), None, None, None, None
+        grads = layer.result()
+        return tuple(None if g is None else g.to(t) for g, t in zip(
+            (grads.get(k) for k in ("diff_src", "diff_weights", "diff_bias")),
             ctx.dtypes)) + (None, None)
+
+
+def _place(arena, t, dt):
+    """t as dt, contiguous: copied (and cast) into an arena slot, where the
+    server reads it in place, when there is an arena with room; else t
+    itself when it already is so (uploaded from its own memory)."""
+    r = arena.tensor(t.shape, dt) if arena is not None else None
+    if r is None:
+        return t.to(dt).contiguous()
+    return r.copy_(t)
+
+
+def _empty(arena, shape, dt):
+    """A gradient buffer: an arena slot, which the server writes in place
+    and autograd then owns (the slot is free again when the tensor goes),
+    or torch memory."""
+    r = arena.tensor(shape, dt) if arena is not None else None
+    return torch.empty(shape, dtype=dt) if r is None else r
+
+
+# A call over regions fails with these when the server cannot take them
+# back (restarted without --shm, or in another IPC namespace).
+_REGION_CODES = (5, 7, 9)  # NOT_FOUND, PERMISSION_DENIED, FAILED_PRECONDITION
+
+
+def _data_call(client, ctx, gy, w, xshape, gx):
+    if ctx.transposed:
+        call = functools.partial(client.conv_transpose_backward_data, gy, w,
+                                 out=gx, **ctx.attrs)
+    else:
+        call = functools.partial(client.conv_backward_data, gy, w, out=gx,
+                                 dst_shape=list(xshape), **ctx.attrs)
+    _with_fallback(client, call)
+
+
+def _with_fallback(client, call):
+    """call(), once more over bytes if it failed because the server no
+    longer takes the client's regions."""
+    try:
+        return call()
+    except Error as e:
+        if e.code not in _REGION_CODES or client.arena() is None:
+            raise
+        client._drop_arena("a call over regions failed (%s)" % e)
+        return call()
+
+
+class _Layer:
+    """One layer's backward call in flight, and what settling it needs."""
+
+    def __init__(self, ctx, x, gy, w, out):
+        self.ctx, self.m = ctx, ctx.m
+        self.client = ctx.m._convgrad_client
+        self.args = (x, gy, w)
+        self.out = out
+        self.given = set()  # outputs handed over already
+        self.future = self._start(list(out))
+
+    def _start(self, outputs):
+        layer = (self.client.conv_transpose_backward_async
+                 if self.ctx.transposed else self.client.conv_backward_async)
+        return layer(*self.args, outputs=outputs,
+                     out={g: self.out[g] for g in outputs}, **self.ctx.attrs)
+
+    def _again(self, e):
+        """After a call over regions failed for good: the outputs not yet
+        handed over, by bytes."""
+        if e.code not in _REGION_CODES or self.client.arena() is None:
+            raise e
+        self.client._drop_arena("a call over regions failed (%s)" % e)
+        rest = [g for g in self.out if g not in self.given]
+        self.future = self._start(rest)
+
+    def output(self, name):
+        try:
+            t = self.future.output(name)
+        except Error as e:
+            self._again(e)
+            t = self.future.output(name)
+        self.given.add(name)
+        return t
+
+    def result(self):
+        try:
+            self.future.result()
+        except Error as e:
+            self._again(e)
+            self.future.result()
+        self.args = None
+        return self.out
+
+
+# Deferred layers of the backward pass running on this thread.
+_local = threading.local()
+
+
+class _Deferred(list):
+    settled = False
+
+
+def _may_defer(m):
+    """Whether m's weight and bias gradients may arrive after its backward
+    returned, settled by the end-of-backward callback. Not under
+    torch.distributed: DDP's reducer starts its bucket all-reduces from
+    hooks on each parameter's gradient accumulator, which a deferred
+    gradient never passes (the reducer would wait for it forever). Not
+    when a parameter is computed (not a leaf) or has hooks of its own, nor
+    for torch.autograd.grad, which takes the gradients from what backward
+    returns."""
+    if not m._convgrad_overlap:
+        return False
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return False
+    for p in (m.weight, m.bias):
+        if p is None or not p.requires_grad:
+            continue
+        if not p.is_leaf or p._backward_hooks:
+            return False
+        with torch.enable_grad():
+            acc = p.view_as(p).grad_fn.next_functions[0][0]
+        try:
+            # False: this pass does not accumulate into p.grad (backward
+            # with inputs= that leave p out).
+            if not torch._C._will_engine_execute_node(acc):
+                return False
+        except RuntimeError:
+            return False  # torch.autograd.grad captures p's gradient
+    return True
+
+
+def _defer(layer):
+    d = getattr(_local, "deferred", None)
+    if d is None or d.settled:
+        d = _local.deferred = _Deferred()
+        Variable._execution_engine.queue_callback(
+            functools.partial(_settle, d))
+    d.append(layer)
+
+
+def _settle(deferred):
+    """The end-of-backward callback: waits for every deferred layer's call
+    and accumulates its weight and bias gradients as AccumulateGrad would
+    (the first gradient becomes .grad, later ones are added), before
+    backward() returns. The first failure is raised once all are
+    settled."""
+    deferred.settled = True
+    error = None
+    for layer in deferred:
+        try:
+            grads = layer.result()
+        except Exception as e:  # every call is collected before raising
+            error = error or e
+            continue
+        ctx, m = layer.ctx, layer.m
+        with torch.no_grad():
+            for name, p, t in (("diff_weights", m.weight, ctx.dtypes[1]),
+                               ("diff_bias", m.bias, ctx.dtypes[2])):
+                g = grads.get(name)
+                if g is None:
+                    continue
+                g = g.to(t)
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad += g
+    deferred.clear()
+    if error is not None:
+        raise error
 
 
 class _Offloaded:
@@ -159,7 +337,7 @@ for _base in _TRANSPOSED:
 _ORIGINAL = {v: k for k, v in _CLASSES.items()}
 
 
-def offload(model, target, **options):
+def offload(model, target, overlap=True, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -177,7 +355,15 @@ def offload(model, target, **options):
     the server computes in the dtype the forward ran in and the gradients
     come back in the parameters' dtypes. f16 forwards (and bf16
     ConvTranspose ones) run in f32 and are rounded, as CPU torch has no
-    such kernels. Double backward raises a RuntimeError."""
+    such kernels. Double backward raises a RuntimeError.
+
+    Same host: with the server on a unix socket or loopback address whose
+    --shm policy allows this caller, a layer's tensors go through the
+    client's arena of shared-memory regions (Client's shm= and shm_bytes=;
+    shm=False sends bytes). overlap: a layer's grad_input goes on through
+    autograd as soon as the server sent it, while its weight and bias
+    gradients arrive, settled before backward() returns (not under
+    torch.distributed, nor for torch.autograd.grad; see the README)."""
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
     for m in model.modules():
@@ -191,6 +377,7 @@ def offload(model, target, **options):
             continue
         m.__class__ = cls
         m._convgrad_client = client
+        m._convgrad_overlap = bool(overlap)
     return model
 
 
@@ -201,5 +388,5 @@ def restore(model):
         base = _ORIGINAL.get(type(m))
         if base is not None:
             m.__class__ = base
-            del m._convgrad_client
+            del m._convgrad_client, m._convgrad_overlap
     return model
