@@ -158,6 +158,19 @@ int cg_layer_noutputs(const cg_layer *l) {
   return __builtin_popcount(l->grads);
 }
 
+uint64_t cg_layer_work(const cg_layer *l) {
+  uint64_t f = 0, add;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l->grads & CG_GRAD_BIT(g)))
+      continue;
+    add = g == CG_GRAD_DIFF_BIAS ? (uint64_t)l->weights.in_elems[1]
+                                 : cg_geom_work(cg_layer_geom(l, (cg_grad)g));
+    if (__builtin_add_overflow(f, add, &f))
+      return UINT64_MAX;
+  }
+  return f;
+}
+
 uint64_t cg_layer_flops(const cg_layer *l) {
   uint64_t f = 0, add;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {

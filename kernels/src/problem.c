@@ -859,6 +859,24 @@ uint64_t cg_geom_flops(const cg_geom *g) {
   return f;
 }
 
+uint64_t cg_geom_work(const cg_geom *g) {
+  /* Every element of the tensors, and of the padded larger side that the
+   * kernels sweep (stride phases and pads included: on every axis it is
+   * at least S * (small - 1) + EK), counts as one multiply-add. */
+  const int64_t *big_sp = is_deconv(g->op) ? g->out_sp : g->in_sp;
+  uint64_t padded = mul_sat(2, g->mb);
+  padded = mul_sat(padded, is_deconv(g->op) ? g->oc : g->ic);
+  for (int d = 0; d < g->nsp; d++)
+    padded = mul_sat(padded, big_sp[d] + g->pad_begin[d] + g->pad_end[d]);
+  uint64_t elems = mul_sat(2, (int64_t)(g->in_elems[0] + g->in_elems[1]));
+  uint64_t w = cg_geom_flops(g), add = mul_sat(2, (int64_t)g->out_elems);
+  if (__builtin_add_overflow(w, padded, &w) ||
+      __builtin_add_overflow(w, elems, &w) ||
+      __builtin_add_overflow(w, add, &w))
+    return UINT64_MAX;
+  return w;
+}
+
 int cg_geom_slice_mb(const cg_geom *g, int64_t n, cg_geom *slice) {
   if (n <= 0 || n > g->mb)
     return CG_EINVAL;

@@ -59,6 +59,8 @@ CG_EXPORT int cg_layer_noutputs(const cg_layer *l);
 /* Work of every output, as cg_geom_flops (diff_bias counts one add per
  * diff_dst element), saturated at UINT64_MAX. */
 CG_EXPORT uint64_t cg_layer_flops(const cg_layer *l);
+/* The same with cg_geom_work: the bound --max-request-flops is held to. */
+CG_EXPORT uint64_t cg_layer_work(const cg_layer *l);
 
 #ifdef __cplusplus
 }

@@ -239,6 +239,16 @@ CG_EXPORT int cg_geom_check_input_bytes(const cg_geom *g, int index,
  * against it for any geometry cg_problem_resolve accepts. */
 CG_EXPORT uint64_t cg_geom_flops(const cg_geom *g);
 
+/* A bound, in the same units, on the work oneDNN's kernels do for geom:
+ * cg_geom_flops plus 2 for every element of the three tensors (reorders,
+ * conversions, zeroing) and for every element of the larger side padded
+ * on every axis (the Convolution input or the ConvTranspose output, with
+ * pads_begin + pads_end: the extent that strided and padded kernels sweep,
+ * at least stride * (smaller side - 1) + effective kernel). Saturated at
+ * UINT64_MAX. The engine keeps its kernels within a small multiple of it
+ * (engine.c, jit_usable); --max-request-flops is checked against it. */
+CG_EXPORT uint64_t cg_geom_work(const cg_geom *g);
+
 /* The geometry of n minibatch rows of g (0 < n <= g->mb): every data
  * tensor (inputs and output) has n rows and the weights are whole. The
  * minibatch is the outermost dim of both data layouts, so row r of a data
