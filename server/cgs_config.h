@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cg/limits.h"
 #include "cgs_log.h"
 
 #define CGS_MAX_CPUS 256
@@ -62,6 +63,9 @@ typedef struct cgs_config {
   uint64_t max_request_bytes;   /* sum of one request's tensor bytes */
   uint64_t max_tensor_elements; /* elements of any one tensor */
   uint64_t max_request_flops;   /* work of one request; 0 = no limit */
+  /* The service limits on spatial attributes (cg/limits.h). */
+  uint64_t max_stride, max_dilation, max_pad, max_output_padding;
+  uint64_t max_effective_extent, max_padded_extent;
   uint64_t max_inflight_bytes;  /* reserved by admitted requests; 0 = auto */
   uint64_t chunk_bytes;         /* default response chunk size */
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
@@ -107,6 +111,10 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
 uint64_t cgs_config_cgroup_memory(const char *root, const char *self);
 /* Prints --help: every option, its variable, default and bounds. */
 void cgs_config_usage(FILE *out, const char *argv0);
+/* The service limits of c as the kernels library takes them. */
+void cgs_config_limits(const cgs_config *c, cg_limits *out);
+/* The flag that sets limit which ("--max-stride"); static string. */
+const char *cgs_config_limit_flag(cg_limit which);
 /* "adaptive", "static" or "auto"; static string. */
 const char *cgs_threads_policy_name(cgs_threads_policy tp);
 /* "off", "local" or "on"; static string. */

@@ -39,6 +39,11 @@ typedef struct opt_def {
   const char *help;
 } opt_def;
 
+/* A macro's value as a string literal: the limits' defaults come from
+ * cg/limits.h. */
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 #define KIB 1024ull
 #define MIB (1024ull * KIB)
 #define GIB (1024ull * MIB)
@@ -135,6 +140,29 @@ static const opt_def opt_table[] = {
      "most work one request may ask for, in flops (2 x multiply-adds of the "
      "direct convolution), checked before its tensors are uploaded; more is "
      "refused with RESOURCE_EXHAUSTED. 0 = no limit"},
+    /* The service limits on spatial attributes (cg/limits.h, whose
+     * limits.c says why each default is far above real networks and each
+     * bound keeps oneDNN's kernels inside their arithmetic). */
+    {"max-stride", OPT_COUNT, offsetof(cgs_config, max_stride),
+     STR(CG_LIMIT_STRIDE_DEFAULT), 1, CG_LIMIT_STRIDE_MAX,
+     "largest value of strides; larger is refused with INVALID_ARGUMENT"},
+    {"max-dilation", OPT_COUNT, offsetof(cgs_config, max_dilation),
+     STR(CG_LIMIT_DILATION_DEFAULT), 1, CG_LIMIT_DILATION_MAX,
+     "largest value of dilations (1 = none)"},
+    {"max-pad", OPT_COUNT, offsetof(cgs_config, max_pad),
+     STR(CG_LIMIT_PAD_DEFAULT), 0, CG_LIMIT_PAD_MAX,
+     "largest value of pads_begin and pads_end, given or from auto_pad"},
+    {"max-output-padding", OPT_COUNT, offsetof(cgs_config, max_output_padding),
+     STR(CG_LIMIT_OUTPUT_PADDING_DEFAULT), 0, CG_LIMIT_OUTPUT_PADDING_MAX,
+     "largest value of output_padding (ConvTranspose ops)"},
+    {"max-effective-extent", OPT_COUNT,
+     offsetof(cgs_config, max_effective_extent),
+     STR(CG_LIMIT_EFFECTIVE_EXTENT_DEFAULT), 1, CG_LIMIT_EFFECTIVE_EXTENT_MAX,
+     "largest reach of a kernel along an axis, (K-1) x dilation + 1"},
+    {"max-padded-extent", OPT_COUNT, offsetof(cgs_config, max_padded_extent),
+     STR(CG_LIMIT_PADDED_EXTENT_DEFAULT), 1, CG_LIMIT_PADDED_EXTENT_MAX,
+     "largest padded extent along an axis: the Convolution input or the "
+     "ConvTranspose output plus pads_begin and pads_end"},
     {"max-inflight-bytes", OPT_SIZE, offsetof(cgs_config, max_inflight_bytes),
      "0", 0, 1024 * TIB,
      "input + output bytes all admitted requests may hold at once; "
@@ -590,6 +618,22 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
     c->max_request_bytes = c->max_inflight_bytes;
   }
   return 0;
+}
+
+void cgs_config_limits(const cgs_config *c, cg_limits *out) {
+  out->max[CG_LIMIT_STRIDE] = (int64_t)c->max_stride;
+  out->max[CG_LIMIT_DILATION] = (int64_t)c->max_dilation;
+  out->max[CG_LIMIT_PAD] = (int64_t)c->max_pad;
+  out->max[CG_LIMIT_OUTPUT_PADDING] = (int64_t)c->max_output_padding;
+  out->max[CG_LIMIT_EFFECTIVE_EXTENT] = (int64_t)c->max_effective_extent;
+  out->max[CG_LIMIT_PADDED_EXTENT] = (int64_t)c->max_padded_extent;
+}
+
+const char *cgs_config_limit_flag(cg_limit which) {
+  static const char *const flags[CG_LIMIT_COUNT] = {
+      "--max-stride",         "--max-dilation",         "--max-pad",
+      "--max-output-padding", "--max-effective-extent", "--max-padded-extent"};
+  return (int)which >= 0 && which < CG_LIMIT_COUNT ? flags[which] : "?";
 }
 
 const char *cgs_threads_policy_name(cgs_threads_policy tp) {

@@ -102,6 +102,12 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   limits.max_regions = cfg->max_regions;
   limits.max_region_bytes = cfg->max_region_bytes;
   limits.max_calls_per_peer = cfg->max_calls_per_peer;
+  limits.max_stride = cfg->max_stride;
+  limits.max_dilation = cfg->max_dilation;
+  limits.max_pad = cfg->max_pad;
+  limits.max_output_padding = cfg->max_output_padding;
+  limits.max_effective_extent = cfg->max_effective_extent;
+  limits.max_padded_extent = cfg->max_padded_extent;
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;

@@ -62,6 +62,19 @@ int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
     u->prob.dtype = info.prob.dtype;
     return -1;
   }
+  /* A value past a service limit is refused as such, before any other
+   * check on the shapes and before the upload. */
+  cg_limits lim;
+  cg_limit which;
+  char err[256];
+  cgs_config_limits(cfg, &lim);
+  if (cg_problem_check_limits(&info.prob, &lim, &which, err, sizeof err)) {
+    u->prob.op = info.prob.op;
+    u->prob.dtype = info.prob.dtype;
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, msglen, "%s (%s)", err, cgs_config_limit_flag(which));
+    return -1;
+  }
   u->prob = info.prob;
   u->ninputs = info.ninputs;
   memcpy(u->in_len, info.in_len, sizeof u->in_len);
@@ -227,6 +240,16 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
     snprintf(msg, msglen, "%s", err);
     return -1;
   }
+  /* What the shapes make of the attributes: computed pads, effective and
+   * padded extents. */
+  cg_limits lim;
+  cg_limit which;
+  cgs_config_limits(cfg, &lim);
+  if (cg_layer_check_limits(l, &lim, &which, err, sizeof err) != 0) {
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, msglen, "%s (%s)", err, cgs_config_limit_flag(which));
+    return -1;
+  }
   if (acquire_outputs(u, code, msg, msglen) != 0)
     return -1;
   protobuf_c_message_free_unpacked(&u->req->base, NULL);
@@ -240,8 +263,8 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
       return -1;
     }
   /* A running oneDNN primitive cannot be interrupted: this bounds how
-   * long one request can hold a worker. */
-  uint64_t flops = cg_layer_flops(l);
+   * long one request can hold a worker, stride and pad sweeps included. */
+  uint64_t flops = cg_layer_work(l);
   if (cfg->max_request_flops && flops > cfg->max_request_flops) {
     *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     snprintf(msg, msglen,

@@ -105,6 +105,15 @@ static void cgc__info_text(const cgc_cli *cli, const cgc_server_info *in) {
          in->default_chunk_bytes, (unsigned long long)in->idle_timeout_ms,
          (unsigned long long)in->stream_window_bytes,
          (unsigned long long)in->max_request_flops);
+  if (in->max_stride)
+    printf("attributes  stride %llu, dilation %llu, pad %llu, "
+           "output_padding %llu, effective extent %llu, padded extent %llu\n",
+           (unsigned long long)in->max_stride,
+           (unsigned long long)in->max_dilation,
+           (unsigned long long)in->max_pad,
+           (unsigned long long)in->max_output_padding,
+           (unsigned long long)in->max_effective_extent,
+           (unsigned long long)in->max_padded_extent);
 }
 
 static int cgc__info_json(const cgc_server_info *in) {
@@ -165,6 +174,15 @@ static int cgc__info_json(const cgc_server_info *in) {
     cJSON_AddNumberToObject(lim, "max_regions", in->max_regions);
     cJSON_AddNumberToObject(lim, "max_region_bytes",
                             (double)in->max_region_bytes);
+    cJSON_AddNumberToObject(lim, "max_stride", (double)in->max_stride);
+    cJSON_AddNumberToObject(lim, "max_dilation", (double)in->max_dilation);
+    cJSON_AddNumberToObject(lim, "max_pad", (double)in->max_pad);
+    cJSON_AddNumberToObject(lim, "max_output_padding",
+                            (double)in->max_output_padding);
+    cJSON_AddNumberToObject(lim, "max_effective_extent",
+                            (double)in->max_effective_extent);
+    cJSON_AddNumberToObject(lim, "max_padded_extent",
+                            (double)in->max_padded_extent);
   }
   char *text = cJSON_Print(root);
   cJSON_Delete(root);

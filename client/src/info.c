@@ -136,6 +136,12 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
     info->max_request_flops = m->limits->max_request_flops;
     info->max_regions = m->limits->max_regions;
     info->max_region_bytes = m->limits->max_region_bytes;
+    info->max_stride = m->limits->max_stride;
+    info->max_dilation = m->limits->max_dilation;
+    info->max_pad = m->limits->max_pad;
+    info->max_output_padding = m->limits->max_output_padding;
+    info->max_effective_extent = m->limits->max_effective_extent;
+    info->max_padded_extent = m->limits->max_padded_extent;
   }
   priv->msg = m;
   priv->ops = ops;

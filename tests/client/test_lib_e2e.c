@@ -16,6 +16,7 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "cg/limits.h"
 #include "cg/reference.h"
 #include "cgc/client.h"
 #include "harness.h"
@@ -508,6 +509,8 @@ static void test_health_and_info(void **state) {
   assert_int_equal(in->idle_timeout_ms, 45000);
   assert_int_equal(in->stream_window_bytes, 4u << 20);
   assert_true(in->max_request_flops == UINT64_C(100000000000));
+  assert_int_equal(in->max_stride, CG_LIMIT_STRIDE_DEFAULT);
+  assert_int_equal(in->max_padded_extent, CG_LIMIT_PADDED_EXTENT_DEFAULT);
   cgc_server_info_free(in);
   cgc_channel_free(ch);
 }

@@ -42,6 +42,12 @@ static const cgs_config cfg = {
     .max_tensor_elements = 1u << 18,
     .max_request_flops = 2000000, /* the reference computes every request */
     .chunk_bytes = 1u << 20,
+    .max_stride = CG_LIMIT_STRIDE_DEFAULT,
+    .max_dilation = CG_LIMIT_DILATION_DEFAULT,
+    .max_pad = CG_LIMIT_PAD_DEFAULT,
+    .max_output_padding = CG_LIMIT_OUTPUT_PADDING_DEFAULT,
+    .max_effective_extent = CG_LIMIT_EFFECTIVE_EXTENT_DEFAULT,
+    .max_padded_extent = CG_LIMIT_PADDED_EXTENT_DEFAULT,
 };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

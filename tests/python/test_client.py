@@ -329,6 +329,9 @@ class Ops(unittest.TestCase):
         # reads something else here.
         self.assertEqual(info["threads_policy"], "static")  # --workers 2
         self.assertGreater(info["max_request_flops"], 0)
+        # The last fields before the library's own: the service limits.
+        self.assertEqual(info["max_stride"], 4096)
+        self.assertEqual(info["max_padded_extent"], 1 << 24)
         self.assertEqual([o["names"][0] for o in info["ops"]],
                          ["ConvolutionBackwardData",
                           "ConvolutionBackwardWeights",

@@ -210,6 +210,38 @@ static void test_bounds(void **state) {
   expect_bad("max-request-flops", "20000000T", "suffixes");
 }
 
+/* The service limits: cg/limits.h's defaults, settable down to what the
+ * attribute allows and up to the engine's maxima, and handed to the
+ * kernels library with the flag that names each. */
+static void test_service_limits(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  cg_limits l, def;
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  cgs_config_limits(&c, &l);
+  cg_limits_default(&def);
+  assert_memory_equal(&l, &def, sizeof l);
+  assert_int_equal(cgs_config_set(&c, "max-stride", "65536", err, sizeof err),
+                   0);
+  assert_int_equal(cgs_config_set(&c, "max-pad", "0", err, sizeof err), 0);
+  cgs_config_limits(&c, &l);
+  assert_int_equal(l.max[CG_LIMIT_STRIDE], 65536);
+  assert_int_equal(l.max[CG_LIMIT_PAD], 0);
+  expect_bad("max-stride", "65537",
+             "--max-stride: expected a number in [1, "
+             "65536]");
+  expect_bad("max-stride", "0", "--max-stride");
+  expect_bad("max-dilation", "65537", "--max-dilation");
+  expect_bad("max-pad", "1048577", "--max-pad");
+  expect_bad("max-output-padding", "65536", "--max-output-padding");
+  expect_bad("max-effective-extent", "1048577", "--max-effective-extent");
+  expect_bad("max-padded-extent", "1073741825", "--max-padded-extent");
+  assert_string_equal(cgs_config_limit_flag(CG_LIMIT_PADDED_EXTENT),
+                      "--max-padded-extent");
+  assert_string_equal(cgs_config_limit_flag(CG_LIMIT_COUNT), "?");
+}
+
 /* --shm-prefix: the default is the client library's, '' means any name,
  * and a prefix that no key could carry is refused at start. */
 static void test_shm_prefix(void **state) {
@@ -315,6 +347,7 @@ int main(void) {
       cmocka_unit_test(test_cgroup_memory_limit),
       cmocka_unit_test(test_env_then_flags),
       cmocka_unit_test(test_bounds),
+      cmocka_unit_test(test_service_limits),
       cmocka_unit_test(test_threads_policy),
       cmocka_unit_test(test_shm_prefix),
       cmocka_unit_test(test_bad_env_and_args),

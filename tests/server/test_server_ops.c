@@ -13,6 +13,7 @@
 #include <cmocka.h>
 #include <grpc/byte_buffer_reader.h>
 
+#include "cg/limits.h"
 #include "ts.h"
 
 static ts_server srv;
@@ -322,6 +323,15 @@ static void test_server_info(void **state) {
   assert_int_equal(info->limits->idle_timeout_ms, 30000);
   assert_int_equal(info->limits->stream_window_bytes, 4u << 20);
   assert_true(info->limits->max_request_flops == UINT64_C(100000000000));
+  assert_int_equal(info->limits->max_stride, CG_LIMIT_STRIDE_DEFAULT);
+  assert_int_equal(info->limits->max_dilation, CG_LIMIT_DILATION_DEFAULT);
+  assert_int_equal(info->limits->max_pad, CG_LIMIT_PAD_DEFAULT);
+  assert_int_equal(info->limits->max_output_padding,
+                   CG_LIMIT_OUTPUT_PADDING_DEFAULT);
+  assert_int_equal(info->limits->max_effective_extent,
+                   CG_LIMIT_EFFECTIVE_EXTENT_DEFAULT);
+  assert_int_equal(info->limits->max_padded_extent,
+                   CG_LIMIT_PADDED_EXTENT_DEFAULT);
   assert_int_equal(info->n_io_cpus, 0); /* not pinned by default */
   convgrad__v1__server_info__free_unpacked(info, NULL);
 }

@@ -498,6 +498,10 @@ typedef struct cgc_server_info {
   const char *shm;
   uint32_t max_regions;
   uint64_t max_region_bytes;
+  /* The service limits on spatial attributes (Limits.max_stride ...); 0
+   * from older servers. */
+  uint64_t max_stride, max_dilation, max_pad, max_output_padding;
+  uint64_t max_effective_extent, max_padded_extent;
   void *priv_; /* library-owned storage behind the pointers above */
 } cgc_server_info;
 

@@ -127,6 +127,11 @@ class ServerInfo(C.Structure):
                 ("threads_policy", C.c_char_p),
                 ("shm", C.c_char_p), ("max_regions", C.c_uint32),
                 ("max_region_bytes", C.c_uint64),
+                ("max_stride", C.c_uint64), ("max_dilation", C.c_uint64),
+                ("max_pad", C.c_uint64),
+                ("max_output_padding", C.c_uint64),
+                ("max_effective_extent", C.c_uint64),
+                ("max_padded_extent", C.c_uint64),
                 ("priv_", C.c_void_p)]
 
 
