@@ -4,7 +4,10 @@
  * within the deadline; a server slow to answer its handshake is still
  * reached; round_robin over two servers sends calls to both (counted in
  * each server's per-request log); calls in flight or retrying while the
- * server is killed and restarted on its port all succeed. */
+ * server is killed and restarted on its port all succeed; a server with
+ * one worker and one queue place refuses most of eight concurrent callers
+ * "retry later", and `convgrad bench` gets every call through by
+ * retrying. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -17,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cJSON.h>
 #include <cmocka.h>
 
 #include "cg/reference.h"
@@ -343,6 +347,49 @@ static void test_round_robin_ipv4_scheme(void **state) {
   round_robin("ipv4:127.0.0.1:%d,127.0.0.1:%d");
 }
 
+/* Issue 29 against the real server: its queue-full refusals carry
+ * retry-after-ms, so the library retries them; no call fails. */
+static void test_retry_later_from_a_full_queue(void **state) {
+  (void)state;
+  th_server srv;
+  const char *extra[] = {"--workers", "1", "--queue-depth", "1", NULL};
+  assert_int_equal(th_server_start(&srv, server_exe, 0, extra), 0);
+  char tflag[80];
+  snprintf(tflag, sizeof tflag, "--target=127.0.0.1:%d", srv.port);
+  const char *argv[] = {cli_exe,
+                        "bench",
+                        tflag,
+                        "--problem",
+                        "mb2ic16ih14oc32oh14kh3ph1",
+                        "--op",
+                        "ConvolutionBackwardData",
+                        "--concurrency",
+                        "8",
+                        "--requests",
+                        "40",
+                        "--warmup",
+                        "0",
+                        "--retries",
+                        "1000",
+                        "--json",
+                        NULL};
+  th_run r;
+  th_run_cmd(&r, argv);
+  th_server_stop(&srv);
+  unlink(srv.log);
+  if (r.code != 0)
+    fail_msg("bench exit %d: %s%s", r.code, r.out, r.err);
+  cJSON *root = cJSON_Parse(r.out);
+  assert_non_null(root);
+  cJSON *row = cJSON_GetArrayItem(root, 0);
+  double n = cJSON_GetObjectItem(row, "requests")->valuedouble,
+         retries = cJSON_GetObjectItem(row, "retries")->valuedouble,
+         errors = cJSON_GetObjectItem(row, "errors")->valuedouble;
+  cJSON_Delete(root);
+  if (n != 40 || errors != 0 || retries < 1)
+    fail_msg("%g calls, %g retries, %g errors", n, retries, errors);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s convgrad-server convgrad\n", argv[0]);
@@ -357,6 +404,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_calls_survive_server_restart),
       cmocka_unit_test(test_round_robin_host_list),
       cmocka_unit_test(test_round_robin_ipv4_scheme),
+      cmocka_unit_test(test_retry_later_from_a_full_queue),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
