@@ -23,16 +23,19 @@ def parse_args(description):
 
 class Server:
     """A convgrad-server process listening on listen (default 127.0.0.1
-    with an ephemeral port; a comma list may add unix:PATH), its command
-    line after prefix (e.g. unshare); stop() checks that it exits 0 on
+    with an ephemeral port; a comma list may add unix:PATH), with --workers
+    workers (None: the server's default), its command line after prefix
+    (e.g. unshare); stop() checks that it exits 0 on
     SIGTERM. target is the TCP address it got (None without one)."""
 
-    def __init__(self, path, extra=(), listen="127.0.0.1:0", prefix=()):
+    def __init__(self, path, extra=(), listen="127.0.0.1:0", prefix=(),
+                 workers=2):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="cgpy-server-",
                                                suffix=".log")
+        flags = ["--workers", str(workers)] if workers else []
         self.proc = subprocess.Popen(
-            list(prefix) + [path, "--listen", listen, "--workers", "2"] +
-            list(extra), stdout=subprocess.PIPE, stderr=self.log, text=True)
+            list(prefix) + [path, "--listen", listen] + flags + list(extra),
+            stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listen=(-|([^ ]+):(\d+))", line)
         if not m:

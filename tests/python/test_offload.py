@@ -21,6 +21,7 @@ Usage: test_offload.py --server PATH (with CONVGRAD_LIBRARY set)."""
 import copy
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -294,7 +295,7 @@ class Regions(unittest.TestCase):
     """Same host: shared memory, overlap, and the ways back to bytes."""
 
     def test_no_bytes_on_the_wire_and_nothing_registered_per_call(self):
-        local, remote = models()
+        local, remote = models(overlap=False)
         client = remote.c1._convgrad_client
         registered = len(SERVER.log_lines("region op=register"))
         client.stats(reset=True)
@@ -318,6 +319,8 @@ class Regions(unittest.TestCase):
         for overlap in (True, False):
             with self.subTest(overlap=overlap):
                 local, remote = models(overlap=overlap)
+                client = remote.c1._convgrad_client
+                client.stats(reset=True)
                 xl, xr = inputs(), inputs()
                 seen = []
                 xr[1].register_hook(
@@ -326,6 +329,10 @@ class Regions(unittest.TestCase):
                 loss_of(remote(*xr)).backward()
                 self.assertEqual(seen, [overlap])
                 self.compare(local, remote, xl, xr)
+                # overlapped, grad_input and the weight's gradients are
+                # two calls over the same regions
+                self.assertEqual(client.stats()["calls"],
+                                 10 if overlap else 5)
 
     def compare(self, local, remote, xl, xr):
         compare_grads(self, local, remote, xl, xr, 1e-5)
@@ -408,7 +415,12 @@ class Regions(unittest.TestCase):
             train(self, local, remote, steps=1)
             self.assertIsNotNone(client.arena())
             self.assertEqual(client.stats()["bytes_sent"], 0)
-            self.assertEqual(len(srv.log_lines("region op=register")), 1)
+            # the arena's regions (calls that found them unknown at once
+            # may each register them again)
+            names = {re.search(r" name=(\S+)", line).group(1)
+                     for line in srv.log_lines("region op=register")}
+            self.assertEqual(names, {sp.region.key[1:]
+                                     for sp in client.arena()._spaces})
             # Back without regions: bytes from then on, said once.
             srv.proc.kill()
             srv.proc.wait()

@@ -21,7 +21,7 @@ from . import _lib as L
 log = logging.getLogger("convgrad")
 
 ALIGN = 64  # bytes; a cache line, and AVX-512's vector
-GROW_BYTES = 64 << 20
+GROW_BYTES = 16 << 20
 
 
 def _round_up(n, to):

@@ -188,7 +188,7 @@ class Client:
     True: the ops called directly go through the arena too (inputs copied
     in, layer ops' results returned over arena memory). False: never.
     shm_bytes: the arena's bound (default SHM_BYTES, 1 GiB): regions of at
-    least 64 MiB are added as calls need them, and a tensor that does not
+    least 16 MiB are added as calls need them, and a tensor that does not
     fit travels as bytes. Without a server on this host, or when it refuses
     regions, everything travels as bytes; that is logged once, at debug
     level, on the "convgrad" logger.

@@ -113,8 +113,9 @@ class _ConvFunction(torch.autograd.Function):
             # grad_input alone: the BackwardData op needs no input tensor.
             _data_call(client, ctx, gy, w, x.shape, out["diff_src"])
             return out["diff_src"].to(ctx.dtypes[0]), None, None, None, None
-        layer = _Layer(ctx, _place(arena, x, dt), gy, w, out)
-        if need[0] and _may_defer(m):
+        defer = need[0] and arena is not None and _may_defer(m)
+        layer = _Layer(ctx, _place(arena, x, dt), gy, w, out, split=defer)
+        if defer:
             # grad_input goes on through autograd as soon as it is in; the
             # weight and bias gradients are settled at the end of the
             # backward pass.
@@ -173,15 +174,20 @@ def _with_fallback(client, call):
 
 
 class _Layer:
-    """One layer's backward call in flight, and what settling it needs."""
+    """One layer's backward in flight: one call, or with split (overlap
+    over the arena) two, grad_input's and then the weight's and bias's,
+    which read the same regions (nothing is sent twice) and let grad_input
+    come back as soon as the server computed it."""
 
-    def __init__(self, ctx, x, gy, w, out):
+    def __init__(self, ctx, x, gy, w, out, split=False):
         self.ctx, self.m = ctx, ctx.m
         self.client = ctx.m._convgrad_client
         self.args = (x, gy, w)
         self.out = out
         self.given = set()  # outputs handed over already
-        self.future = self._start(list(out))
+        names = list(out)
+        parts = [names[:1], names[1:]] if split else [names]
+        self.futures = [self._start(p) for p in parts]
 
     def _start(self, outputs):
         layer = (self.client.conv_transpose_backward_async
@@ -191,28 +197,34 @@ class _Layer:
 
     def _again(self, e):
         """After a call over regions failed for good: the outputs not yet
-        handed over, by bytes."""
+        handed over, in one call by bytes."""
         if e.code not in _REGION_CODES or self.client.arena() is None:
             raise e
         self.client._drop_arena("a call over regions failed (%s)" % e)
-        rest = [g for g in self.out if g not in self.given]
-        self.future = self._start(rest)
+        for f in self.futures:
+            try:
+                f.result()  # each call is collected once
+            except Error:
+                pass
+        self.futures = [self._start([g for g in self.out
+                                     if g not in self.given])]
 
     def output(self, name):
         try:
-            t = self.future.output(name)
+            t = next(f for f in self.futures if name in f._names).output(name)
         except Error as e:
             self._again(e)
-            t = self.future.output(name)
+            t = self.futures[0].output(name)
         self.given.add(name)
         return t
 
     def result(self):
         try:
-            self.future.result()
+            for f in self.futures:
+                f.result()
         except Error as e:
             self._again(e)
-            self.future.result()
+            self.futures[0].result()
         self.args = None
         return self.out
 

@@ -12,7 +12,10 @@ squared error. SGD with momentum and SiLU keep training smooth: with ReLU
 and larger steps, a one-ulp difference of summation order flips an
 activation now and then, and the two runs drift apart.
 Each epoch prints the mean loss, the test accuracy, seconds per step, and
-the server calls and bytes per step of one process.
+the server calls and bytes per step of one process: one call per
+convolution (the layer op), and no bytes at all when the server is on this
+host (a unix socket or loopback target whose server serves shared-memory
+regions: the tensors go through the client's arena).
 
 --compare trains again with the same seeds and local autograd and prints
 the largest relative difference of the per-step loss curve and of the final
@@ -118,9 +121,11 @@ def train(args, rank, world, offload):
             if client:
                 s = client.stats(reset=True)
                 line += (", %.0f calls/step, %.1f kB sent + %.1f kB "
-                         "received/step, server compute %.1f ms/step" % (
+                         "received/step (%s), server compute %.1f ms/step" % (
                              s["calls"] / steps, s["bytes_sent"] / steps / 1e3,
                              s["bytes_received"] / steps / 1e3,
+                             "shared memory, %d MiB" % (s["arena_bytes"] >> 20)
+                             if s["arena_bytes"] else "bytes",
                              s["compute_ms"] / steps))
             print(line, flush=True)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,299 @@
+#!/usr/bin/python3
+"""bench_train.py - what an offloaded training step costs against local
+torch, and one layer against torch.distributed.rpc (issue 27).
+
+  train  torchvision's resnet18(num_classes=10), SGD with momentum, in the
+         settings of --settings (224x8: 224x224 images at batch 8; 32x32:
+         32x32 at batch 32), f32 and bf16 under torch.autocast. Modes, in
+         rounds that rotate their order: local autograd; offload over TCP
+         loopback (bytes on the wire: shm=False); offload over the unix
+         socket with shared-memory regions, with and without overlap.
+         Prints per mode the median ms/step and its ratio to local's
+         median, and per step the calls, bytes up and down, and the
+         server's compute. Before timing, one step from equal weights in
+         every mode: each parameter gradient against local's, relative to
+         its largest value (f32 must be within 1e-5).
+  layer  one 3x3 64->64 conv on 56x56 at batch 8, forward and backward
+         (input and weight gradients), three ways interleaved: local
+         torch, convgrad offload (unix socket and regions), and a
+         torch.distributed.rpc RemoteModule (forward and backward in a
+         second process over TensorPipe, the weight kept there, distributed
+         autograd). Prints each way's median ms/step and the ratios.
+
+    CONVGRAD_LIBRARY=build/client/libcgclient.so \\
+      flock /work/coord/bench.lock /usr/bin/python3 tests/bench/bench_train.py
+
+Starts a convgrad-server of --build (TCP on 127.0.0.1 and a unix socket;
+--server-args adds flags). torch runs --threads threads (default: every
+core this process may use, as the server's workers do). Figures, not a
+test: nothing is asserted but the gradients."""
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+
+SETTINGS = {"224x8": (224, 8), "32x32": (32, 32)}
+
+
+def resnet18():
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10)
+
+
+class Mode:
+    """One way of training: its model (a copy of the same initial one), its
+    optimizer and, offloaded, its client."""
+
+    def __init__(self, name, model, client=None):
+        import torch
+        self.name, self.model, self.client = name, model, client
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        self.times = []
+        self.steps = 0
+
+    def step(self, x, y, autocast):
+        import torch
+        import torch.nn.functional as F
+        self.opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+
+def make_modes(args, model0, tcp, unix):
+    import convgrad
+    import convgrad.torch as ct
+    modes = [Mode("local", copy.deepcopy(model0))]
+    for name, target, shm, overlap in (
+            ("tcp", tcp, False, False),
+            ("unix+shm", unix, "auto", False),
+            ("unix+shm+overlap", unix, "auto", True)):
+        if name not in args.modes:
+            continue
+        client = convgrad.Client(target, shm=shm)
+        model = ct.offload(copy.deepcopy(model0), client, overlap=overlap)
+        modes.append(Mode(name, model, client))
+    return modes
+
+
+def check_gradients(modes, x, y, autocast, tol):
+    """One step's gradients of every mode against local's."""
+    grads = []
+    for m in modes:
+        m.opt.zero_grad()
+        m.step(x, y, autocast)
+        grads.append({k: p.grad.clone()
+                      for k, p in m.model.named_parameters()})
+    worst = []
+    for m, g in zip(modes[1:], grads[1:]):
+        err, where = 0.0, ""
+        for k, ref in grads[0].items():
+            scale = max(ref.abs().max().item(), 1e-30)
+            e = (g[k].double() - ref.double()).abs().max().item() / scale
+            if e > err:
+                err, where = e, k
+        worst.append((m.name, err, where))
+    line = ", ".join("%s %.1e (%s)" % w for w in worst)
+    bad = tol is not None and any(e > tol for _, e, _ in worst)
+    print("  gradients of one step against local, max relative to each "
+          "tensor's largest: %s%s" % (line, "  FAIL" if bad else ""))
+    return not bad
+
+
+def bench_train(args, tcp, unix):
+    import torch
+    ok = True
+    for setting in args.settings:
+        hw, batch = SETTINGS[setting]
+        for dtype in args.dtypes:
+            autocast = dtype == "bf16"
+            torch.manual_seed(0)
+            model0 = resnet18()
+            g = torch.Generator().manual_seed(1)
+            batches = [(torch.randn(batch, 3, hw, hw, generator=g),
+                        torch.randint(0, 10, (batch,), generator=g))
+                       for _ in range(4)]
+            print("resnet18 %dx%d batch %d %s%s, torch %d threads" % (
+                hw, hw, batch, dtype, " (autocast)" if autocast else "",
+                torch.get_num_threads()))
+            modes = make_modes(args, model0, tcp, unix)
+            ok &= check_gradients(modes, *batches[0], autocast,
+                                  1e-5 if dtype == "f32" else None)
+            for m in modes:
+                for i in range(args.warmup):
+                    m.step(*batches[i % 4], autocast)
+                if m.client:
+                    m.client.stats(reset=True)
+            for r in range(args.rounds):
+                order = modes[r % len(modes):] + modes[:r % len(modes)]
+                for m in order:
+                    t = []
+                    for i in range(args.steps):
+                        t0 = time.perf_counter()
+                        m.step(*batches[i % 4], autocast)
+                        t.append(time.perf_counter() - t0)
+                    m.times.append(statistics.median(t) * 1e3)
+                    m.steps += args.steps
+            local = statistics.median(modes[0].times)
+            print("  %-18s %9s %7s %6s %9s %9s %11s %10s" % (
+                "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
+                "compute ms", "arena MB"))
+            for m in modes:
+                ms = statistics.median(m.times)
+                line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ms / local)
+                if m.client:
+                    s = m.client.stats()
+                    n = m.steps
+                    line += " %6.0f %9.1f %9.1f %11.1f %10.0f" % (
+                        s["calls"] / n, s["bytes_sent"] / n / 1e6,
+                        s["bytes_received"] / n / 1e6, s["compute_ms"] / n,
+                        s["arena_bytes"] / 2**20)
+                    m.client.close()
+                print(line + "   (rounds: %s)" % " ".join(
+                    "%.0f" % t for t in m.times), flush=True)
+    return ok
+
+
+def ps_main(rank, port, threads):
+    """The RemoteModule's process: serves RPCs until the trainer is done."""
+    import torch
+    import torch.distributed.rpc as rpc
+    torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc.init_rpc("ps", rank=rank, world_size=2)
+    rpc.shutdown()
+
+
+def bench_layer(args, unix):
+    import socket
+    import torch
+    import torch.distributed.autograd as dist_autograd
+    import torch.distributed.rpc as rpc
+    import torch.multiprocessing as mp
+    import torch.nn as nn
+    from torch.distributed.nn import RemoteModule
+    import convgrad.torch as ct
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    ps = ctx.Process(target=ps_main, args=(1, port, torch.get_num_threads()))
+    ps.start()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    rpc.init_rpc("trainer", rank=0, world_size=2)
+    try:
+        torch.manual_seed(0)
+        conv = nn.Conv2d(64, 64, 3, padding=1)
+        x = torch.randn(8, 64, 56, 56)
+        gy = torch.randn(8, 64, 56, 56)
+        local = copy.deepcopy(conv)
+        offloaded = ct.offload(copy.deepcopy(conv), unix, overlap=False)
+        remote = RemoteModule("ps/cpu", nn.Conv2d, args=(64, 64, 3),
+                              kwargs={"padding": 1})
+
+        def run_local(m):
+            xi = x.clone().requires_grad_()
+            m.zero_grad()
+            m(xi).backward(gy)
+
+        def run_remote():
+            xi = x.clone().requires_grad_()
+            with dist_autograd.context() as cid:
+                y = remote(xi)
+                dist_autograd.backward(cid, [(y * gy).sum()])
+        ways = [("local", lambda: run_local(local)),
+                ("convgrad offload", lambda: run_local(offloaded)),
+                ("RemoteModule", run_remote)]
+        times = {name: [] for name, _ in ways}
+        for _, fn in ways:
+            for _ in range(args.warmup):
+                fn()
+        for r in range(args.rounds):
+            for name, fn in ways[r % 3:] + ways[:r % 3]:
+                t = []
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    fn()
+                    t.append(time.perf_counter() - t0)
+                times[name].append(statistics.median(t) * 1e3)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print("one layer: 3x3 64->64 56x56 batch 8 f32, forward + backward, "
+              "torch %d threads" % torch.get_num_threads())
+        for name, _ in ways:
+            print("  %-18s %8.1f ms/step  %5.2fx local  %5.2fx RemoteModule"
+                  "   (rounds: %s)" % (
+                      name, med[name], med[name] / med["local"],
+                      med[name] / med["RemoteModule"],
+                      " ".join("%.1f" % t for t in times[name])))
+        offloaded._convgrad_client.close()
+    finally:
+        rpc.shutdown()
+        ps.join()
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS),
+                    choices=list(SETTINGS))
+    ap.add_argument("--dtypes", nargs="+", default=["f32", "bf16"],
+                    choices=["f32", "bf16"])
+    ap.add_argument("--modes", nargs="+",
+                    default=["tcp", "unix+shm", "unix+shm+overlap"],
+                    help="offload modes beside local")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3,
+                    help="timed steps per mode and round")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--server-args", default="",
+                    help="extra convgrad-server flags, space-separated")
+    ap.add_argument("--only", choices=("train", "layer"))
+    args = ap.parse_args()
+    os.environ.setdefault("CONVGRAD_LIBRARY", os.path.join(
+        args.build, "client", "libcgclient.so"))
+    import torch
+    import convgrad
+    import cgtest
+    torch.set_num_threads(args.threads)
+    d = tempfile.mkdtemp(prefix="cg-bench-train-")
+    sock = os.path.join(d, "server.sock")
+    server = cgtest.Server(os.path.join(args.build, "server",
+                                        "convgrad-server"),
+                           listen="127.0.0.1:0,unix:" + sock, workers=None,
+                           extra=args.server_args.split())
+    ok = True
+    try:
+        info = convgrad.Client(server.target).info()
+        print("server: isa %s, %d workers x %d threads (%s), cpus %s; "
+              "client: torch %s, %d threads" % (
+                  info["cpu_isa"], info["workers"],
+                  info["threads_per_worker"], info["threads_policy"],
+                  info["cpus"], torch.__version__, torch.get_num_threads()),
+              flush=True)
+        if args.only != "layer":
+            ok = bench_train(args, server.target, "unix:" + sock)
+        if args.only != "train":
+            bench_layer(args, "unix:" + sock)
+    finally:
+        server.stop()
+        os.rmdir(d) if not os.listdir(d) else None
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
