@@ -1,19 +1,11 @@
 #!/usr/bin/python3
-"""bench_python.py - what the Python package costs over the C client.
-
-  calls   the package's call time against `convgrad bench` (libcgclient
-          driven from C) on the ResNet rows of problems.txt: for each row
-          and op, rounds that alternate which of the two runs first, each
-          round --requests timed calls after --warmup untimed ones, one
-          result buffer reused (out=, as `convgrad bench` does). Prints the
-          median over rounds of each side's p50 and their ratio.
-  step    one training step of examples/train_digits.py's model in one
-          process (no DDP), offloaded against local autograd, the offloaded
-          step split into the server's compute and queue, transfer (the
-          rest of libcgclient's call time: upload, download, the server's
-          decode and encode) and Python (convgrad.torch's backward around
-          its calls, ctypes marshalling), on the critical path: a layer's
-          two calls overlap, the longer one counts.
+"""bench_python.py - what the Python package costs over the C client:
+the package's call time against `convgrad bench` (libcgclient driven from
+C) on the ResNet rows of problems.txt: for each row and op, rounds that
+alternate which of the two runs first, each round --requests timed calls
+after --warmup untimed ones, one result buffer reused (out=, as `convgrad
+bench` does). Prints the median over rounds of each side's p50 and their
+ratio. (An offloaded training step: bench_train.py.)
 
     CONVGRAD_LIBRARY=build/client/libcgclient.so \\
       /usr/bin/python3 tests/bench/bench_python.py --build build
@@ -32,7 +24,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
-sys.path.insert(0, os.path.join(ROOT, "client", "python", "examples"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import numpy as np  # noqa: E402
@@ -158,97 +149,6 @@ def bench_calls(args, target):
     client.close()
 
 
-def bench_step(args, target):
-    import torch
-    import torch.nn.functional as F
-    import convgrad.torch as ct
-    import train_digits as td
-
-    torch.set_num_threads(1)
-    (xtr, ytr), _ = td.load_data()
-    torch.manual_seed(1)
-    batches = [torch.randperm(len(ytr))[:args.batch]
-               for _ in range(args.steps + args.warmup)]
-
-    # Per call: the wall time in Python and libcgclient's result.
-    calls = []
-    orig_op = convgrad.Client._op
-
-    def timed_op(self, op, a, b, out, attrs):
-        t0 = time.perf_counter()
-        r, res = orig_op(self, op, a, b, out, dict(attrs, with_result=True))
-        calls.append(((time.perf_counter() - t0) * 1e3, res))
-        return r
-    # Per offloaded backward: its wall time and the calls it made.
-    layers = []
-    orig_bwd = ct._ConvFunction.backward
-
-    def timed_bwd(ctx, gy):
-        first = len(calls)
-        t0 = time.perf_counter()
-        r = orig_bwd(ctx, gy)
-        layers.append(((time.perf_counter() - t0) * 1e3, calls[first:]))
-        return r
-
-    def run(offload):
-        torch.manual_seed(1)
-        model = td.Net()
-        if offload:
-            ct.offload(model, target)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        walls = []
-        split = []
-        for i, idx in enumerate(batches):
-            x, y = xtr[idx], ytr[idx]
-            del calls[:], layers[:]
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            logits, recon = model(x)
-            loss = F.cross_entropy(logits, y) + 0.1 * F.mse_loss(recon, x)
-            loss.backward()
-            opt.step()
-            wall = (time.perf_counter() - t0) * 1e3
-            if i < args.warmup:
-                continue
-            walls.append(wall)
-            if offload:
-                comp = queue = xfer = py = 0.0
-                for lw, lc in layers:
-                    # The layer waits for its longest call.
-                    cw, res = max(lc, key=lambda c: c[1].total_ms)
-                    comp += res.compute_ms
-                    queue += res.queue_ms
-                    xfer += res.total_ms - res.compute_ms - res.queue_ms
-                    py += lw - res.total_ms
-                split.append((wall, comp, queue, xfer, py,
-                              wall - sum(lw for lw, _ in layers),
-                              len(calls)))
-        return walls, split
-
-    convgrad.Client._op = timed_op
-    ct._ConvFunction.backward = staticmethod(timed_bwd)
-    try:
-        local, _ = run(False)
-        offl, split = run(True)
-    finally:
-        convgrad.Client._op = orig_op
-        ct._ConvFunction.backward = orig_bwd
-    med = [statistics.median(s[k] for s in split) for k in range(7)]
-    print("step: train_digits.Net, batch %d, one process, torch 1 thread, "
-          "median of %d steps (ms)" % (args.batch, args.steps))
-    print("  local autograd      %8.2f" % statistics.median(local))
-    print("  offloaded           %8.2f  (%d calls)" % (
-        statistics.median(offl), med[6]))
-    print("    server compute    %8.2f" % med[1])
-    print("    server queue      %8.2f" % med[2])
-    print("    transfer          %8.2f  (libcgclient call time - compute "
-          "- queue)" % med[3])
-    print("    Python            %8.2f  (offloaded backward - its longest "
-          "call)" % med[4])
-    print("    rest of the step  %8.2f  (forward, loss, other backward, "
-          "optimizer)" % med[5])
-
-
 def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -261,9 +161,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--batch", type=int, default=24)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--only", choices=("calls", "step"))
     args = ap.parse_args()
     args.cli = os.path.join(args.build, "client", "convgrad")
     os.environ.setdefault("CONVGRAD_LIBRARY", os.path.join(
@@ -282,10 +179,7 @@ def main():
         print("server %s: isa %s, %d workers x %d threads, cpus %s" % (
             target, info["cpu_isa"], info.get("workers", 0),
             info.get("threads_per_worker", 0), info["cpus"]))
-        if args.only != "step":
-            bench_calls(args, target)
-        if args.only != "calls":
-            bench_step(args, target)
+        bench_calls(args, target)
     finally:
         if server:
             server.stop()

@@ -8,11 +8,14 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          rounds that rotate their order: local autograd; offload over TCP
          loopback (bytes on the wire: shm=False); offload over the unix
          socket with shared-memory regions, with and without overlap.
-         Prints per mode the median ms/step and its ratio to local's
-         median, and per step the calls, bytes up and down, and the
-         server's compute. Before timing, one step from equal weights in
-         every mode: each parameter gradient against local's, relative to
-         its largest value (f32 must be within 1e-5).
+         Prints per mode the median over rounds of ms/step and of its
+         ratio to local's in the same round, and per step the calls,
+         bytes up and down, the server's compute and the arena's size;
+         then the local convolutions' backward per step (the part an
+         offloaded step replaces: torch's profiler). Before timing, one
+         step from equal weights in every mode: each parameter gradient
+         against local's, relative to its largest value (f32 must be
+         within 1e-5).
   layer  one 3x3 64->64 conv on 56x56 at batch 8, forward and backward
          (input and weight gradients), three ways interleaved: local
          torch, convgrad offload (unix socket and regions), and a
@@ -50,11 +53,13 @@ def resnet18():
 
 class Mode:
     """One way of training: its model (a copy of the same initial one), its
-    optimizer and, offloaded, its client."""
+    optimizer, the torch threads it runs with and, offloaded, its
+    client."""
 
-    def __init__(self, name, model, client=None):
+    def __init__(self, name, model, threads, client=None):
         import torch
         self.name, self.model, self.client = name, model, client
+        self.threads = threads
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.times = []
         self.steps = 0
@@ -62,6 +67,7 @@ class Mode:
     def step(self, x, y, autocast):
         import torch
         import torch.nn.functional as F
+        torch.set_num_threads(self.threads)
         self.opt.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = F.cross_entropy(self.model(x), y)
@@ -73,7 +79,7 @@ class Mode:
 def make_modes(args, model0, tcp, unix):
     import convgrad
     import convgrad.torch as ct
-    modes = [Mode("local", copy.deepcopy(model0))]
+    modes = [Mode("local", copy.deepcopy(model0), args.threads)]
     for name, target, shm, overlap in (
             ("tcp", tcp, False, False),
             ("unix+shm", unix, "auto", False),
@@ -82,8 +88,20 @@ def make_modes(args, model0, tcp, unix):
             continue
         client = convgrad.Client(target, shm=shm)
         model = ct.offload(copy.deepcopy(model0), client, overlap=overlap)
-        modes.append(Mode(name, model, client))
+        modes.append(Mode(name, model, args.offload_threads, client))
     return modes
+
+
+def conv_backward_ms(mode, batches, autocast, steps):
+    """The local convolutions' backward per step, by torch's autograd
+    profiler: the aten::convolution_backward ops' wall time."""
+    import torch
+    with torch.autograd.profiler.profile() as prof:
+        for i in range(steps):
+            mode.step(*batches[i % len(batches)], autocast)
+    us = sum(e.cpu_time_total for e in prof.function_events
+             if e.name == "aten::convolution_backward")
+    return us / 1e3 / steps
 
 
 def check_gradients(modes, x, y, autocast, tol):
@@ -123,9 +141,10 @@ def bench_train(args, tcp, unix):
             batches = [(torch.randn(batch, 3, hw, hw, generator=g),
                         torch.randint(0, 10, (batch,), generator=g))
                        for _ in range(4)]
-            print("resnet18 %dx%d batch %d %s%s, torch %d threads" % (
-                hw, hw, batch, dtype, " (autocast)" if autocast else "",
-                torch.get_num_threads()))
+            print("resnet18 %dx%d batch %d %s%s, torch %d threads (%d "
+                  "offloaded)" % (hw, hw, batch, dtype,
+                                  " (autocast)" if autocast else "",
+                                  args.threads, args.offload_threads))
             modes = make_modes(args, model0, tcp, unix)
             ok &= check_gradients(modes, *batches[0], autocast,
                                   1e-5 if dtype == "f32" else None)
@@ -144,13 +163,19 @@ def bench_train(args, tcp, unix):
                         t.append(time.perf_counter() - t0)
                     m.times.append(statistics.median(t) * 1e3)
                     m.steps += args.steps
-            local = statistics.median(modes[0].times)
+            # Each round's ratio to local's time in the same round: the
+            # machine's load moves both.
+            ratio = {m.name: statistics.median(
+                t / l for t, l in zip(m.times, modes[0].times))
+                for m in modes}
+            conv_ms = conv_backward_ms(modes[0], batches, autocast,
+                                       args.steps)
             print("  %-18s %9s %7s %6s %9s %9s %11s %10s" % (
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
                 "compute ms", "arena MB"))
             for m in modes:
                 ms = statistics.median(m.times)
-                line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ms / local)
+                line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
                 if m.client:
                     s = m.client.stats()
                     n = m.steps
@@ -161,6 +186,8 @@ def bench_train(args, tcp, unix):
                     m.client.close()
                 print(line + "   (rounds: %s)" % " ".join(
                     "%.0f" % t for t in m.times), flush=True)
+            print("  local convolution backward: %.1f ms/step (the part an "
+                  "offloaded step replaces)" % conv_ms, flush=True)
     return ok
 
 
@@ -255,15 +282,23 @@ def main():
     ap.add_argument("--modes", nargs="+",
                     default=["tcp", "unix+shm", "unix+shm+overlap"],
                     help="offload modes beside local")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=3,
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--threads", type=int,
+                    default=len(os.sched_getaffinity(0)),
+                    help="torch threads (default: the cores this process "
+                    "may use)")
+    ap.add_argument("--offload-threads", type=int,
+                    help="torch threads of the offloaded modes (default: "
+                    "--threads)")
     ap.add_argument("--server-args", default="",
                     help="extra convgrad-server flags, space-separated")
     ap.add_argument("--only", choices=("train", "layer"))
     args = ap.parse_args()
+    if args.offload_threads is None:
+        args.offload_threads = args.threads
     os.environ.setdefault("CONVGRAD_LIBRARY", os.path.join(
         args.build, "client", "libcgclient.so"))
     import torch

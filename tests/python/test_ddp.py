@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """test_ddp.py - convgrad.torch.offload() under DistributedDataParallel
 (gloo, 2 processes) against a real convgrad-server: each rank trains the
-offloaded model on its half of every batch, with gradient accumulation
-over two micro-batches (the first under no_sync), and the final weights
-must match one local process training on the whole batches with plain
-autograd.
+offloaded model (shared-memory regions, the server being on loopback;
+overlap asked for, which offload must turn off under DDP) on its half of
+every batch, with gradient accumulation over two micro-batches (the first
+under no_sync), and the final weights must match one local process
+training on the whole batches with plain autograd.
 
 Usage: test_ddp.py --server PATH (with CONVGRAD_LIBRARY set)."""
 import os
@@ -64,7 +65,9 @@ def train(model, batches, micro):
 def worker(rank, target, init_file, out_dir):
     dist.init_process_group("gloo", init_method="file://" + init_file,
                             rank=rank, world_size=WORLD)
-    model = ct.offload(make_model(), target)
+    # overlap asked for: offload turns it off under torch.distributed, or
+    # the reducer would wait for gradients that never pass its hooks
+    model = ct.offload(make_model(), target, overlap=True)
     ddp = DistributedDataParallel(model)
     shards = [(x.chunk(WORLD)[rank], y.chunk(WORLD)[rank])
               for x, y in data()]

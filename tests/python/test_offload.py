@@ -312,10 +312,10 @@ class Regions(unittest.TestCase):
                           if n.startswith("convgrad-%d-" % os.getpid())])
 
     def test_overlap_defers_weight_gradients(self):
-        # With overlap, grad_input reaches the network's input while the
-        # weight gradient of t2 (whose backward ran first) is still on its
-        # way, settled at the end of the pass; without, t2's AccumulateGrad
-        # ran right after its backward. The gradients are the same.
+        # With overlap, t2's grad_input goes on through autograd while its
+        # weight gradient is still on its way (settled when a later layer
+        # defers, or at the end of the pass); without, t2's AccumulateGrad
+        # ran before anything below t2. The gradients are the same.
         for overlap in (True, False):
             with self.subTest(overlap=overlap):
                 local, remote = models(overlap=overlap)
@@ -323,8 +323,11 @@ class Regions(unittest.TestCase):
                 client.stats(reset=True)
                 xl, xr = inputs(), inputs()
                 seen = []
-                xr[1].register_hook(
-                    lambda g: seen.append(remote.t2.weight.grad is None))
+
+                def watch(m, inp):
+                    inp[0].register_hook(
+                        lambda g: seen.append(m.weight.grad is None))
+                remote.t2.register_forward_pre_hook(watch)
                 loss_of(local(*xl)).backward()
                 loss_of(remote(*xr)).backward()
                 self.assertEqual(seen, [overlap])
@@ -338,7 +341,9 @@ class Regions(unittest.TestCase):
         compare_grads(self, local, remote, xl, xr, 1e-5)
 
     def test_autograd_grad_and_backward_inputs(self):
-        local, remote = models()
+        # overlap asked for, and not used where the gradients must come
+        # back from the layers' backward
+        local, remote = models(overlap=True)
         xl, xr = inputs(), inputs()
         gl = torch.autograd.grad(loss_of(local(*xl)),
                                  [local.c2a.weight, xl[1]])

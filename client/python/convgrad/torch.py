@@ -218,6 +218,9 @@ class _Layer:
         self.given.add(name)
         return t
 
+    def done(self):
+        return all(f.done() for f in self.futures)
+
     def result(self):
         try:
             for f in self.futures:
@@ -246,7 +249,8 @@ def _may_defer(m):
     when a parameter is computed (not a leaf) or has hooks of its own, nor
     for torch.autograd.grad, which takes the gradients from what backward
     returns."""
-    if not m._convgrad_overlap:
+    will_execute = getattr(torch._C, "_will_engine_execute_node", None)
+    if not m._convgrad_overlap or will_execute is None:
         return False
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return False
@@ -260,7 +264,7 @@ def _may_defer(m):
         try:
             # False: this pass does not accumulate into p.grad (backward
             # with inputs= that leave p out).
-            if not torch._C._will_engine_execute_node(acc):
+            if not will_execute(acc):
                 return False
         except RuntimeError:
             return False  # torch.autograd.grad captures p's gradient
@@ -273,35 +277,46 @@ def _defer(layer):
         d = _local.deferred = _Deferred()
         Variable._execution_engine.queue_callback(
             functools.partial(_settle, d))
+    # Layers whose calls have ended are settled now: their slots in the
+    # arena (inputs held until the calls end) go back to it while the pass
+    # goes on, instead of the whole pass's piling up.
+    ended = [x for x in d if x.done()]
+    for x in ended:
+        d.remove(x)
+        _accumulate(x)
     d.append(layer)
 
 
+def _accumulate(layer):
+    """Waits for layer's calls and adds its weight and bias gradients as
+    AccumulateGrad would: the first becomes .grad, later ones are
+    added."""
+    grads = layer.result()
+    ctx, m = layer.ctx, layer.m
+    with torch.no_grad():
+        for name, p, t in (("diff_weights", m.weight, ctx.dtypes[1]),
+                           ("diff_bias", m.bias, ctx.dtypes[2])):
+            g = grads.get(name)
+            if g is None:
+                continue
+            g = g.to(t)
+            if p.grad is None:
+                p.grad = g
+            else:
+                p.grad += g
+
+
 def _settle(deferred):
-    """The end-of-backward callback: waits for every deferred layer's call
-    and accumulates its weight and bias gradients as AccumulateGrad would
-    (the first gradient becomes .grad, later ones are added), before
-    backward() returns. The first failure is raised once all are
+    """The end-of-backward callback: settles every layer still deferred,
+    before backward() returns. The first failure is raised once all are
     settled."""
     deferred.settled = True
     error = None
     for layer in deferred:
         try:
-            grads = layer.result()
+            _accumulate(layer)
         except Exception as e:  # every call is collected before raising
             error = error or e
-            continue
-        ctx, m = layer.ctx, layer.m
-        with torch.no_grad():
-            for name, p, t in (("diff_weights", m.weight, ctx.dtypes[1]),
-                               ("diff_bias", m.bias, ctx.dtypes[2])):
-                g = grads.get(name)
-                if g is None:
-                    continue
-                g = g.to(t)
-                if p.grad is None:
-                    p.grad = g
-                else:
-                    p.grad += g
     deferred.clear()
     if error is not None:
         raise error
@@ -349,7 +364,7 @@ for _base in _TRANSPOSED:
 _ORIGINAL = {v: k for k, v in _CLASSES.items()}
 
 
-def offload(model, target, overlap=True, **options):
+def offload(model, target, overlap=False, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
