@@ -422,7 +422,7 @@ class Arena(unittest.TestCase):
         with convgrad.Client(SERVER.target, shm=True, shm_bytes=64 << 20) as c:
             got, res = c.conv_backward(x, dy, w, with_result=True, **a)
             self.assertEqual((res.bytes_sent, res.bytes_received), (0, 0))
-            self.assertEqual(c.stats()["arena_bytes"], 64 << 20)
+            self.assertTrue(0 < c.stats()["arena_bytes"] <= 64 << 20)
             dx, res = c.conv_backward_data(dy, w, dst_shape=list(x.shape),
                                            with_result=True, **a)
             self.assertEqual(res.bytes_sent, 0)
