@@ -4,22 +4,22 @@ well-formed Compute requests in fuzz_request.c's input format (each
 message a little-endian u16 length and a serialized ComputeRequest), one
 per kind of request the server takes, and a few that it must refuse.
 
-Usage: /usr/bin/python3 tests/fuzz/make_corpus.py --proto proto --out tests/fuzz/corpus
-(needs protoc and python3-protobuf). The files are committed; rerun this
+Usage: /usr/bin/python3 tests/fuzz/make_corpus.py --package build/python --out tests/fuzz/corpus
+(the Python package of a build, for its convgrad.v1 messages generated
+from proto/; needs python3-protobuf). The files are committed; rerun this
 after changing the schema and commit what changes."""
 import argparse
 import os
 import struct
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "server"))
+from test_server_python import use_package_v1  # noqa: E402
 
 
-def stubs(proto_dir):
-    out = tempfile.mkdtemp(prefix="cg-corpus-")
-    subprocess.run(["protoc", "-I" + proto_dir, "--python_out=" + out,
-                    "convgrad/v1/convgrad.proto"], check=True)
-    sys.path.insert(0, out)
+def stubs(python_dir):
+    use_package_v1(python_dir)
     from convgrad.v1 import convgrad_pb2
     return convgrad_pb2
 
@@ -35,10 +35,10 @@ def frame(msgs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--proto", required=True)
+    ap.add_argument("--package", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    pb = stubs(args.proto)
+    pb = stubs(args.package)
     size = {pb.F32: 4, pb.BF16: 2, pb.F16: 2, pb.S32: 4, pb.S64: 8}
 
     def count(shape):

@@ -1,12 +1,14 @@
 #!/usr/bin/python3
 """test_server_python.py - a client generated from proto/ alone by a standard
-toolchain (Python grpcio, stubs made here with grpc_tools or protoc +
-grpc_python_plugin) talks to a real convgrad-server: health Check and Watch,
+toolchain (Python grpcio: the convgrad.v1 stubs the build made with protoc +
+grpc_python_plugin for the Python package, the health stubs made here)
+talks to a real convgrad-server: health Check and Watch,
 GetServerInfo, ConvolutionBackwardData against a numpy reference with the
 request and the response both chunked, ConvolutionBackward's several
 outputs framed as the proto says, and error statuses. Exits 77 (ctest
 skip) when no stub generator is installed."""
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -19,11 +21,11 @@ import numpy as np
 
 
 def generate_stubs(proto_dir, out_dir):
-    """convgrad.v1 as convgrad/v1/*_pb2*.py; the health proto as top-level
-    health_pb2*.py, because a package named grpc would shadow grpcio."""
+    """The health proto's stubs as top-level health_pb2*.py (a package
+    named grpc would shadow grpcio). convgrad.v1's come with the built
+    Python package (use_package_v1)."""
     os.makedirs(out_dir, exist_ok=True)
-    jobs = [(proto_dir, "convgrad/v1/convgrad.proto"),
-            (os.path.join(proto_dir, "grpc/health/v1"), "health.proto")]
+    include = os.path.join(proto_dir, "grpc/health/v1")
     try:
         from grpc_tools import protoc  # noqa: F401
         base = [sys.executable, "-m", "grpc_tools.protoc"]
@@ -34,12 +36,23 @@ def generate_stubs(proto_dir, out_dir):
             return False
         base = ["protoc"]
         plugin = ["--plugin=protoc-gen-grpc=" + plugin_path]
-    for include, proto in jobs:
-        subprocess.run(base + plugin + ["-I" + include,
-                                        "--python_out=" + out_dir,
-                                        "--grpc_out=" + out_dir, proto],
-                       check=True, cwd=include)
+    subprocess.run(base + plugin + ["-I" + include, "--python_out=" + out_dir,
+                                    "--grpc_out=" + out_dir, "health.proto"],
+                   check=True, cwd=include)
     return True
+
+
+def use_package_v1(python_dir):
+    """Makes `convgrad.v1` the one the build generated from proto/ into the
+    Python package (python_dir/convgrad/v1, what the packages ship),
+    without running the package's __init__: that loads libcgclient, which a
+    server-only build lacks and the sanitizer builds instrument, and the
+    ctypes client is not what these tests exercise. Registered in
+    sys.modules, so an installed convgrad cannot shadow it either."""
+    spec = importlib.util.spec_from_loader("convgrad", None, is_package=True)
+    pkg = importlib.util.module_from_spec(spec)
+    pkg.__path__ = [os.path.join(python_dir, "convgrad")]
+    sys.modules["convgrad"] = pkg
 
 
 def common_args(description):
@@ -53,14 +66,16 @@ def common_args(description):
 
 
 def prepare_stubs(proto_dir, workdir, prefix):
-    """Generates the stubs (into workdir, or a new temporary directory) and
-    puts them on sys.path; returns the directory, or None when there is no
-    stub generator."""
+    """Generates the health stubs (into workdir, or a new temporary
+    directory) and puts them on sys.path, and takes convgrad.v1 from the
+    built package in $CG_PYTHON_DIR (ctest sets it); returns the
+    directory, or None when there is no stub generator."""
     out = workdir or tempfile.mkdtemp(prefix=prefix)
     if not generate_stubs(proto_dir, out):
         print("no grpc_tools and no protoc + grpc_python_plugin: skipped")
         return None
     sys.path.insert(0, out)
+    use_package_v1(os.environ["CG_PYTHON_DIR"])
     return out
 
 
