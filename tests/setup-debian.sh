@@ -4,27 +4,30 @@
 #
 # Usage: tests/setup-debian.sh [--tests]
 #   (none)   the main job: build and serve (server/serve.sh), the C client,
-#            and the Python package's core (python3-numpy)
+#            the Python package's core (python3-numpy), the man pages
+#            (help2man) and the Debian packages (cpack: dpkg-dev, which
+#            build-essential brings, and file)
 #   --tests  adds what only the tests use: torch (convgrad.torch, the
 #            torch_* and python_* groups), sklearn (the digits example),
 #            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
 #            manifests check), prometheus-client (the metrics parser),
 #            clang and its runtimes (the libFuzzer target), openssl (test
-#            certificates). torch alone is ~1 GB installed, so the main
-#            job does not pull it in.
+#            certificates), systemd (systemd-analyze checks the unit).
+#            torch alone is ~1 GB installed, so the main job does not pull
+#            it in.
 set -euo pipefail
 
 main_packages=(
   build-essential cmake pkg-config
   libgrpc-dev protobuf-compiler-grpc libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler libuv1-dev libmicrohttpd-dev libssl-dev libdnnl-dev
-  libcmocka-dev libcjson-dev libsystemd-dev
+  libcmocka-dev libcjson-dev libsystemd-dev help2man file
   python3 python3-numpy
 )
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
   python3-yaml python3-prometheus-client clang-format clang-tidy
-  clang libclang-rt-14-dev openssl
+  clang libclang-rt-14-dev openssl systemd
 )
 
 packages=("${main_packages[@]}")
