@@ -11,7 +11,10 @@
 # decides, and every replica must have served some of its calls), then
 # checks on each replica the image's HEALTHCHECK, the non-root user, that
 # round_robin sent it calls and that SIGTERM drains it to exit 0, and that
-# a one-core cpuset sizes the server to one worker. Tears it all down (the base image
+# a one-core cpuset sizes the server to one worker. Then installs the Debian
+# packages the image build made (cmake/packaging.cmake) into a clean
+# Debian 12 container with systemd and checks README.md's "On a Debian
+# host" there (docker/debian-host.sh). Tears it all down (the base image
 # and the layer cache stay, for the next run). Exits 0 only if every step
 # passed.
 #
@@ -31,6 +34,10 @@
 #   CONVGRAD_PROMETHEUS_IMAGE  Prometheus image tag (default
 #                         convgrad-prometheus:latest)
 #   CONVGRAD_TRAINER_TIMEOUT  seconds the trainer may take (default 300)
+#   CONVGRAD_HOST_IMAGE   Debian host image with systemd (default
+#                         convgrad-debian-host:latest)
+#   CONVGRAD_APT_CACHE    apt's archives and lists for the Debian-host check,
+#                         kept between runs (default /var/cache/convgrad-test-apt)
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,6 +48,7 @@ export CONVGRAD_IMAGE=${CONVGRAD_IMAGE:-convgrad:latest}
 export CONVGRAD_REPLICAS=${CONVGRAD_REPLICAS:-2}
 export CONVGRAD_TRAINER_IMAGE=${CONVGRAD_TRAINER_IMAGE:-convgrad-trainer:latest}
 export CONVGRAD_PROMETHEUS_IMAGE=${CONVGRAD_PROMETHEUS_IMAGE:-convgrad-prometheus:latest}
+CONVGRAD_HOST_IMAGE=${CONVGRAD_HOST_IMAGE:-convgrad-debian-host:latest}
 trainer=${CONVGRAD_TEST_TRAINER:-1}
 trainer_timeout=${CONVGRAD_TRAINER_TIMEOUT:-300}
 export BASE_IMAGE=$base_image
@@ -107,14 +115,15 @@ compose() {
 # Removes everything of compose project $1.
 remove_project() {
   podman-compose -p "$1" -f "$compose_file" down >/dev/null 2>&1
-  podman rm -f -t 1 "${1}_cpuset" "${1}_trainer" >/dev/null 2>&1
+  podman rm -f -t 1 "${1}_cpuset" "${1}_trainer" "${1}_debian" >/dev/null 2>&1
   podman network rm -f "${1}_default" >/dev/null 2>&1
 }
-rootfs=
+rootfs= debs=
 cleanup() {
   local rc=$?
   set +e
   if [ -n "$rootfs" ]; then rm -rf "$rootfs"; fi
+  if [ -n "$debs" ]; then rm -rf "$debs"; fi
   remove_project "$project"
   if [ "$rc" = 0 ]; then
     log "PASS in $(($(date +%s) - t_start)) s"
@@ -345,3 +354,31 @@ case "$ready" in
   *) die "with --cpuset-cpus 0 the server did not size itself to 1 worker on cpu 0" ;;
 esac
 step_time "checks"
+
+# --- 6. Debian packages on a clean host ------------------------------------------
+# The .deb files of the build stage (cached: no second build), installed
+# by apt-get into a fresh container of the Dockerfile's debian-host stage
+# (the base image with systemd as PID 1), then README.md's "On a Debian
+# host" checked there (docker/debian-host.sh): systemd runs the unit as the
+# package set it up. apt's downloads and lists persist in $apt_cache
+# between runs (the container itself starts clean each time), so a warm
+# run downloads nothing; `rm -rf` it to start cold.
+debs=$(mktemp -d /var/tmp/convgrad-debs.XXXXXX)
+apt_cache=${CONVGRAD_APT_CACHE:-/var/cache/convgrad-test-apt}
+mkdir -p "$apt_cache/archives/partial" "$apt_cache/lists/partial"
+podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+  --target debs --output "type=local,dest=$debs" -f "$here/Dockerfile" "$root" \
+  >/dev/null || die "podman build --target debs failed"
+log "packages: $(cd "$debs" && ls -s --block-size=K ./*.deb | tr '\n' ' ')"
+podman build --format docker --layers --build-arg "BASE_IMAGE=$base_image" \
+  --target debian-host -t "$CONVGRAD_HOST_IMAGE" -f "$here/Dockerfile" "$root" \
+  >/dev/null || die "podman build --target debian-host failed"
+host="${project}_debian"
+podman run -d --systemd=always --name "$host" -v "$debs:/debs:ro" \
+  -v "$apt_cache/archives:/var/cache/apt/archives" \
+  -v "$apt_cache/lists:/var/lib/apt/lists" \
+  -v "$here/debian-host.sh:/debian-host.sh:ro" "$CONVGRAD_HOST_IMAGE" >/dev/null ||
+  die "podman run $CONVGRAD_HOST_IMAGE failed"
+podman exec "$host" bash /debian-host.sh || die "the Debian packages failed on a clean host"
+podman rm -f -t 5 "$host" >/dev/null
+step_time "debian host"

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Usage: install_e2e.sh BUILD_DIR SERVER CC LIBDIR [EXTRA_CFLAGS]
-# Installs BUILD_DIR into a temporary prefix, builds consumer/health.c
+# Installs BUILD_DIR into a temporary prefix, checks that the installed
+# server finds its libraries there, builds consumer/health.c
 # against it once with pkg-config and once with find_package(convgrad),
 # and runs both against a live SERVER on an ephemeral port. EXTRA_CFLAGS
 # (the sanitizer flags of a sanitized build) go to both consumer builds.
@@ -32,6 +33,24 @@ for f in include/cg/problem.h include/cgc/client.h \
          "$libdir/cmake/convgrad/convgradConfigVersion.cmake"; do
   [ -e "$prefix/$f" ] || fail "$f not installed"
 done
+
+# The installed server loads its private libcgkernels from LIBDIR/convgrad
+# (its RUNPATH) and the core beside it, not the build tree's.
+"$prefix/bin/convgrad-server" --version >"$tmp/version.log" 2>&1 ||
+  { cat "$tmp/version.log" >&2; fail "the installed server does not start"; }
+# The file the loader maps for library $1 of the installed server.
+loaded() {
+  f=$(ldd "$prefix/bin/convgrad-server" | sed -n "s/^[[:space:]]*$1[^ ]* => \([^ ]*\) .*/\1/p")
+  [ -n "$f" ] && readlink -f "$f"
+}
+case "$(loaded libcgkernels)" in
+  "$prefix/$libdir/convgrad/"*) ;;
+  *) fail "the installed server does not load $libdir/convgrad/libcgkernels" ;;
+esac
+case "$(loaded libcgcore)" in
+  "$prefix/$libdir/"*) ;;
+  *) fail "the installed server does not load the installed libcgcore" ;;
+esac
 
 # Readiness line: "convgrad-server ready listen=127.0.0.1:PORT ...".
 mkfifo "$tmp/ready"

@@ -5,7 +5,7 @@
 # `systemd-analyze verify` (directives, ExecStart and /bin/kill
 # executable, the man page of Documentation=) must pass, and `systemd-analyze
 # security --offline` must rate its exposure at most MAX_EXPOSURE (default
-# 2.0 of 10; the unit rates 1.6, README.md "On a Debian host"). The unit is
+# 2.0 of 10; the unit rates 1.2, README.md "On a Debian host"). The unit is
 # the installed text, only its prefix differs from the package's. Exits 77
 # (skip) without systemd-analyze (Debian's systemd package).
 set -eu
