@@ -26,6 +26,8 @@
 # packages from the component dependencies, exact versions.
 set(CPACK_PACKAGE_NAME convgrad)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+# The Maintainer field: pass -DCPACK_PACKAGE_CONTACT="Name <address>" for
+# packages that leave this host.
 if(NOT CPACK_PACKAGE_CONTACT)
   set(CPACK_PACKAGE_CONTACT "convgrad developers <convgrad@localhost>")
 endif()
@@ -71,6 +73,9 @@ sandboxed, on 127.0.0.1:50051 and /run/convgrad/convgrad.sock; settings in
 
 set(CPACK_DEBIAN_LIBS_PACKAGE_NAME libcgclient${CG_SOVERSION})
 set(CPACK_DEBIAN_LIBS_PACKAGE_SECTION libs)
+# dpkg's ldconfig trigger (CPack's own postinst and postrm call ldconfig
+# too, which the trigger makes redundant but not wrong).
+set(CPACK_DEBIAN_LIBS_PACKAGE_CONTROL_EXTRA ${deb}/libcgclient/triggers)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_DEBIAN_LIBS_DESCRIPTION
@@ -118,9 +123,27 @@ convgrad.torch.offload, which moves the backward of a PyTorch model's
 convolutions to a convgrad server. convgrad.v1 holds the protobuf and
 grpcio modules of the wire schema, generated from the same build.")
 
+# The Debian changelog a native package carries (Debian policy 12.7): one
+# entry per release, pointing to CHANGELOG.md. Its date is the
+# configuration's, or SOURCE_DATE_EPOCH's for a reproducible build.
+string(TIMESTAMP cg_deb_date "%a, %d %b %Y %H:%M:%S +0000" UTC)
+file(WRITE ${PROJECT_BINARY_DIR}/debian-changelog
+     "convgrad (${PROJECT_VERSION}) stable; urgency=medium\n\n"
+     "  * Release ${PROJECT_VERSION}. What changed for C callers:\n"
+     "    /usr/share/doc/libcgclient-dev/CHANGELOG.md (CHANGELOG.md in the\n"
+     "    source tree).\n\n"
+     " -- ${CPACK_PACKAGE_CONTACT}  ${cg_deb_date}\n")
+find_program(GZIP gzip REQUIRED)
+add_custom_command(
+  OUTPUT ${PROJECT_BINARY_DIR}/changelog.gz
+  COMMAND ${CMAKE_COMMAND} -E copy ${PROJECT_BINARY_DIR}/debian-changelog
+          ${PROJECT_BINARY_DIR}/changelog
+  COMMAND ${GZIP} -9nf ${PROJECT_BINARY_DIR}/changelog
+  DEPENDS ${PROJECT_BINARY_DIR}/debian-changelog VERBATIM)
+add_custom_target(cg_deb_changelog ALL DEPENDS ${PROJECT_BINARY_DIR}/changelog.gz)
 foreach(comp server libs dev cli python)
   string(TOUPPER ${comp} COMP)
-  install(FILES ${deb}/copyright
+  install(FILES ${deb}/copyright ${PROJECT_BINARY_DIR}/changelog.gz
           DESTINATION ${CMAKE_INSTALL_DATAROOTDIR}/doc/${CPACK_DEBIAN_${COMP}_PACKAGE_NAME}
           COMPONENT ${comp})
 endforeach()
