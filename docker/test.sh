@@ -112,10 +112,12 @@ fi
 compose() {
   podman-compose -p "$project" -f "$compose_file" "$@"
 }
-# Removes everything of compose project $1.
+# Removes everything of compose project $1. --ignore: without it podman
+# removes none of the containers when one of them is already gone, and the
+# cpuset replica was left running after every run without a trainer.
 remove_project() {
   podman-compose -p "$1" -f "$compose_file" down >/dev/null 2>&1
-  podman rm -f -t 1 "${1}_cpuset" "${1}_trainer" "${1}_debian" >/dev/null 2>&1
+  podman rm -f -i -t 1 "${1}_cpuset" "${1}_trainer" "${1}_debian" >/dev/null 2>&1
   podman network rm -f "${1}_default" >/dev/null 2>&1
 }
 rootfs= debs=
