@@ -12,7 +12,8 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          ratio to local's in the same round, and per step the calls,
          bytes up and down, the server's compute and the arena's size;
          then the local convolutions' backward per step (the part an
-         offloaded step replaces: torch's profiler). Before timing, one
+         offloaded step replaces: each conv's aten::convolution_backward
+         on tensors of its shapes). Before timing, one
          step from equal weights in every mode: each parameter gradient
          against local's, relative to its largest value (f32 must be
          within 1e-5).
@@ -76,15 +77,17 @@ class Mode:
         return loss.item()
 
 
-def make_modes(args, model0, tcp, unix):
+def make_modes(args, model0, tcp, unix, alt):
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
     for name, target, shm, overlap in (
             ("tcp", tcp, False, False),
             ("unix+shm", unix, "auto", False),
-            ("unix+shm+overlap", unix, "auto", True)):
-        if name not in args.modes:
+            ("unix+shm+overlap", unix, "auto", True),
+            ("alt:unix+shm", alt, "auto", False),
+            ("alt:unix+shm+overlap", alt, "auto", True)):
+        if name not in args.modes or not target:
             continue
         client = convgrad.Client(target, shm=shm)
         model = ct.offload(copy.deepcopy(model0), client, overlap=overlap)
@@ -92,16 +95,37 @@ def make_modes(args, model0, tcp, unix):
     return modes
 
 
-def conv_backward_ms(mode, batches, autocast, steps):
-    """The local convolutions' backward per step, by torch's autograd
-    profiler: the aten::convolution_backward ops' wall time."""
+def conv_backward_ms(model, x, autocast, reps=5):
+    """The local convolutions' backward of one step: each conv's
+    torch.ops.aten.convolution_backward on tensors of its shapes (in bf16
+    under autocast), the median of reps runs, summed over the convs. (The
+    autograd profiler slows these ops down several times.)"""
     import torch
-    with torch.autograd.profiler.profile() as prof:
-        for i in range(steps):
-            mode.step(*batches[i % len(batches)], autocast)
-    us = sum(e.cpu_time_total for e in prof.function_events
-             if e.name == "aten::convolution_backward")
-    return us / 1e3 / steps
+    import torch.nn as nn
+    dt = torch.bfloat16 if autocast else torch.float32
+    convs = []
+
+    def hook(m, inp, out):
+        convs.append((m, inp[0].shape, out.shape, inp[0].requires_grad))
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, nn.Conv2d)]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        model(x)
+    for h in handles:
+        h.remove()
+    total = 0.0
+    for m, xs, ys, need_x in convs:
+        args = (torch.randn(ys).to(dt), torch.randn(xs).to(dt),
+                m.weight.detach().to(dt), [0], m.stride, m.padding,
+                m.dilation, False, [0] * len(m.stride), m.groups,
+                [need_x, True, m.bias is not None])
+        t = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            torch.ops.aten.convolution_backward(*args)
+            t.append(time.perf_counter() - t0)
+        total += statistics.median(t[1:])
+    return total * 1e3
 
 
 def check_gradients(modes, x, y, autocast, tol):
@@ -128,7 +152,7 @@ def check_gradients(modes, x, y, autocast, tol):
     return not bad
 
 
-def bench_train(args, tcp, unix):
+def bench_train(args, tcp, unix, alt):
     import torch
     ok = True
     for setting in args.settings:
@@ -145,7 +169,7 @@ def bench_train(args, tcp, unix):
                   "offloaded)" % (hw, hw, batch, dtype,
                                   " (autocast)" if autocast else "",
                                   args.threads, args.offload_threads))
-            modes = make_modes(args, model0, tcp, unix)
+            modes = make_modes(args, model0, tcp, unix, alt)
             ok &= check_gradients(modes, *batches[0], autocast,
                                   1e-5 if dtype == "f32" else None)
             for m in modes:
@@ -168,8 +192,9 @@ def bench_train(args, tcp, unix):
             ratio = {m.name: statistics.median(
                 t / l for t, l in zip(m.times, modes[0].times))
                 for m in modes}
-            conv_ms = conv_backward_ms(modes[0], batches, autocast,
-                                       args.steps)
+            torch.set_num_threads(args.threads)
+            conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
+                                       autocast)
             print("  %-18s %9s %7s %6s %9s %9s %11s %10s" % (
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
                 "compute ms", "arena MB"))
@@ -187,7 +212,8 @@ def bench_train(args, tcp, unix):
                 print(line + "   (rounds: %s)" % " ".join(
                     "%.0f" % t for t in m.times), flush=True)
             print("  local convolution backward: %.1f ms/step (the part an "
-                  "offloaded step replaces)" % conv_ms, flush=True)
+                  "offloaded step replaces; aten::convolution_backward of "
+                  "each conv's shapes)" % conv_ms, flush=True)
     return ok
 
 
@@ -281,7 +307,9 @@ def main():
                     choices=["f32", "bf16"])
     ap.add_argument("--modes", nargs="+",
                     default=["tcp", "unix+shm", "unix+shm+overlap"],
-                    help="offload modes beside local")
+                    help="offload modes beside local; alt:unix+shm and "
+                    "alt:unix+shm+overlap use a second server started with "
+                    "--alt-server-args")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
@@ -295,6 +323,9 @@ def main():
                     "--threads)")
     ap.add_argument("--server-args", default="",
                     help="extra convgrad-server flags, space-separated")
+    ap.add_argument("--alt-server-args",
+                    help="flags of a second server, for the alt: modes "
+                    "(e.g. '--workers 1 --threads-per-worker 2')")
     ap.add_argument("--only", choices=("train", "layer"))
     args = ap.parse_args()
     if args.offload_threads is None:
@@ -311,6 +342,12 @@ def main():
                                         "convgrad-server"),
                            listen="127.0.0.1:0,unix:" + sock, workers=None,
                            extra=args.server_args.split())
+    alt = None
+    if args.alt_server_args is not None:
+        alt = cgtest.Server(os.path.join(args.build, "server",
+                                         "convgrad-server"),
+                            listen="unix:" + sock + ".alt", workers=None,
+                            extra=args.alt_server_args.split())
     ok = True
     try:
         info = convgrad.Client(server.target).info()
@@ -320,12 +357,17 @@ def main():
                   info["threads_per_worker"], info["threads_policy"],
                   info["cpus"], torch.__version__, torch.get_num_threads()),
               flush=True)
+        if alt:
+            print("alt server: %s" % args.alt_server_args)
         if args.only != "layer":
-            ok = bench_train(args, server.target, "unix:" + sock)
+            ok = bench_train(args, server.target, "unix:" + sock,
+                             alt and "unix:" + sock + ".alt")
         if args.only != "train":
             bench_layer(args, "unix:" + sock)
     finally:
         server.stop()
+        if alt:
+            alt.stop()
         os.rmdir(d) if not os.listdir(d) else None
     return 0 if ok else 1
 
