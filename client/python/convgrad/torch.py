@@ -10,7 +10,10 @@ grad_output and the weight once and answers the gradients autograd asks
 for (needs_input_grad) among grad_input, grad_weight and grad_bias; a layer
 whose weight and bias are frozen asks ConvolutionBackwardData /
 ConvTransposeBackwardData for grad_input alone, without uploading the
-input."""
+input. With the server on this host the tensors go through the client's
+arena of shared-memory regions (convgrad.Client's shm=), and with
+overlap=True grad_input goes on through autograd while the weight and bias
+gradients are computed, settled at the end of the backward pass."""
 import functools
 import threading
 import warnings
@@ -245,7 +248,8 @@ def _may_defer(m):
     returned, settled by the end-of-backward callback. Not under
     torch.distributed: DDP's reducer starts its bucket all-reduces from
     hooks on each parameter's gradient accumulator, which a deferred
-    gradient never passes (the reducer would wait for it forever). Not
+    gradient never passes: it would not be all-reduced (python_ddp's
+    ranks drift apart by 1e-2 without this rule). Not
     when a parameter is computed (not a leaf) or has hooks of its own, nor
     for torch.autograd.grad, which takes the gradients from what backward
     returns."""
