@@ -29,8 +29,10 @@ torch, and one layer against torch.distributed.rpc (issue 27).
 
 Starts a convgrad-server of --build (TCP on 127.0.0.1 and a unix socket;
 --server-args adds flags). torch runs --threads threads (default: every
-core this process may use, as the server's workers do). Figures, not a
-test: nothing is asserted but the gradients."""
+core this process may use, as the server's workers do). Prefix
+GOMP_SPINCOUNT=10000 to measure a trainer whose idle OpenMP threads stop
+spinning soon (client/python/README.md, "When offload pays"). Figures,
+not a test: nothing is asserted but the gradients."""
 import argparse
 import copy
 import os
