@@ -771,6 +771,8 @@ static void inputs_complete(cgs_call *c) {
     c->job.out[g] = data;
   }
   c->job.layer = &c->up.layer;
+  c->job.call_id = c->id;
+  c->job.peer = c->peer;
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);

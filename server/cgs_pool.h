@@ -31,6 +31,8 @@ typedef struct cgs_job {
   const cg_layer *layer;
   const void *in[3];
   void *out[CG_GRAD_COUNT];
+  uint64_t call_id; /* what a crash report names (cgs_crash.h) */
+  const char *peer;
   atomic_int discard; /* set by the loop: skip the run if not started,
                          and the rest of a sliced run */
   /* Filled by the pool before done_cb. */

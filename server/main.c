@@ -18,6 +18,7 @@
 #include "cg/text.h"
 #include "cgs_buf.h"
 #include "cgs_config.h"
+#include "cgs_crash.h"
 #include "cgs_log.h"
 #include "cgs_notify.h"
 #include "cgs_server.h"
@@ -180,6 +181,10 @@ int main(int argc, char **argv) {
   cgs_log_set_level(a.cfg.log_level);
   if (rc == 0)
     rc = cgs_config_finish(&a.cfg, err, sizeof err);
+  /* Before any thread, and before the regions' SIGBUS guard, which hands
+   * it the faults outside regions. */
+  if (rc == 0)
+    rc = cgs_crash_install(err, sizeof err);
   if (rc != 0) {
     fprintf(stderr, "convgrad-server: %s\n", err);
     return 2;

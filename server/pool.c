@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cgs_crash.h"
 #include "cgs_log.h"
 #include "cgs_sig.h"
 
@@ -246,9 +247,11 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   }
   cgs_debug("%s runs a job with %d threads after %.3f ms in the queue", w->name,
             threads, job->queue_ms);
+  cgs_crash_job_start(w->index, job->call_id, job->peer, job->layer);
   job->rc = pin_team(w, engine, threads, job->err, sizeof job->err);
   if (job->rc == 0)
     job->rc = run_outputs(engine, job, (unsigned)threads);
+  cgs_crash_job_end(w->index);
 }
 
 /* With p->mu held: takes job, which is queued, off the queue. */

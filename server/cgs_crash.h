@@ -1,0 +1,38 @@
+/* cgs_crash.h - the crash report (crash.c): when a fatal signal (SIGSEGV,
+ * SIGBUS outside the shared-memory regions' guard, SIGILL, SIGFPE) hits
+ * any thread, one log record says which signal, where, on which thread,
+ * and what the worker that thread belongs to was computing; then the
+ * process dies of that signal, so that a supervisor sees a crash (and a
+ * core dump, where enabled) rather than an exit.
+ *
+ * The record is written with async-signal-safe calls only (clock_gettime,
+ * prctl, write, sigaction, raise): each worker formats the text of its job
+ * when the job starts, and the handler only copies it out. A worker's
+ * OpenMP threads carry its name, which is how the handler finds the job of
+ * a fault inside a kernel. */
+#ifndef CGS_CRASH_H
+#define CGS_CRASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cg/layer.h"
+
+/* Installs the handlers, once, before any thread exists: the regions'
+ * SIGBUS guard, installed later, hands on the faults outside regions.
+ * Returns 0 or -1 with a message. */
+int cgs_crash_install(char *err, size_t errlen);
+
+/* Worker `worker` starts computing layer for call `call_id` of peer (a
+ * client-controlled string, escaped here): what the report names if it
+ * crashes. Worker thread; no allocation. */
+void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
+                         const cg_layer *layer);
+/* The worker's job ended. */
+void cgs_crash_job_end(unsigned worker);
+
+/* The text job_start stores, into buf[cap] (for tests). */
+void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
+                        const char *peer, const cg_layer *layer);
+
+#endif
