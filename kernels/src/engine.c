@@ -583,12 +583,21 @@ static int amx_bwd_weights_usable(const cg_geom *g) {
  * problems, found by the engine sweep; oneDNN then offers the next one.
  * - brgemm kernels crash where a position sees only padding (3D
  *   ConvTranspose bwd_data in bf16 with stride > kernel and end padding;
- *   sweep seed 6, case 2454), and return garbage on 3D problems whose
- *   stride exceeds the kernel (sweep seed 9, case 982);
+ *   sweep seed 6, case 2454), return garbage on 3D problems whose stride
+ *   exceeds the kernel (sweep seed 9, case 982), and on any rank read
+ *   past their input where a stride exceeds the kernel's reach: their
+ *   output-row blocking steps the input by stride_w * channels per output
+ *   point (LDA in jit_brgemm_conv_utils.cpp) whatever the input's width
+ *   (a 2-D ConvTranspose bwd_data in bf16 with 26 channels and a
+ *   stride_w of 1024 over a 1-wide axis crashed on AMX, and took 8 ms
+ *   for 6 kflop at 64: engine_limits);
  * - the AMX backward-weights kernel returns garbage for dilated problems
  *   whose input channels exceed 32 with a tail (e.g. 33 or 40; wide sweep,
- *   case 87), and for grouped, padded 3D problems with stride > kernel at
- *   some thread counts (sweep seed 23 case 1861 with 3 threads). */
+ *   case 87), for grouped, padded 3D problems with stride > kernel at
+ *   some thread counts (sweep seed 23 case 1861 with 3 threads), and for
+ *   3D problems strided in depth and padded at both ends of it at one
+ *   thread (a ConvTranspose with input depth 2, kernel 2, stride 2, pads
+ *   1 and 1 read uninitialised memory: engine_limits case 921). */
 static int impl_usable(const char *impl, const cg_geom *g, int threads) {
   if (!jit_usable(impl, g, threads))
     return 0;
@@ -597,11 +606,10 @@ static int impl_usable(const char *impl, const cg_geom *g, int threads) {
        : !is_bwd_data(g->op)        ? !amx_bwd_weights_usable(g)
                                     : 0))
     return 0;
-  if (strncmp(impl, "brg", 3) == 0 &&
-      (has_dead_positions(g) || (g->nsp == 3 && has_gaps(g))))
+  if (strncmp(impl, "brg", 3) == 0 && (has_dead_positions(g) || has_gaps(g)))
     return 0;
   if (strstr(impl, "amx") && !is_bwd_data(g->op) &&
-      (is_dilated(g) || (g->nsp == 3 && has_gaps(g))))
+      (is_dilated(g) || (g->nsp == 3 && (has_gaps(g) || g->stride[0] > 1))))
     return 0;
   return 1;
 }

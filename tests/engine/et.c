@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -395,4 +397,79 @@ double et_tolerance(const cg_geom *g, double scale, double amax0,
   double l = (double)et_reduction_length(g);
   return 2.0 * cg_dtype_epsilon(g->dtype) * scale +
          l * cg_dtype_epsilon(CG_DTYPE_F32) * l * amax0 * amax1;
+}
+
+/* oneDNN 2.6's names of the ISAs DNNL_MAX_CPU_ISA takes, in order. */
+static const char *const isa_order[] = {"sse41",
+                                        "avx",
+                                        "avx2",
+                                        "avx2_vnni",
+                                        "avx512_core",
+                                        "avx512_core_vnni",
+                                        "avx512_core_bf16",
+                                        "avx512_core_amx"};
+#define ISA_COUNT (int)(sizeof isa_order / sizeof isa_order[0])
+/* The ones run below the host's (the vnni ISAs add int8 kernels only). */
+static const char *const capped_isas[] = {"avx2", "avx512_core",
+                                          "avx512_core_bf16"};
+
+static int isa_rank(const char *isa) {
+  for (int i = 0; i < ISA_COUNT; i++)
+    if (strcmp(isa_order[i], isa) == 0)
+      return i;
+  return ISA_COUNT; /* newer than this list */
+}
+
+/* Runs this program again with want as its ISA ("" = the machine's) and
+ * returns 1 if that run failed. The copy bounds libgomp's spinning as
+ * convgrad-server does (GOMP_SPINCOUNT=10000, read when libgomp loads):
+ * under ctest -j a spinning thread of an OpenMP team holds a core that
+ * its descheduled partner needs, and the sweeps took 100 times longer. */
+static int run_copy(char **argv, const char *name, const char *want) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (*want)
+      setenv("DNNL_MAX_CPU_ISA", want, 1);
+    setenv("CG_ET_ISA", *want ? want : cg_backend_isa(), 1);
+    setenv("GOMP_SPINCOUNT", "10000", 0);
+    execv("/proc/self/exe", argv);
+    _exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "%s: the run on %s failed (status 0x%x)\n", name,
+            *want ? want : "this machine's ISA", (unsigned)status);
+    return 1;
+  }
+  return 0;
+}
+
+int et_main_per_isa(char **argv, const char *name, int (*run)(void)) {
+  const char *want = getenv("CG_ET_ISA");
+  if (want) { /* a copy started below */
+    if (strcmp(cg_backend_isa(), want) != 0) {
+      fprintf(stderr, "%s: DNNL_MAX_CPU_ISA=%s gave %s\n", name, want,
+              cg_backend_isa());
+      return 1;
+    }
+    return run();
+  }
+  char host[64], covered[256];
+  snprintf(host, sizeof host, "%s", cg_backend_isa());
+  snprintf(covered, sizeof covered, "%s", host);
+  int failed = run_copy(argv, name, "");
+  for (size_t i = 0; i < sizeof capped_isas / sizeof capped_isas[0]; i++) {
+    if (isa_rank(capped_isas[i]) >= isa_rank(host) || getenv("CG_SANITIZED"))
+      continue;
+    printf("%s: again with DNNL_MAX_CPU_ISA=%s\n", name, capped_isas[i]);
+    fflush(stdout);
+    failed |= run_copy(argv, name, capped_isas[i]);
+    size_t n = strlen(covered);
+    snprintf(covered + n, sizeof covered - n, ", %s", capped_isas[i]);
+  }
+  printf("%s: ISAs covered: %s%s\n", name, covered,
+         getenv("CG_SANITIZED") ? " (the ISAs below run in the release build)"
+                                : "");
+  return failed;
 }

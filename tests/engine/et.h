@@ -90,4 +90,11 @@ double et_tolerance(const cg_geom *g, double scale, double amax0, double amax1);
 /* Number of products summed into one output element of g. */
 int64_t et_reduction_length(const cg_geom *g);
 
+/* Runs run() in a copy of this program on this machine's ISA, then,
+ * outside sanitizer builds (CG_SANITIZED unset), in one for each of avx2,
+ * avx512_core and avx512_core_bf16 below it, with DNNL_MAX_CPU_ISA capping
+ * oneDNN's dispatch there (it is read once per process); prints the ISAs
+ * covered. Returns 0 when every run returned 0. For main(). */
+int et_main_per_isa(char **argv, const char *name, int (*run)(void));
+
 #endif

@@ -4,7 +4,8 @@
  * f32/bf16/f16) with every subset of outputs must match the reference;
  * the parts resolve to the single ops' geometries; outputs not asked for
  * are left alone; and the reference's diff_bias matches a sum taken
- * straight from the NCX-indexed tensor. */
+ * straight from the NCX-indexed tensor. On every ISA up to the machine's
+ * (et_main_per_isa). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -191,10 +192,15 @@ static void bias_by_hand(void **state) {
   }
 }
 
-int main(void) {
+static int run(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(bias_by_hand),
       cmocka_unit_test(random_layers),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests_name("engine_layer", tests, NULL, NULL);
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  return et_main_per_isa(argv, "engine_layer", run);
 }

@@ -8,7 +8,8 @@
  * layouts with several blocks and channel tails are covered too.
  *
  * CG_SWEEP_SEED and CG_SWEEP_COUNT override the defaults for a longer
- * exploratory run; the ctest entry uses the defaults. */
+ * exploratory run; the ctest entry uses the defaults. Both sweeps run on
+ * every ISA up to the machine's (et_main_per_isa). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -168,8 +169,13 @@ static void test_sweep_wide(void **state) {
   sweep("sweep-wide", env_seed(DEFAULT_SEED) + 1, env_count(WIDE_COUNT), 1, 1);
 }
 
-int main(void) {
+static int run(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_sweep),
                                      cmocka_unit_test(test_sweep_wide)};
   return cmocka_run_group_tests_name("engine_sweep", tests, NULL, NULL);
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  return et_main_per_isa(argv, "engine_sweep", run);
 }
