@@ -959,9 +959,21 @@ static int geom_check(const cg_geom *g, char *err, size_t errlen) {
 
 /* ---- public API ------------------------------------------------------- */
 
+/* oneDNN generates its gemm kernels once per process, on the first gemm
+ * (30-80 ms here, and the gemm-based convolutions are where the engine
+ * sends what the JIT convolutions cannot take): done when the first engine
+ * is made, so that no request pays it. */
+static pthread_once_t gemm_once = PTHREAD_ONCE_INIT;
+
+static void warm_gemm(void) {
+  float a = 1, b = 1, c = 0;
+  dnnl_sgemm('N', 'N', 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+}
+
 int cg_engine_new(cg_engine **out, const cg_engine_config *cfg, char *err,
                   size_t errlen) {
   int rc = 0;
+  pthread_once(&gemm_once, warm_gemm);
   cg_engine *e = NULL;
   size_t cap =
       cfg && cfg->cache_capacity ? cfg->cache_capacity : CG__DEFAULT_CAPACITY;

@@ -49,10 +49,14 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 
 /* Computes geom on oneDNN. in0/in1 hold geom->in_bytes[0/1] bytes in the
  * caller's layouts, out receives geom->out_bytes. info may be NULL.
- * Returns 0, CG_EINVAL (NULL buffer or a geometry cg_problem_resolve would
- * not produce), CG_ERANGE (a buffer size overflows), CG_ENOMEM,
- * CG_EUNSUPPORTED or CG_EBACKEND (message carries oneDNN's status). Not
- * thread-safe for one e. */
+ * Only kernels whose 32-bit arithmetic and work hold for geom run it
+ * (engine.c, impl_usable); the others leave it to the next implementation.
+ * Returns 0, CG_EINVAL (NULL buffer, a geometry cg_problem_resolve would
+ * not produce or one past cg_limits_max, or one oneDNN cannot build a
+ * kernel for: runtime_error), CG_ERANGE (a buffer size overflows),
+ * CG_ENOMEM, CG_EUNSUPPORTED (no implementation takes geom) or
+ * CG_EBACKEND (message carries oneDNN's status). Not thread-safe for
+ * one e. */
 CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
