@@ -966,8 +966,11 @@ static int geom_check(const cg_geom *g, char *err, size_t errlen) {
 static pthread_once_t gemm_once = PTHREAD_ONCE_INIT;
 
 static void warm_gemm(void) {
-  float a = 1, b = 1, c = 0;
-  dnnl_sgemm('N', 'N', 1, 1, 1, 1.0f, &a, 1, &b, 1, 0.0f, &c, 1);
+  /* 16 x 16: a vector (m or n of 1) takes the gemv path, which makes no
+   * kernels. */
+  enum { N = 16 };
+  static float a[N * N], b[N * N], c[N * N];
+  dnnl_sgemm('N', 'N', N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
 }
 
 int cg_engine_new(cg_engine **out, const cg_engine_config *cfg, char *err,

@@ -283,8 +283,9 @@ static void sweep_at_limits(void **state) {
   int impl_n[32], nimpl = 0;
   assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
   /* oneDNN generates some kernels once per process, on first use (the
-   * gemm ones: 30-80 ms here); a warm-up round keeps that out of the
-   * figures, which are about what a geometry costs. */
+   * engine makes the f32 gemm's when created, others stay: bf16 gemm,
+   * reorders); a warm-up round keeps them out of the figures, which are
+   * about what a geometry costs. */
   et_rng warm = {DEFAULT_SEED + 1};
   for (int i = 0; i < 36; i++) {
     et_case c;
