@@ -25,6 +25,7 @@
 
 #include <grpc/grpc.h>
 
+#include "bench.h"
 #include "cg/bdesc.h"
 #include "cg/dtype.h"
 #include "cg/engine.h"
@@ -44,57 +45,11 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-typedef struct prob {
-  cg_bdesc_problem bp;
-  cg_geom g;
-  void *in[2], *out;
-} prob;
-
-static int prob_init(prob *p, const cg_bdesc *d, cg_op op, cg_dtype dt) {
-  char err[256];
-  memset(p, 0, sizeof *p);
-  if (cg_bdesc_problem_init(&p->bp, d, op, dt, CG_DATA_DEFAULT,
-                            CG_WEIGHTS_DEFAULT, err, sizeof err) != 0 ||
-      cg_problem_resolve(&p->bp.problem, &p->g, err, sizeof err) != 0) {
-    fprintf(stderr, "%s: %s\n", d->name, err);
-    return -1;
-  }
-  for (int i = 0; i < 2; i++) {
-    if (!(p->in[i] = malloc(p->g.in_bytes[i])))
-      return -1;
-    for (size_t e = 0; e < p->g.in_elems[i]; e++)
-      cg_store_f32(dt, p->in[i], e, (float)((e * 37 % 101) / 50.0 - 1.0));
-  }
-  p->out = malloc(p->g.out_bytes);
-  return p->out ? 0 : -1;
-}
-
-static void prob_free(prob *p) {
-  free(p->in[0]);
-  free(p->in[1]);
-  free(p->out);
-}
-
 /* One Compute call into out; its server-side compute_ms in *compute. */
-static int call(cgc_channel *ch, const prob *p, void *out, double *compute) {
+static int call(cgc_channel *ch, const bench_prob *p, void *out,
+                double *compute) {
   cgc_request r;
-  cgc_request_init(&r);
-  r.op = p->g.op;
-  r.attrs = p->bp.problem.attrs;
-  for (int i = 0; i < 2; i++) {
-    cgc_tensor_view *v = &r.inputs[i];
-    v->dtype = p->g.dtype;
-    v->rank = (int)p->bp.problem.input_dims[i].len;
-    memcpy(v->dims, p->bp.problem.input_dims[i].v,
-           sizeof(int64_t) * (size_t)v->rank);
-    v->data = p->in[i];
-    v->nbytes = p->g.in_bytes[i];
-  }
-  if (p->bp.problem.has_shape_input) {
-    r.has_shape_input = 1;
-    r.shape_input = p->bp.problem.shape_input;
-  }
-  r.deadline_ms = 600000;
+  bench_request_of(&r, p);
   cgc_tensor t;
   cgc_result res;
   cgc_status st;
@@ -175,9 +130,9 @@ static void figure_a(const cg_bdesc *rows, int nrows, int reps, server *s) {
     cg_op ops[2];
     ops_of(&rows[r], ops);
     for (int k = 0; k < 4; k++) {
-      prob p;
-      if (prob_init(&p, &rows[r], ops[k % 2], dts[k / 2]) != 0) {
-        prob_free(&p);
+      bench_prob p;
+      if (bench_prob_init(&p, &rows[r], ops[k % 2], dts[k / 2]) != 0) {
+        bench_prob_free(&p);
         continue;
       }
       double *ti = calloc((size_t)reps, sizeof *ti);
@@ -214,7 +169,7 @@ static void figure_a(const cg_bdesc *rows, int nrows, int reps, server *s) {
       }
       free(ti);
       free(ts);
-      prob_free(&p);
+      bench_prob_free(&p);
     }
   }
   printf("(a) %d of %d rows within 1.10, worst %.2f\n", ok, total, worst);
@@ -225,7 +180,7 @@ static void figure_a(const cg_bdesc *rows, int nrows, int reps, server *s) {
 
 typedef struct caller {
   cgc_channel *ch;
-  const prob *p;
+  const bench_prob *p;
   void *out;
   double until;
   long calls;
@@ -240,7 +195,7 @@ static void *caller_main(void *v) {
 }
 
 /* Calls per second of CALLERS threads on s for secs seconds. */
-static double throughput(server *s, const prob *p, double secs) {
+static double throughput(server *s, const bench_prob *p, double secs) {
   caller c[CALLERS];
   pthread_t th[CALLERS];
   double until = ts_now_ms() + secs * 1e3;
@@ -275,9 +230,9 @@ static void figure_b(const cg_bdesc *rows, int nrows, int reps, double secs,
     cg_op ops[2];
     ops_of(&rows[r], ops);
     for (int k = 0; k < 2; k++) {
-      prob p;
-      if (prob_init(&p, &rows[r], ops[k], CG_DTYPE_F32) != 0) {
-        prob_free(&p);
+      bench_prob p;
+      if (bench_prob_init(&p, &rows[r], ops[k], CG_DTYPE_F32) != 0) {
+        bench_prob_free(&p);
         continue;
       }
       double tp[8][32], med[8];
@@ -301,7 +256,7 @@ static void figure_b(const cg_bdesc *rows, int nrows, int reps, double secs,
       total++;
       ok += ratio >= 0.95;
       worst = ratio < worst ? ratio : worst;
-      prob_free(&p);
+      bench_prob_free(&p);
     }
   }
   printf("(b) %d of %d rows at >= 0.95, worst %.2f\n", ok, total, worst);

@@ -32,6 +32,11 @@ double ts_now_ms(void) {
 /* ---- the server process ---- */
 
 int ts_server_start(ts_server *s, const char *const *args) {
+  return ts_server_start_bin(s, CGS_SERVER_PATH, args);
+}
+
+int ts_server_start_bin(ts_server *s, const char *path,
+                        const char *const *args) {
   static int serial;
   memset(s, 0, sizeof *s);
   snprintf(s->log_path, sizeof s->log_path, "/tmp/cgs-test-%d-%d.log",
@@ -41,7 +46,7 @@ int ts_server_start(ts_server *s, const char *const *args) {
     return -1;
   const char *argv[64];
   int n = 0;
-  argv[n++] = CGS_SERVER_PATH;
+  argv[n++] = path;
   argv[n++] = "--listen";
   argv[n++] = "127.0.0.1:0";
   /* Every test client is one peer, 127.0.0.1: the per-peer limits (which

@@ -30,6 +30,9 @@ typedef struct ts_server {
 /* Starts CGS_SERVER_PATH --listen 127.0.0.1:0 plus args (NULL-terminated,
  * may be NULL) and waits up to 60 s for the readiness line. Returns 0. */
 int ts_server_start(ts_server *s, const char *const *args);
+/* The same with the server binary at path (another build's, say). */
+int ts_server_start_bin(ts_server *s, const char *path,
+                        const char *const *args);
 /* Sends sig (0: none) and waits up to timeout_ms for the exit; SIGKILLs
  * after that. Returns the exit status, or -1 when it had to be killed or
  * died from a signal. */
