@@ -21,7 +21,7 @@
 
 typedef struct entry {
   unsigned char hash[HASH_BYTES];
-  char label[64];
+  char label[CGS_AUTH_LABEL_MAX];
 } entry;
 
 struct cgs_auth {

@@ -1,14 +1,12 @@
 /* call.c - owns the Compute call state machine: admission (the request's
  * assembly is upload.c's: header checks, buffers, chunks, the layer; here
  * the queue and the in-flight reservation), handing the job to the pool,
- * streaming the result back without copying it, deadlines, cancellation,
+ * streaming the result back without copying it, timeouts, cancellation,
  * the request log and its metrics.
  *
- * Threads: every handler runs on the loop thread, except that data chunks
- * in the middle of the upload or of the result are moved on the
- * completion-queue thread (on_recv_fast, on_send_fast), so the loop is not
- * woken once per chunk. Each loop handler holds the call's mutex, and so
- * do the fast paths. */
+ * Threads: see cgs_call.h. Every handler holds the call's mutex; the call
+ * is freed by whichever thread drops its last reference, after unlocking:
+ * handlers end with release(). */
 #include "cgs_call.h"
 
 #include <inttypes.h>
@@ -63,10 +61,10 @@ struct cgs_call {
   char *peer;
   char client[160]; /* the caller: its token's label, else its certificate's
                        subject (mutual TLS); "" when neither */
-  cgs_peer *from;   /* its live count holds this call until it is freed */
-  int receiving;    /* counted in from->receiving (--max-calls-per-peer) */
-  int by_label;     /* client is a token's label: the call's flow in the
-                       workers' fair queue (else its peer address) */
+  cgs_peer *from;   /* held until the call is freed */
+  cgs_peer *flow;   /* whose turns its job waits for: its token's label
+                       (held too) with --auth-tokens, else from */
+  int receiving;    /* counted in from's receiving (--max-calls-per-peer) */
   cgs_peer_class peer_class;
   unsigned retry_attempt;  /* the client's convgrad-retry-attempt, 0 if none */
   cgs_refusal refused;     /* a "retry later" refusal, for the metrics */
@@ -74,11 +72,16 @@ struct cgs_call {
   grpc_metadata trailer;   /* retry-after-ms, while the status goes out */
   int trailer_set;
   pthread_mutex_t mu; /* see the top of the file */
+  /* One for the call's life, dropped once it is over (release()), and one
+   * for each sweep holding it. */
+  atomic_uint refs;
+  int over; /* the life reference is dropped */
+  cgs_calls_link link;
+  /* When the sweep must look at the call (uv_hrtime ns): its deadline, or
+   * --idle-timeout after the last progress while bytes move, or the end of
+   * the --min-upload-rate window; DUE_NEVER when none applies. */
+  _Atomic uint64_t due;
   cgs_tag tag_recv, tag_send, tag_close;
-  cgs_tag tag_recv_failed; /* the fast path could not post a receive */
-  cgs_tag tag_send_failed; /* the fast path could not start a send */
-  uv_timer_t timer;        /* the deadline; --idle-timeout while bytes move */
-  cgs_call *prev, *next;
   call_state st;
 
   /* grpc side */
@@ -89,7 +92,6 @@ struct cgs_call {
   int md_sent;          /* initial metadata went out */
   int finished;         /* final status decided; nothing more to send */
   int grpc_released;    /* grpc_call_unref done */
-  int closing;          /* uv_close(timer) started */
   int job_busy;         /* the pool holds job */
   int place_held;       /* a pool place is reserved for job, not yet used */
   int job_picked;       /* a worker took job: its queue_ms and worker are set */
@@ -117,6 +119,12 @@ struct cgs_call {
   size_t sent;     /* bytes of it sent */
   size_t sent_all; /* bytes of every output sent */
 };
+
+#define DUE_NEVER UINT64_MAX
+
+static void stop_timer(cgs_call *c) {
+  atomic_store(&c->due, DUE_NEVER);
+}
 
 /* ---- helpers ---------------------------------------------------------- */
 
@@ -155,7 +163,8 @@ static void log_call(cgs_call *c) {
    * a peer's failure lines are rate-limited, and the sweep reports how
    * many were left out. */
   if (c->status != GRPC_STATUS_OK && c->status != GRPC_STATUS_INTERNAL &&
-      !cgs_peer_log_allowed(c->from, uv_hrtime(), c->s->cfg->peer_log_rate))
+      !cgs_peers_log_allowed(c->s->peers, c->from, uv_hrtime(),
+                             c->s->cfg->peer_log_rate))
     return;
   double total_ms = ms_between(c->t_start, uv_hrtime());
   char out[96] = "-", peer[128], client[2 * sizeof c->client],
@@ -221,11 +230,11 @@ static void count_call(cgs_call *c) {
   cgs_metrics_call_ended(c->s->metrics, &m);
 }
 
-static void on_timer_closed(uv_handle_t *h) {
-  cgs_call *c = h->data;
+/* Once nothing holds c any more. */
+static void free_call(cgs_call *c) {
   cgs_server *s = c->s;
   log_call(c);
-  s->inflight_bytes -= c->reserved;
+  atomic_fetch_sub(&s->inflight_bytes, c->reserved);
   count_call(c); /* after the release: a scrape that sees the call ended
                     sees its bytes returned */
   cgs_upload_close(&c->up);
@@ -239,32 +248,39 @@ static void on_timer_closed(uv_handle_t *h) {
     grpc_slice_unref(c->trailer.value);
   }
   gpr_free(c->peer);
-  c->from->live--;
+  if (c->flow != c->from)
+    cgs_peers_release(s->peers, c->flow);
+  cgs_peers_release(s->peers, c->from);
   pthread_mutex_destroy(&c->mu);
   free(c);
-  s->compute_active--;
-  cgs_server_compute_ended(s);
 }
 
-/* The one close path: grpc first, then the worker's job, then the timer
- * handle, whose close callback frees everything. */
-static void maybe_free(cgs_call *c) {
+static void unref(cgs_call *c) {
+  if (atomic_fetch_sub(&c->refs, 1) == 1)
+    free_call(c);
+}
+
+/* The one close path, which every handler ends with: unlocks c, whose
+ * mutex the caller holds; once grpc is done with the call it is released,
+ * and once the worker has returned the job too the call leaves the live
+ * list and drops its life reference (freed then, or when the last sweep
+ * holding it lets go). */
+static void release(cgs_call *c) {
   if (!c->grpc_released && c->finished && c->close_received &&
       !c->recv_pending && !c->send_pending) {
     c->grpc_released = 1;
     grpc_call_unref(c->call);
     c->call = NULL;
   }
-  if (c->grpc_released && !c->job_busy && !c->closing) {
-    c->closing = 1;
-    if (c->prev)
-      c->prev->next = c->next;
-    else
-      c->s->calls = c->next;
-    if (c->next)
-      c->next->prev = c->prev;
-    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+  int over = c->grpc_released && !c->job_busy && !c->over;
+  if (over) {
+    c->over = 1;
+    atomic_store(&c->due, DUE_NEVER);
+    cgs_calls_remove(&c->s->calls, &c->link);
   }
+  pthread_mutex_unlock(&c->mu);
+  if (over)
+    unref(c);
 }
 
 static void on_send(cgs_tag *t, int ok);
@@ -282,7 +298,7 @@ static void cancel_with_status(cgs_call *c) {
 static void stop_receiving(cgs_call *c) {
   if (c->receiving) {
     c->receiving = 0;
-    c->from->receiving--;
+    cgs_peers_stop_receiving(c->s->peers, c->from);
   }
 }
 
@@ -302,7 +318,7 @@ static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
     c->place_held = 0;
   }
   vsnprintf(c->msg, sizeof c->msg, fmt, ap);
-  uv_timer_stop(&c->timer);
+  stop_timer(c);
   if (c->job_busy) {
     if (cgs_pool_cancel(c->s->pool, &c->job))
       c->job_busy = 0; /* never ran: its buffers are free to go */
@@ -347,7 +363,7 @@ static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
 }
 
 /* Ends the call with code unless its end is already decided. Does not free
- * c; callers run maybe_free afterwards. */
+ * c: callers end with release(). */
 static void finish(cgs_call *c, grpc_status_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -398,8 +414,6 @@ static unsigned busy_retry_ms(cgs_server *s) {
   return ms > BUSY_RETRY_MAX_MS ? BUSY_RETRY_MAX_MS : (unsigned)ms;
 }
 
-static void on_timer(uv_timer_t *h);
-
 /* 1 while bytes should be moving: the request arriving (its header
  * included: a stream that never sends one would hold its place for as
  * long as its deadline), or a result batch out. */
@@ -407,26 +421,21 @@ static int moving(const cgs_call *c) {
   return c->st == ST_RECV_HEADER || c->st == ST_RECV_DATA || c->send_pending;
 }
 
-/* Arms the call's one timer for what comes first: the deadline, or, while
- * bytes move, --idle-timeout after the last progress. A client that stalls
- * would otherwise hold its reserved bytes for as long as its deadline,
- * which may be never. Progress the fast path makes only moves t_progress:
- * on_timer re-arms when it fires early. */
+/* Sets when the sweep looks at the call next, for what comes first: the
+ * deadline, or, while bytes move, --idle-timeout after the last progress.
+ * A client that stalls would otherwise hold its reserved bytes for as long
+ * as its deadline, which may be never. No libuv timer per call: the loop
+ * sweeps the live calls every few tens of milliseconds (cgs_call_sweep),
+ * so arming is one store on whichever thread made progress. */
 static void arm_timer(cgs_call *c) {
-  uint64_t now = uv_hrtime();
-  uint64_t due = c->deadline_at ? c->deadline_at : UINT64_MAX;
+  uint64_t due = c->deadline_at ? c->deadline_at : DUE_NEVER;
   uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
   if (idle && moving(c) && c->t_progress + idle < due)
     due = c->t_progress + idle;
   if (idle && c->s->cfg->min_upload_rate && c->st == ST_RECV_DATA &&
       c->rate_from + idle < due)
     due = c->rate_from + idle;
-  if (due == UINT64_MAX) {
-    uv_timer_stop(&c->timer);
-    return;
-  }
-  uv_timer_start(&c->timer, on_timer,
-                 due > now ? (due - now + 999999) / 1000000 : 0, 0);
+  atomic_store(&c->due, due);
 }
 
 /* 1 when the call's deadline has (about) passed. A client cancels at its
@@ -478,7 +487,7 @@ static void send_failed(cgs_call *c) {
   c->finished = 1;
   c->status = GRPC_STATUS_INTERNAL;
   snprintf(c->msg, sizeof c->msg, "cannot start a send batch");
-  uv_timer_stop(&c->timer);
+  stop_timer(c);
   cancel_with_status(c);
 }
 
@@ -628,53 +637,20 @@ static void on_send(cgs_tag *t, int ok) {
       snprintf(c->msg, sizeof c->msg, "%s while %s",
                late ? "deadline exceeded" : "cancelled by the client", in);
     }
-    uv_timer_stop(&c->timer);
+    stop_timer(c);
   } else if (!c->finished) {
     send_next(c);
   } else {
-    uv_timer_stop(&c->timer); /* the last batch is out */
+    stop_timer(c); /* the last batch is out */
     if (c->status == GRPC_STATUS_OK && c->st == ST_DONE)
       c->t_sent = uv_hrtime();
   }
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
-}
-
-/* Completion-queue thread: after a chunk went out, starts the next one
- * when it is not the last, without waking the loop. The last chunk (it
- * carries the status), a failed batch and everything else go to on_send
- * on the loop. */
-static cgs_tag *on_send_fast(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_send);
-  pthread_mutex_lock(&c->mu);
-  cgs_tag *loop_tag = t;
-  if (ok && !c->finished && c->st == ST_SENDING &&
-      left_to_send(c) > c->up.chunk_bytes) {
-    grpc_byte_buffer_destroy(c->send_bb);
-    grpc_op op;
-    memset(&op, 0, sizeof op);
-    chunk_op(c, c->up.chunk_bytes, &op);
-    c->t_progress = uv_hrtime();
-    if (cgs_cq_batch(&c->s->cq, c->call, &op, 1, &c->tag_send) == GRPC_CALL_OK)
-      loop_tag = NULL;
-    else
-      loop_tag = &c->tag_send_failed;
-  }
-  pthread_mutex_unlock(&c->mu);
-  return loop_tag;
-}
-
-static void on_send_failed(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_send_failed);
-  (void)ok;
-  pthread_mutex_lock(&c->mu);
-  send_failed(c);
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
 }
 
 /* ---- the worker's answer ---------------------------------------------- */
 
+/* The worker that ran the job starts the answer itself (see cgs_call.h). */
 void cgs_call_job_done(cgs_job *job, void *data) {
   cgs_call *c = cgs_container_of(job, cgs_call, job);
   (void)data;
@@ -693,8 +669,7 @@ void cgs_call_job_done(cgs_job *job, void *data) {
     else
       send_header(c, next_output(c, -1));
   }
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
 }
 
 /* ---- admission -------------------------------------------------------- */
@@ -712,15 +687,18 @@ static int reserve(cgs_call *c, uint64_t bytes, const char *what) {
            what, c->reserved + bytes, max);
     return -1;
   }
-  if (s->inflight_bytes > max - bytes) {
-    refuse(c, CGS_REFUSED_INFLIGHT, busy_retry_ms(s),
-           GRPC_STATUS_RESOURCE_EXHAUSTED,
-           "%s: needs %" PRIu64 " bytes but other requests hold %" PRIu64
-           " of %" PRIu64 " (--max-inflight-bytes); retry later",
-           what, bytes, s->inflight_bytes - c->reserved, max);
-    return -1;
-  }
-  s->inflight_bytes += bytes;
+  uint64_t held = atomic_load(&s->inflight_bytes);
+  do {
+    if (held > max - bytes) {
+      refuse(c, CGS_REFUSED_INFLIGHT, busy_retry_ms(s),
+             GRPC_STATUS_RESOURCE_EXHAUSTED,
+             "%s: needs %" PRIu64 " bytes but other requests hold %" PRIu64
+             " of %" PRIu64 " (--max-inflight-bytes); retry later",
+             what, bytes, held - c->reserved, max);
+      return -1;
+    }
+  } while (
+      !atomic_compare_exchange_weak(&s->inflight_bytes, &held, held + bytes));
   c->reserved += bytes;
   return 0;
 }
@@ -734,16 +712,6 @@ static int resolve(cgs_call *c) {
     return -1;
   }
   return reserve(c, cgs_upload_out_bytes(&c->up), "outputs");
-}
-
-/* Whose turn the call's job waits for in the workers' fair queue: its
- * token's label with --auth-tokens, else its peer address. */
-static cgs_peer *flow_of(cgs_call *c) {
-  if (!c->by_label)
-    return c->from;
-  char key[sizeof CGS_PEER_LABEL_PREFIX + sizeof c->client];
-  snprintf(key, sizeof key, "%s%s", CGS_PEER_LABEL_PREFIX, c->client);
-  return cgs_peers_get_key(c->s->peers, key, uv_hrtime());
 }
 
 static void inputs_complete(cgs_call *c) {
@@ -777,7 +745,7 @@ static void inputs_complete(cgs_call *c) {
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
   stop_receiving(c);
-  cgs_pool_submit(c->s->pool, &c->job, &flow_of(c)->turn);
+  cgs_pool_submit(c->s->pool, &c->job, &c->flow->turn);
   c->place_held = 0;
   c->job_busy = 1;
   c->st = ST_QUEUED;
@@ -915,52 +883,7 @@ static void on_recv(cgs_tag *t, int ok) {
     take_message(c, bb);
   else if (bb)
     grpc_byte_buffer_destroy(bb);
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
-}
-
-/* Completion-queue thread: takes a data chunk that fits the current input
- * and leaves bytes missing, and asks for the next message, without waking
- * the loop once per chunk (measured: tests/README.md, "Design figures").
- * Anything else (the header, the last bytes, an error, a half-close, a
- * finished call) goes to on_recv on the loop. */
-static cgs_tag *on_recv_fast(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
-  cgs_tag *loop_tag = t;
-  pthread_mutex_lock(&c->mu);
-  grpc_byte_buffer *bb = c->recv_bb;
-  cgs_msg_kind kind;
-  cgs_chunk_view v;
-  char err[64];
-  grpc_status_code code;
-  if (!ok || !bb || c->finished || c->half_closed || c->st != ST_RECV_DATA ||
-      cgs_wire_scan_request(bb, &kind, &v, err, sizeof err) != 0 ||
-      kind != CGS_MSG_CHUNK || !cgs_upload_fits(&c->up, &v) ||
-      cgs_upload_chunk(&c->up, &v, bb, &code, err, sizeof err) != 0)
-    goto out; /* the loop takes it again, and answers what is wrong */
-  c->recv_bb = NULL;
-  grpc_byte_buffer_destroy(bb);
-  c->t_progress = uv_hrtime();
-  loop_tag = NULL;
-  if (start_recv(c) != 0) {
-    /* The report holds the call like a pending receive until the loop
-     * has taken it. */
-    c->recv_pending = 1;
-    loop_tag = &c->tag_recv_failed;
-  }
-out:
-  pthread_mutex_unlock(&c->mu);
-  return loop_tag;
-}
-
-static void on_recv_failed(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv_failed);
-  (void)ok;
-  pthread_mutex_lock(&c->mu);
-  c->recv_pending = 0;
-  finish(c, GRPC_STATUS_INTERNAL, "cannot start a receive batch");
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
 }
 
 /* ---- deadline, cancellation ------------------------------------------- */
@@ -1001,8 +924,7 @@ static void on_close(cgs_tag *t, int ok) {
            "%s while %s",
            late ? "deadline exceeded" : "cancelled by the client", in);
   }
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
 }
 
 /* The idle timeout: nothing arrived, or the client stopped taking the
@@ -1057,8 +979,8 @@ static int slow_upload(cgs_call *c) {
   return 0;
 }
 
-static void on_timer(uv_timer_t *h) {
-  cgs_call *c = h->data;
+/* The sweep found c due (see arm_timer). */
+static void on_timer(cgs_call *c) {
   pthread_mutex_lock(&c->mu);
   uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
   if (past_deadline(c)) {
@@ -1077,26 +999,64 @@ static void on_timer(uv_timer_t *h) {
            c->up.cur, c->up.bytes_in - c->rate_bytes,
            (double)c->s->cfg->idle_timeout_ms / 1e3, c->s->cfg->min_upload_rate,
            c->up.in_fill[c->up.cur], c->up.in_len[c->up.cur]);
-  } else {
+  } else if (!c->finished) {
     arm_timer(c); /* progress since it was armed */
   }
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
+}
+
+/* Live calls, each with a reference taken under the list's lock. */
+typedef struct held {
+  cgs_call **v;
+  size_t n, cap;
+  uint64_t due_by; /* only calls due by then; 0: every call */
+} held;
+
+static void hold(cgs_calls_link *l, void *arg) {
+  held *h = arg;
+  cgs_call *c = cgs_container_of(l, cgs_call, link);
+  if (h->n == h->cap || (h->due_by && atomic_load(&c->due) > h->due_by))
+    return;
+  atomic_fetch_add(&c->refs, 1);
+  h->v[h->n++] = c;
+}
+
+/* Takes a reference on the live calls due by due_by (0: all) into h; a
+ * call that arrives meanwhile may be left for the next time. */
+static void hold_live(cgs_server *s, held *h, uint64_t due_by) {
+  h->n = 0;
+  h->due_by = due_by;
+  h->cap = cgs_calls_live(&s->calls);
+  h->v = h->cap ? malloc(h->cap * sizeof *h->v) : NULL;
+  if (h->v)
+    cgs_calls_each(&s->calls, hold, h);
+}
+
+void cgs_call_sweep(cgs_server *s) {
+  held h;
+  hold_live(s, &h, uv_hrtime());
+  for (size_t i = 0; i < h.n; i++) {
+    on_timer(h.v[i]);
+    unref(h.v[i]);
+  }
+  free(h.v);
 }
 
 void cgs_call_cancel_all(cgs_server *s) {
-  for (cgs_call *c = s->calls, *next; c; c = next) {
-    next = c->next;
+  held h;
+  hold_live(s, &h, 0);
+  for (size_t i = 0; i < h.n; i++) {
+    cgs_call *c = h.v[i];
     pthread_mutex_lock(&c->mu);
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server shut down before the request finished; retry elsewhere");
     c->server_cancelled = 1; /* see cgs_call.h */
-    maybe_free(c);
-    pthread_mutex_unlock(&c->mu);
+    release(c);
+    unref(c);
   }
+  free(h.v);
 }
 
-/* Fills a new call object and links it into the server's list. */
 /* The subject of the certificate the client presented, if any (only
  * mutual TLS asks for one). */
 static void read_client_identity(cgs_call *c) {
@@ -1115,37 +1075,38 @@ static void read_client_identity(cgs_call *c) {
   grpc_auth_context_release(ctx);
 }
 
-static void init_call(cgs_call *c, cgs_server *s, grpc_call *call) {
+/* Fills a new call object (client: its token's label, or NULL) and links
+ * it into the server's list. */
+static void init_call(cgs_call *c, cgs_server *s, grpc_call *call,
+                      const char *client) {
   c->s = s;
   c->call = call;
-  c->id = s->next_call_id++;
   c->peer = grpc_call_get_peer(call);
   read_client_identity(c);
   c->t_start = c->t_progress = uv_hrtime();
-  c->from = cgs_peers_get(s->peers, c->peer, c->t_start);
-  c->from->live++;
+  c->from = cgs_peers_hold(s->peers, c->peer, c->t_start);
+  c->flow = c->from;
+  if (client) { /* the token's label names the caller before its certificate */
+    snprintf(c->client, sizeof c->client, "%s", client);
+    c->flow = cgs_peers_hold_label(s->peers, client, c->t_start);
+  }
   c->peer_class = cgs_peer_classify(c->peer);
   pthread_mutex_init(&c->mu, NULL);
-  c->tag_recv.cb = on_recv;
-  c->tag_recv.fast = on_recv_fast;
-  c->tag_recv_failed.cb = on_recv_failed;
-  c->tag_send.cb = on_send;
-  c->tag_send.fast = on_send_fast;
-  c->tag_send_failed.cb = on_send_failed;
-  c->tag_close.cb = on_close;
+  atomic_init(&c->refs, 1);
+  atomic_init(&c->due, DUE_NEVER);
+  cgs_tag *tags[] = {&c->tag_recv, &c->tag_send, &c->tag_close};
+  void (*cbs[])(cgs_tag *, int) = {on_recv, on_send, on_close};
+  for (int i = 0; i < 3; i++) {
+    tags[i]->cb = cbs[i];
+    tags[i]->on_cq = 1;
+  }
   c->st = ST_RECV_HEADER;
+  c->id = cgs_calls_add(&s->calls, &c->link);
   if (cgs_log_enabled(CGS_LOG_DEBUG)) {
     char peer[128];
     cgs_log_value(peer, sizeof peer, c->peer);
     cgs_debug("compute id=%" PRIu64 " started, peer %s", c->id, peer);
   }
-  uv_timer_init(s->loop, &c->timer);
-  c->timer.data = c;
-  c->next = s->calls;
-  if (s->calls)
-    s->calls->prev = c;
-  s->calls = c;
-  s->compute_active++;
 }
 
 /* Watches the call's end and refuses it when the server drains, its peer
@@ -1162,7 +1123,7 @@ static int accept_call(cgs_call *c, gpr_timespec deadline) {
     finish(c, GRPC_STATUS_INTERNAL, "cannot watch the call");
     return -1;
   }
-  if (s->draining) {
+  if (cgs_calls_draining(&s->calls)) {
     refuse(c, CGS_REFUSED_DRAINING, DRAIN_RETRY_MS, GRPC_STATUS_UNAVAILABLE,
            "server is shutting down; retry elsewhere");
     return -1;
@@ -1170,16 +1131,17 @@ static int accept_call(cgs_call *c, gpr_timespec deadline) {
   /* Only calls still receiving their request count: those can hold a
    * place without sending anything. Calls whose request is in wait their
    * turn in the fair queue however many a peer has. */
-  if (c->from->receiving >= s->cfg->max_calls_per_peer) {
+  unsigned receiving;
+  if (cgs_peers_start_receiving(s->peers, c->from, s->cfg->max_calls_per_peer,
+                                &receiving) != 0) {
     refuse(c, CGS_REFUSED_PEER_CALLS, PEER_RETRY_MS,
            GRPC_STATUS_RESOURCE_EXHAUSTED,
            "this client address has %u calls still sending their request, "
            "at most %u are allowed (--max-calls-per-peer); retry later",
-           c->from->receiving, s->cfg->max_calls_per_peer);
+           receiving, s->cfg->max_calls_per_peer);
     return -1;
   }
   c->receiving = 1;
-  c->from->receiving++;
   gpr_timespec dl = gpr_convert_clock_type(deadline, GPR_CLOCK_MONOTONIC);
   if (gpr_time_cmp(dl, gpr_inf_future(GPR_CLOCK_MONOTONIC)) != 0) {
     int64_t ms =
@@ -1223,23 +1185,18 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
                  "server out of memory");
     return;
   }
-  init_call(c, s, call);
+  init_call(c, s, call, client);
   c->retry_attempt = retry_attempt(md);
-  if (client) { /* the token's label names the caller before its certificate */
-    snprintf(c->client, sizeof c->client, "%s", client);
-    c->by_label = 1;
-  }
   const char *no_shm = NULL;
   cgs_regions *rs = cgs_shm_for_peer(s, c->peer, &no_shm);
   cgs_upload_use_regions(&c->up, rs, no_shm, client);
-  /* From the first receive on, the fast path may run for this call. */
+  /* The sweep may find it from now on. */
   pthread_mutex_lock(&c->mu);
   if (accept_call(c, deadline) == 0) {
     post_recv(c);
     arm_timer(c);
   }
-  maybe_free(c);
-  pthread_mutex_unlock(&c->mu);
+  release(c);
 }
 
 /* grpc does not read the first message: the call is handed over at its
@@ -1251,5 +1208,6 @@ const cgs_method_def cgs_call_method = {
     .reads_first = 0,
     .slots = 32,
     .needs_token = 1,
+    .on_cq = 1,
     .start = start,
 };

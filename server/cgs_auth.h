@@ -19,6 +19,8 @@ typedef struct cgs_auth cgs_auth;
 
 /* A token shorter than this is refused: it could be guessed. */
 #define CGS_AUTH_MIN_TOKEN 16
+/* Room for a label and its terminating zero. */
+#define CGS_AUTH_LABEL_MAX 64
 
 /* Reads path. Returns 0, or CG_EINVAL with err naming the file and the
  * line (never the token), or CG_ENOMEM. *out is owned by the caller. */

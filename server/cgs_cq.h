@@ -1,14 +1,14 @@
 /* cgs_cq.h - the completion queue: the thread that waits on it, the tags
- * its operations complete with, the hand-off of those tags to the libuv
- * loop, and the batches and unary replies every handler starts on it.
+ * its operations complete with, the hand-off of some of those tags to the
+ * libuv loop, and the batches and unary replies every handler starts on it.
  *
  * Threads: one completion-queue thread ("cg-cq") blocks in
- * grpc_completion_queue_next. For each completed tag it runs the tag's fast
- * callback, if any, on its own thread; what the fast callback does not
- * handle goes to the loop through a locked list and uv_async_send, and the
- * loop runs each tag's cb in completion order. cgs_cq_batch runs on either
- * thread, cgs_cq_release and cgs_cq_acquire on any;
- * every other function here on the loop thread. */
+ * grpc_completion_queue_next. A tag marked on_cq runs its cb there, at
+ * once (the Compute calls: see cgs_call.h); every other tag goes to the
+ * loop through a locked list and uv_async_send, and the loop runs their
+ * cbs in completion order. cgs_cq_batch, cgs_cq_reply, cgs_cq_release and
+ * cgs_cq_acquire run on any thread; every other function here on the loop
+ * thread. */
 #ifndef CGS_CQ_H
 #define CGS_CQ_H
 
@@ -26,17 +26,15 @@
 
 /* A completion-queue tag. Objects embed one per kind of operation they
  * may have pending (at most one of each at a time), so handing a tag to
- * the loop needs no allocation. cb runs on the loop thread. fast, when
- * set, runs first on the completion-queue thread: it returns NULL when it
- * handled the event there, else the tag whose cb the loop should run. */
+ * the loop needs no allocation. cb runs on the completion-queue thread
+ * when on_cq is set, else on the loop thread. */
 typedef struct cgs_tag cgs_tag;
 typedef void (*cgs_tag_cb)(cgs_tag *tag, int ok);
-typedef cgs_tag *(*cgs_tag_fast)(cgs_tag *tag, int ok);
 struct cgs_tag {
   cgs_tag_cb cb;
-  cgs_tag_fast fast; /* NULL: always the loop */
-  int ok;            /* grpc_event.success */
-  cgs_tag *next;     /* link in the cq -> loop list */
+  int on_cq;     /* 1: cb runs on the completion-queue thread */
+  int ok;        /* grpc_event.success */
+  cgs_tag *next; /* link in the cq -> loop list */
 };
 
 /* Declare to ThreadSanitizer an ordering that grpc makes with its own
@@ -65,7 +63,7 @@ struct cgs_cq {
   /* cgs_cq_shutdown was called. Written by the loop thread, read by
    * cgs_cq_batch on both threads. */
   atomic_int closed;
-  unsigned replies; /* unary replies in flight (loop thread) */
+  atomic_uint replies; /* unary replies in flight */
   void (*on_exit)(cgs_cq *cq);
 };
 
@@ -89,13 +87,14 @@ void cgs_cq_destroy(cgs_cq *cq);
 
 /* Starts a batch; logs and returns the grpc_call_error on failure (then
  * the tag will not fire). Refuses once the queue is shut down: grpc's
- * shutdown notification does not wait for calls to be released. Either
+ * shutdown notification does not wait for calls to be released. Any
  * thread. */
 grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
                              size_t n, cgs_tag *tag);
 /* Finishes a unary (or not yet answered) call: sends initial metadata,
- * msg when not NULL, and the status, then releases the call. Takes
- * ownership of call's reference and of msg. */
+ * msg when not NULL, and the status, then releases the call (on the
+ * completion-queue thread). Takes ownership of call's reference and of
+ * msg. Any thread. */
 void cgs_cq_reply(cgs_cq *cq, grpc_call *call, grpc_byte_buffer *msg,
                   grpc_status_code code, const char *details);
 

@@ -18,7 +18,8 @@
  * holds at most CGS_PEERS_MAX entries; past that, new peers share one
  * overflow entry, which only makes their limits stricter.
  *
- * Threads: the loop thread only. */
+ * Threads: any; one mutex guards the table and every entry's fields but
+ * turn, which only cgs_pool_submit touches, under the pool's lock. */
 #ifndef CGS_PEERS_H
 #define CGS_PEERS_H
 
@@ -48,27 +49,38 @@ typedef struct cgs_peers cgs_peers;
 
 /* Returns 0 or CG_ENOMEM. */
 int cgs_peers_new(cgs_peers **out);
-/* Frees every entry; pointers from cgs_peers_get become invalid. */
+/* Frees every entry; every entry must have been released. */
 void cgs_peers_free(cgs_peers *p);
 /* The entry of the peer behind grpc_peer ("ipv4:10.0.0.1:5555",
- * "ipv6:[::1]:5555", as grpc_call_get_peer gives it), created if new;
- * never NULL. Valid until a sweep finds it idle. */
-cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now);
-/* The entry of key itself (no address parsing), created if new; never
- * NULL, valid as above. */
-cgs_peer *cgs_peers_get_key(cgs_peers *p, const char *key, uint64_t now);
-/* 1 when a failure line of e may be written now, given per_sec lines a
- * second in bursts of CGS_PEER_LOG_BURST_SECS seconds' worth (0 = no
- * limit); 0 when it is suppressed and counted instead. */
+ * "ipv6:[::1]:5555", as grpc_call_get_peer gives it), created if new, held
+ * (never NULL, never freed) until cgs_peers_release. */
+cgs_peer *cgs_peers_hold(cgs_peers *p, const char *grpc_peer, uint64_t now);
+/* The same for the entry of a token's label (CGS_PEER_LABEL_PREFIX and
+ * label), which takes turns in the workers' queue for its calls. */
+cgs_peer *cgs_peers_hold_label(cgs_peers *p, const char *label, uint64_t now);
+void cgs_peers_release(cgs_peers *p, cgs_peer *e);
+/* Counts one more call of e receiving its request unless max are:
+ * returns 0, or -1 with *receiving set to the count that refused it. */
+int cgs_peers_start_receiving(cgs_peers *p, cgs_peer *e, unsigned max,
+                              unsigned *receiving);
+void cgs_peers_stop_receiving(cgs_peers *p, cgs_peer *e);
+/* 1 when a failure line of e (held) may be written now, given per_sec
+ * lines a second in bursts of CGS_PEER_LOG_BURST_SECS seconds' worth (0 =
+ * no limit); 0 when it is suppressed and counted instead. */
 #define CGS_PEER_LOG_BURST_SECS 4
-int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec);
-/* Reports, through report (may be NULL), every entry that suppressed
- * lines since the last sweep, then frees entries idle since
- * now - CGS_PEER_IDLE_NS. Run it every few seconds. */
+int cgs_peers_log_allowed(cgs_peers *p, cgs_peer *e, uint64_t now,
+                          unsigned per_sec);
+/* The same for the peer behind grpc_peer, held or not. */
+int cgs_peers_log_allowed_for(cgs_peers *p, const char *grpc_peer, uint64_t now,
+                              unsigned per_sec);
+/* Reports, through report (may be NULL; it runs under the table's lock),
+ * every entry that suppressed lines since the last sweep, then frees
+ * entries no call holds that have been idle since now - CGS_PEER_IDLE_NS.
+ * Run it every few seconds. */
 void cgs_peers_sweep(cgs_peers *p, uint64_t now,
                      void (*report)(const cgs_peer *e));
 /* Number of entries (tests, GetServerInfo). */
-size_t cgs_peers_count(const cgs_peers *p);
+size_t cgs_peers_count(cgs_peers *p);
 
 /* Writes the address part of a grpc peer string into out[cap]. */
 void cgs_peer_address(const char *grpc_peer, char *out, size_t cap);

@@ -4,10 +4,10 @@
  * job: round robin between flows, first come first served within one); a
  * new job wakes an idle worker on the submitting core if there is one.
  *
- * Only the loop thread calls these functions, but cgs_pool_load. Workers report
- * finished jobs back to the loop through a locked list and uv_async_send;
- * done_cb runs on the loop thread. Compute never runs on the loop thread nor on
- * libuv's threadpool. */
+ * Threads: any thread may call these functions (one mutex) but
+ * cgs_pool_new and cgs_pool_close. done_cb runs on the worker that ran the
+ * job, once its place is given back. Compute never runs on the loop thread
+ * nor on libuv's threadpool. */
 #ifndef CGS_POOL_H
 #define CGS_POOL_H
 
@@ -54,7 +54,7 @@ typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
  * engine created in the thread itself. Returns 0, or CG_ENOMEM / CG_EBACKEND
  * (engine creation failed) / CG_EINTERNAL (thread or handle setup failed)
  * with err filled; nothing is left running on failure. */
-int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
+int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
                  cgs_pool_done_cb done_cb, void *data, char *err,
                  size_t errlen);
 /* Holds a place for a job to come: at most workers + queue_depth places
@@ -86,9 +86,8 @@ void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy);
 double cgs_pool_mean_run_ms(cgs_pool *p);
 /* Name of worker i ("cg-worker-0"); static storage of the pool. */
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
-/* Stops the workers after their current job, joins them, delivers the
- * last finished jobs to done_cb and closes the async handle; the pool is
- * freed in its close callback. No job may be queued. NULL is fine. */
+/* Stops the workers after their current job (done_cb runs for it), joins
+ * them and frees the pool. No job may be queued. NULL is fine. */
 void cgs_pool_close(cgs_pool *p);
 
 #endif

@@ -3,9 +3,11 @@
  * through.
  *
  * Threads: every function here runs on the libuv loop thread, and the loop
- * thread owns every field, except that the Compute fast paths use cq from
- * the completion-queue thread (cgs_cq.h, cgs_call.h), and cfg, read-only
- * once started, is read from any. Compute runs in the cgs_pool workers.
+ * thread owns every field but those the Compute calls use from the
+ * completion-queue thread and the workers (cgs_call.h): cfg (read-only
+ * once started), cq, pool, peers, calls, metrics and regions, which are
+ * thread-safe, inflight_bytes and stopped_accepting (atomic) and auth
+ * (under auth_mu). Compute runs in the cgs_pool workers.
  *
  * Life cycle: cgs_server_start() -> serving -> cgs_server_drain() (on
  * SIGTERM/SIGINT): stop accepting, health NOT_SERVING, in-flight calls
@@ -22,6 +24,7 @@
 #include <uv.h>
 
 #include "cgs_auth.h"
+#include "cgs_calls.h"
 #include "cgs_config.h"
 #include "cgs_cq.h"
 #include "cgs_httpd.h"
@@ -49,7 +52,11 @@ typedef struct cgs_method_def {
   /* 1: with --auth-tokens the call needs a token (0: only with
    * --auth-health). The server checks it before start. */
   int needs_token;
-  /* Loop thread. Takes ownership of call's reference and of payload;
+  /* 1: its calls arrive, are checked and started on the completion-queue
+   * thread instead of the loop. */
+  int on_cq;
+  /* The loop thread; Compute's, the completion-queue thread (it says so
+   * with on_cq). Takes ownership of call's reference and of payload;
    * deadline as grpc reported it; client: the label of the caller's token,
    * or NULL without --auth-tokens (valid during the call only); md: the
    * request's metadata (during start only). */
@@ -73,25 +80,28 @@ struct cgs_server {
 
   cgs_pool *pool;
   cgs_health *health;
-  cgs_peers *peers; /* live calls and log budgets per client address */
+  cgs_peers *peers; /* calls receiving, turns and log budgets per peer */
+  cgs_calls calls;  /* the live Compute calls */
   uv_timer_t housekeeping_timer;
-  uint64_t calls_ended, calls_ended_at_tick; /* Compute calls freed */
-  cgs_auth *auth;       /* the token table; NULL without --auth-tokens */
+  uint64_t calls_ended_at_tick; /* Compute calls over at the last tick */
+  uv_timer_t calls_timer;       /* the Compute calls' timeouts */
+  /* The token table (NULL without --auth-tokens), replaced by SIGHUP
+   * under auth_mu, which Compute's admission reads it under. */
+  cgs_auth *auth;
+  pthread_mutex_t auth_mu;
   cgs_regions *regions; /* shared-memory regions; NULL with --shm off */
   cgs_metrics *metrics;
   cgs_httpd *metrics_http; /* NULL without --metrics-listen */
   int metrics_port;        /* its bound port; 0 without */
 
-  /* admission accounting (loop thread) */
-  /* reserved by live Compute calls; atomic for the metrics' thread */
+  /* reserved by live Compute calls */
   _Atomic uint64_t inflight_bytes;
-  unsigned compute_active; /* Compute calls not yet freed */
-  cgs_call *calls;         /* live Compute calls, for cancel on grace end */
-  uint64_t next_call_id;
 
   /* shutdown */
   int draining;
-  int stopped_accepting; /* grpc_server_shutdown_and_notify was called */
+  /* grpc_server_shutdown_and_notify was called (Compute's call requests
+   * are posted again on the completion-queue thread) */
+  atomic_int stopped_accepting;
   int grace_expired;
   int torn_down;
   uv_timer_t grace_timer;
@@ -116,9 +126,5 @@ void cgs_server_close(cgs_server *s);
 /* Reloads --auth-tokens (SIGHUP): the new table replaces the old one only
  * if the file loads; calls already admitted go on either way. */
 void cgs_server_reload(cgs_server *s);
-
-/* Called by call.c when a Compute call object is freed: lets a draining
- * server finish. */
-void cgs_server_compute_ended(cgs_server *s);
 
 #endif

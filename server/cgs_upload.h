@@ -7,7 +7,7 @@
  * in-flight reservation, the pool and the timers around it, and the fuzzer
  * (tests/fuzz) drives it alone. Every refusal is a gRPC status and a
  * message that names the field. Not thread-safe: one owner at a time (the
- * call's mutex orders the loop and the completion-queue thread). */
+ * call's mutex orders the threads a call crosses). */
 #ifndef CGS_UPLOAD_H
 #define CGS_UPLOAD_H
 
@@ -96,9 +96,6 @@ uint64_t cgs_upload_out_bytes(const cgs_upload *u);
 int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
                      grpc_byte_buffer *bb, grpc_status_code *code, char *msg,
                      size_t msglen);
-/* 1 when v goes to the current input, fits, and leaves bytes missing:
- * taking it completes nothing (the completion-queue thread's fast path). */
-int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v);
 /* Bytes the inputs still lack. */
 size_t cgs_upload_missing(const cgs_upload *u);
 /* 1 once every input is full. */

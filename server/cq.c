@@ -1,5 +1,6 @@
-/* cq.c - owns the completion queue, the thread that drains it into the
- * libuv loop, and the batches and unary replies started on it. */
+/* cq.c - owns the completion queue, the thread that drains it (running
+ * some tags itself, handing the rest to the libuv loop), and the batches
+ * and unary replies started on it. */
 #include "cgs_cq.h"
 
 #include <stdlib.h>
@@ -34,8 +35,10 @@ static void *cq_main(void *arg) {
     cgs_tag *t = ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
     if (t)
       cgs_cq_acquire(t);
-    if (t && t->fast && !(t = t->fast(t, ev.success)))
-      continue; /* handled on this thread */
+    if (t && t->on_cq) {
+      t->cb(t, ev.success);
+      continue;
+    }
     pthread_mutex_lock(&cq->mu);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) {
       cq->exited = 1;
@@ -157,6 +160,7 @@ void cgs_cq_reply(cgs_cq *cq, grpc_call *call, grpc_byte_buffer *msg,
     return;
   }
   r->tag.cb = on_reply_done;
+  r->tag.on_cq = 1;
   r->cq = cq;
   r->call = call;
   r->msg = msg;

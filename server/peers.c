@@ -2,6 +2,7 @@
  * their live-call counts and log-line budgets. */
 #include "cgs_peers.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #define NBUCKETS 4096
 
 struct cgs_peers {
+  pthread_mutex_t mu; /* the table and every entry */
   cgs_peer *bucket[NBUCKETS];
   cgs_peer overflow; /* shared by new peers once the table is full */
   size_t n;
@@ -22,6 +24,7 @@ int cgs_peers_new(cgs_peers **out) {
   if (!p)
     return CG_ENOMEM;
   strcpy(p->overflow.addr, "overflow");
+  pthread_mutex_init(&p->mu, NULL);
   *out = p;
   return 0;
 }
@@ -34,6 +37,7 @@ void cgs_peers_free(cgs_peers *p) {
       next = e->next;
       free(e);
     }
+  pthread_mutex_destroy(&p->mu);
   free(p);
 }
 
@@ -64,7 +68,8 @@ static size_t hash(const char *s) {
   return (size_t)(h % NBUCKETS);
 }
 
-cgs_peer *cgs_peers_get_key(cgs_peers *p, const char *key, uint64_t now) {
+/* With p->mu held: the entry of key, created if new. */
+static cgs_peer *get_key(cgs_peers *p, const char *key, uint64_t now) {
   size_t b = hash(key);
   cgs_peer *e = p->bucket[b];
   while (e && strcmp(e->addr, key) != 0)
@@ -81,13 +86,58 @@ cgs_peer *cgs_peers_get_key(cgs_peers *p, const char *key, uint64_t now) {
   return e;
 }
 
-cgs_peer *cgs_peers_get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
+static cgs_peer *get(cgs_peers *p, const char *grpc_peer, uint64_t now) {
   char addr[sizeof p->overflow.addr];
   cgs_peer_address(grpc_peer, addr, sizeof addr);
-  return cgs_peers_get_key(p, addr, now);
+  return get_key(p, addr, now);
 }
 
-int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec) {
+cgs_peer *cgs_peers_hold(cgs_peers *p, const char *grpc_peer, uint64_t now) {
+  pthread_mutex_lock(&p->mu);
+  cgs_peer *e = get(p, grpc_peer, now);
+  e->live++;
+  pthread_mutex_unlock(&p->mu);
+  return e;
+}
+
+cgs_peer *cgs_peers_hold_label(cgs_peers *p, const char *label, uint64_t now) {
+  char key[sizeof p->overflow.addr];
+  snprintf(key, sizeof key, "%s%s", CGS_PEER_LABEL_PREFIX, label);
+  pthread_mutex_lock(&p->mu);
+  cgs_peer *e = get_key(p, key, now);
+  e->live++;
+  pthread_mutex_unlock(&p->mu);
+  return e;
+}
+
+void cgs_peers_release(cgs_peers *p, cgs_peer *e) {
+  pthread_mutex_lock(&p->mu);
+  e->live--;
+  pthread_mutex_unlock(&p->mu);
+}
+
+int cgs_peers_start_receiving(cgs_peers *p, cgs_peer *e, unsigned max,
+                              unsigned *receiving) {
+  int rc = 0;
+  pthread_mutex_lock(&p->mu);
+  if (e->receiving >= max) {
+    *receiving = e->receiving;
+    rc = -1;
+  } else {
+    e->receiving++;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return rc;
+}
+
+void cgs_peers_stop_receiving(cgs_peers *p, cgs_peer *e) {
+  pthread_mutex_lock(&p->mu);
+  e->receiving--;
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* With p->mu held. */
+static int log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec) {
   if (!per_sec)
     return 1;
   double burst = (double)per_sec * CGS_PEER_LOG_BURST_SECS;
@@ -105,6 +155,22 @@ int cgs_peer_log_allowed(cgs_peer *e, uint64_t now, unsigned per_sec) {
   return 1;
 }
 
+int cgs_peers_log_allowed(cgs_peers *p, cgs_peer *e, uint64_t now,
+                          unsigned per_sec) {
+  pthread_mutex_lock(&p->mu);
+  int ok = log_allowed(e, now, per_sec);
+  pthread_mutex_unlock(&p->mu);
+  return ok;
+}
+
+int cgs_peers_log_allowed_for(cgs_peers *p, const char *grpc_peer, uint64_t now,
+                              unsigned per_sec) {
+  pthread_mutex_lock(&p->mu);
+  int ok = log_allowed(get(p, grpc_peer, now), now, per_sec);
+  pthread_mutex_unlock(&p->mu);
+  return ok;
+}
+
 /* Reports what e suppressed since the last sweep. */
 static void flush_suppressed(cgs_peer *e, void (*report)(const cgs_peer *e)) {
   if (e->suppressed && report)
@@ -114,6 +180,7 @@ static void flush_suppressed(cgs_peer *e, void (*report)(const cgs_peer *e)) {
 
 void cgs_peers_sweep(cgs_peers *p, uint64_t now,
                      void (*report)(const cgs_peer *e)) {
+  pthread_mutex_lock(&p->mu);
   for (size_t b = 0; b < NBUCKETS; b++) {
     cgs_peer **link = &p->bucket[b];
     while (*link) {
@@ -129,10 +196,14 @@ void cgs_peers_sweep(cgs_peers *p, uint64_t now,
     }
   }
   flush_suppressed(&p->overflow, report);
+  pthread_mutex_unlock(&p->mu);
 }
 
-size_t cgs_peers_count(const cgs_peers *p) {
-  return p->n;
+size_t cgs_peers_count(cgs_peers *p) {
+  pthread_mutex_lock(&p->mu);
+  size_t n = p->n;
+  pthread_mutex_unlock(&p->mu);
+  return n;
 }
 
 cgs_peer_class cgs_peer_classify(const char *grpc_peer) {

@@ -1,5 +1,5 @@
-/* pool.c - owns the pinned compute workers, their engines, the bounded job
- * queue and the hand-back of finished jobs to the libuv loop. */
+/* pool.c - owns the pinned compute workers, their engines and the bounded
+ * job queue; a worker hands each finished job to done_cb itself. */
 #include "cgs_pool.h"
 
 #include <errno.h>
@@ -36,7 +36,6 @@ struct cgs_pool {
   const cgs_config *cfg;
   cgs_pool_done_cb done_cb;
   void *data;
-  uv_async_t done_async; /* loop-owned; workers only uv_async_send it */
 
   pthread_mutex_t mu;
   pthread_cond_t ready_cv; /* a worker finished start-up */
@@ -48,9 +47,6 @@ struct cgs_pool {
   int stop;
   unsigned ready, failed; /* start-up accounting */
   char start_err[320];    /* worker name + engine message */
-
-  pthread_mutex_t done_mu;
-  cgs_job *done_head, *done_tail;
 
   unsigned nworkers;
   worker *workers;
@@ -107,18 +103,6 @@ static void give_back(cgs_pool *p, worker *w) {
     }
   for (unsigned q = 1; q < p->queued && lent; q++, lent--)
     wake_one(p);
-}
-
-static void deliver(cgs_pool *p, cgs_job *job) {
-  pthread_mutex_lock(&p->done_mu);
-  job->next = NULL;
-  if (p->done_tail)
-    p->done_tail->next = job;
-  else
-    p->done_head = job;
-  p->done_tail = job;
-  pthread_mutex_unlock(&p->done_mu);
-  uv_async_send(&p->done_async);
 }
 
 /* Least work of one minibatch slice: 16 GFLOP per thread (80 ms of one
@@ -345,30 +329,16 @@ static void *worker_main(void *arg) {
     give_back(p, w);
     p->admitted--; /* the job's place */
     pthread_mutex_unlock(&p->mu);
-    deliver(p, job);
+    /* The answer starts from here: handing the job to another thread
+     * would cost a wake-up before its first byte goes out. */
+    p->done_cb(job, p->data);
   }
   cg_engine_free(engine);
   return NULL;
 }
 
-/* Loop thread: hands every finished job to done_cb. */
-static void on_done_async(uv_async_t *h) {
-  cgs_pool *p = h->data;
-  pthread_mutex_lock(&p->done_mu);
-  cgs_job *job = p->done_head;
-  p->done_head = p->done_tail = NULL;
-  pthread_mutex_unlock(&p->done_mu);
-  while (job) {
-    cgs_job *next = job->next;
-    job->next = NULL;
-    p->done_cb(job, p->data);
-    job = next;
-  }
-}
-
 static void pool_free(cgs_pool *p) {
   pthread_mutex_destroy(&p->mu);
-  pthread_mutex_destroy(&p->done_mu);
   pthread_cond_destroy(&p->ready_cv);
   for (unsigned i = 0; p->workers && i < p->nworkers; i++) {
     pthread_cond_destroy(&p->workers[i].cv);
@@ -376,10 +346,6 @@ static void pool_free(cgs_pool *p) {
   }
   free(p->workers);
   free(p);
-}
-
-static void on_async_closed(uv_handle_t *h) {
-  pool_free(h->data);
 }
 
 static void stop_and_join(cgs_pool *p) {
@@ -393,7 +359,7 @@ static void stop_and_join(cgs_pool *p) {
       pthread_join(p->workers[i].thread, NULL);
 }
 
-int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
+int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
                  cgs_pool_done_cb done_cb, void *data, char *err,
                  size_t errlen) {
   int rc = 0;
@@ -406,7 +372,6 @@ int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
   p->data = data;
   p->nworkers = cfg->workers;
   pthread_mutex_init(&p->mu, NULL);
-  pthread_mutex_init(&p->done_mu, NULL);
   pthread_cond_init(&p->ready_cv, NULL);
   p->workers = calloc(p->nworkers, sizeof *p->workers);
   if (!p->workers) {
@@ -429,12 +394,6 @@ int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
       CPU_SET(cfg->cpus.cpu[slot], &w->cpus);
     }
   }
-  if (uv_async_init(loop, &p->done_async, on_done_async) != 0) {
-    rc = cg_errorf(err, errlen, CG_EINTERNAL, "pool: uv_async_init failed");
-    goto fail_workers;
-  }
-  p->done_async.data = p;
-
   for (unsigned i = 0; i < p->nworkers; i++) {
     worker *w = &p->workers[i];
     w->pool = p;
@@ -461,7 +420,7 @@ int cgs_pool_new(cgs_pool **out, uv_loop_t *loop, const cgs_config *cfg,
 
 fail_threads:
   stop_and_join(p);
-  uv_close((uv_handle_t *)&p->done_async, on_async_closed);
+  pool_free(p);
   return rc;
 fail_workers:
   pool_free(p);
@@ -587,6 +546,5 @@ void cgs_pool_close(cgs_pool *p) {
   if (!p)
     return;
   stop_and_join(p);
-  on_done_async(&p->done_async);
-  uv_close((uv_handle_t *)&p->done_async, on_async_closed);
+  pool_free(p);
 }

@@ -25,6 +25,10 @@
 
 /* Period of the peer sweep and the heap trim. */
 #define HOUSEKEEPING_MS 2000
+/* Period at which the Compute calls' timeouts are looked at: they are
+ * seconds long (--idle-timeout), and gRPC itself ends a call at its
+ * deadline. */
+#define CALLS_TICK_MS 100
 
 /* Every method served; any other path is answered UNIMPLEMENTED. */
 static const cgs_method_def *const method_table[] = {
@@ -60,6 +64,7 @@ static int request_slot(cgs_server *s, size_t m) {
     return CG_ENOMEM;
   }
   sl->tag.cb = on_slot;
+  sl->tag.on_cq = m < N_METHODS && method_table[m]->on_cq;
   sl->s = s;
   sl->m = m;
   grpc_metadata_array_init(&sl->md);
@@ -90,8 +95,7 @@ static void answer_unknown(cgs_server *s, slot *sl) {
   char *peer = grpc_call_get_peer(sl->call);
   snprintf(msg, sizeof msg, "unknown method %s", method);
   uint64_t now = uv_hrtime();
-  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, now), now,
-                           s->cfg->peer_log_rate)) {
+  if (cgs_peers_log_allowed_for(s->peers, peer, now, s->cfg->peer_log_rate)) {
     char logged[300], from[128];
     cgs_log_value(logged, sizeof logged, method);
     cgs_log_value(from, sizeof from, peer);
@@ -102,15 +106,24 @@ static void answer_unknown(cgs_server *s, slot *sl) {
   cgs_cq_reply(&s->cq, sl->call, NULL, GRPC_STATUS_UNIMPLEMENTED, msg);
 }
 
-/* With --auth-tokens: 0 with *client set when the call may go on, else
- * -1 after answering it UNAUTHENTICATED (logged, rate-limited by peer, and
- * counted as a Compute call when it is one). */
-static int authenticate(cgs_server *s, slot *sl, const char **client) {
+/* With --auth-tokens: 0 with the caller's label in client[cap] (else "")
+ * when the call may go on, else -1 after answering it UNAUTHENTICATED
+ * (logged, rate-limited by peer, and counted as a Compute call when it is
+ * one). */
+static int authenticate(cgs_server *s, slot *sl, char *client, size_t cap) {
   const cgs_method_def *d = method_table[sl->m];
-  *client = NULL;
-  if (!s->auth || (!d->needs_token && !s->cfg->auth_health))
+  client[0] = '\0';
+  if (!d->needs_token && !s->cfg->auth_health)
     return 0;
-  cgs_auth_result r = cgs_auth_check(s->auth, &sl->md, client);
+  const char *label = NULL;
+  cgs_auth_result r = CGS_AUTH_OK;
+  pthread_mutex_lock(&s->auth_mu);
+  if (s->auth) {
+    r = cgs_auth_check(s->auth, &sl->md, &label);
+    if (r == CGS_AUTH_OK)
+      snprintf(client, cap, "%s", label);
+  }
+  pthread_mutex_unlock(&s->auth_mu);
   if (r == CGS_AUTH_OK)
     return 0;
   const char *msg = r == CGS_AUTH_MISSING
@@ -119,8 +132,7 @@ static int authenticate(cgs_server *s, slot *sl, const char **client) {
                         : "authorization: unknown token";
   char *peer = grpc_call_get_peer(sl->call);
   uint64_t now = uv_hrtime();
-  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, now), now,
-                           s->cfg->peer_log_rate)) {
+  if (cgs_peers_log_allowed_for(s->peers, peer, now, s->cfg->peer_log_rate)) {
     char from[128];
     cgs_log_value(from, sizeof from, peer);
     cgs_info("call method=%s peer=%s status=UNAUTHENTICATED msg=\"%s\"",
@@ -140,17 +152,17 @@ static int authenticate(cgs_server *s, slot *sl, const char **client) {
 static void on_slot(cgs_tag *t, int ok) {
   slot *sl = cgs_container_of(t, slot, tag);
   cgs_server *s = sl->s;
-  const char *client;
+  char client[CGS_AUTH_LABEL_MAX];
   if (ok) {
     /* Draining keeps taking calls (to refuse them with UNAVAILABLE) until
      * the listener closes. */
-    if (!s->stopped_accepting)
+    if (!atomic_load(&s->stopped_accepting))
       request_slot(s, sl->m);
     if (sl->m == N_METHODS)
       answer_unknown(s, sl);
-    else if (authenticate(s, sl, &client) == 0)
-      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload, client,
-                                 &sl->md);
+    else if (authenticate(s, sl, client, sizeof client) == 0)
+      method_table[sl->m]->start(s, sl->call, sl->deadline, sl->payload,
+                                 client[0] ? client : NULL, &sl->md);
   }
   /* !ok: the server is shutting down and the request was withdrawn. */
   grpc_metadata_array_destroy(&sl->md);
@@ -166,9 +178,9 @@ static void on_slot(cgs_tag *t, int ok) {
  * arrives as it shuts down with CANCELLED, which a client cannot tell
  * from its own cancellation and does not retry. */
 static void stop_accepting(cgs_server *s) {
-  if (s->stopped_accepting)
+  if (atomic_load(&s->stopped_accepting))
     return;
-  s->stopped_accepting = 1;
+  atomic_store(&s->stopped_accepting, 1);
   cgs_cq_release(&s->shutdown_tag);
   grpc_server_shutdown_and_notify(s->grpc, s->cq.q, &s->shutdown_tag);
 }
@@ -176,15 +188,15 @@ static void stop_accepting(cgs_server *s) {
 static void maybe_finish_drain(cgs_server *s) {
   /* Watch streams would hold the server open forever: end them once the
    * real work is done. */
-  if (s->draining && s->compute_active == 0 && !s->torn_down) {
+  if (s->draining && cgs_calls_live(&s->calls) == 0 && !s->torn_down) {
     cgs_health_end_watches(s->health);
     stop_accepting(s);
   }
 }
 
-void cgs_server_compute_ended(cgs_server *s) {
-  s->calls_ended++;
-  maybe_finish_drain(s);
+/* The last Compute call of a draining server is over. */
+static void on_calls_idle(cgs_calls *cs) {
+  maybe_finish_drain(cgs_container_of(cs, cgs_server, calls));
 }
 
 static void report_suppressed(const cgs_peer *e) {
@@ -206,9 +218,10 @@ static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
   cgs_shm_sweep(s);
-  int ended = s->calls_ended != s->calls_ended_at_tick;
-  s->calls_ended_at_tick = s->calls_ended;
-  if (!ended && s->compute_active == 0 && cgs_buf_cached_bytes()) {
+  uint64_t over = cgs_calls_ended(&s->calls);
+  int ended = over != s->calls_ended_at_tick;
+  s->calls_ended_at_tick = over;
+  if (!ended && cgs_calls_live(&s->calls) == 0 && cgs_buf_cached_bytes()) {
     cgs_buf_drain();
     malloc_trim(0);
   } else if (ended) {
@@ -216,11 +229,15 @@ static void on_housekeeping(uv_timer_t *h) {
   }
 }
 
+static void on_calls_timer(uv_timer_t *h) {
+  cgs_call_sweep(h->data);
+}
+
 static void on_grace_timer(uv_timer_t *h) {
   cgs_server *s = h->data;
   s->grace_expired = 1;
   cgs_warn("grace period over: cancelling %u in-flight calls",
-           s->compute_active);
+           cgs_calls_live(&s->calls));
   stop_accepting(s); /* grpc cancels all calls only after a shutdown */
   /* Ours first, so that each call ends with our UNAVAILABLE and its
    * message rather than grpc's generic cancel. */
@@ -246,6 +263,7 @@ void cgs_server_close(cgs_server *s) {
   s->metrics = NULL;
   cgs_auth_free(s->auth);
   s->auth = NULL;
+  pthread_mutex_destroy(&s->auth_mu);
   cgs_listen_remove(&s->listeners);
 }
 
@@ -257,9 +275,11 @@ void cgs_server_drain(cgs_server *s) {
     return;
   }
   s->draining = 1;
+  cgs_calls_drain(&s->calls);
   cgs_info("draining: %u compute calls and %u other calls in flight, grace "
            "%.1f s",
-           s->compute_active, s->cq.replies + cgs_health_watchers(s->health),
+           cgs_calls_live(&s->calls),
+           atomic_load(&s->cq.replies) + cgs_health_watchers(s->health),
            (double)s->cfg->grace_ms / 1000.0);
   cgs_health_set_serving(s->health, 0);
   uv_timer_start(&s->grace_timer, on_grace_timer, s->cfg->grace_ms, 0);
@@ -298,6 +318,8 @@ static void teardown(cgs_cq *cq) {
   s->health = NULL;
   uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
   uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
+  uv_close((uv_handle_t *)&s->calls_timer, on_handle_closed);
+  cgs_calls_close(&s->calls, on_handle_closed);
   cgs_cq_close(&s->cq, on_last_closed);
 }
 
@@ -405,9 +427,12 @@ void cgs_server_reload(cgs_server *s) {
               cgs_auth_count(s->auth));
     return;
   }
-  cgs_auth_free(s->auth);
+  pthread_mutex_lock(&s->auth_mu);
+  cgs_auth *old = s->auth;
   s->auth = fresh;
-  cgs_info("SIGHUP: reloaded %zu tokens", cgs_auth_count(s->auth));
+  pthread_mutex_unlock(&s->auth_mu);
+  cgs_auth_free(old);
+  cgs_info("SIGHUP: reloaded %zu tokens", cgs_auth_count(fresh));
 }
 
 /* Creates s->grpc with the channel arguments below, registers the method
@@ -501,7 +526,7 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   s->loop = loop;
   s->on_stopped = on_stopped;
   s->shutdown_tag.cb = on_shutdown_notified;
-  s->next_call_id = 1;
+  pthread_mutex_init(&s->auth_mu, NULL);
   if (cgs_cq_init(&s->cq) != 0)
     return cg_errorf(err, errlen, CG_EINTERNAL,
                      "cannot create the completion queue");
@@ -521,13 +546,19 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     cg_errorf(err, errlen, rc, "health: out of memory");
     goto fail_grpc;
   }
-  if ((rc = cgs_pool_new(&s->pool, loop, cfg, cgs_call_job_done, s, err,
-                         errlen)) != 0)
+  if ((rc = cgs_pool_new(&s->pool, cfg, cgs_call_job_done, s, err, errlen)) !=
+      0)
     goto fail_health;
+  if (cgs_calls_init(&s->calls, loop, on_calls_idle) != 0) {
+    rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the calls' list");
+    goto fail_calls;
+  }
   uv_timer_init(loop, &s->grace_timer);
   s->grace_timer.data = s;
   uv_timer_init(loop, &s->housekeeping_timer);
   s->housekeeping_timer.data = s;
+  uv_timer_init(loop, &s->calls_timer);
+  s->calls_timer.data = s;
   if ((rc = start_metrics(s, err, errlen)) != 0)
     goto fail_pool;
   if (cgs_cq_start(&s->cq, loop, teardown) != 0) {
@@ -536,6 +567,7 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   }
   uv_timer_start(&s->housekeeping_timer, on_housekeeping, HOUSEKEEPING_MS,
                  HOUSEKEEPING_MS);
+  uv_timer_start(&s->calls_timer, on_calls_timer, CALLS_TICK_MS, CALLS_TICK_MS);
   grpc_server_start(s->grpc);
   for (size_t m = 0; m <= N_METHODS; m++) {
     int slots = m < N_METHODS ? method_table[m]->slots : UNKNOWN_SLOTS;
@@ -547,9 +579,12 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
 fail_pool:
   cgs_httpd_stop(s->metrics_http);
   s->metrics_http = NULL;
-  cgs_pool_close(s->pool);
   uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
   uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
+  uv_close((uv_handle_t *)&s->calls_timer, on_handle_closed);
+  cgs_calls_close(&s->calls, on_handle_closed);
+fail_calls:
+  cgs_pool_close(s->pool);
 fail_health:
   cgs_health_free(s->health);
 fail_grpc:

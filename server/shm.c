@@ -59,8 +59,7 @@ static void answer(cgs_server *s, grpc_call *call, const char *what,
                    const char *msg) {
   char *peer = grpc_call_get_peer(call);
   uint64_t now = uv_hrtime();
-  if (cgs_peer_log_allowed(cgs_peers_get(s->peers, peer, now), now,
-                           s->cfg->peer_log_rate)) {
+  if (cgs_peers_log_allowed_for(s->peers, peer, now, s->cfg->peer_log_rate)) {
     char from[128], who[320], region[2 * CGS_REGION_NAME_MAX], text[1024];
     cgs_log_value(from, sizeof from, peer);
     cgs_log_value(who, sizeof who, client ? client : "-");

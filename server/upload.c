@@ -338,12 +338,6 @@ size_t cgs_upload_missing(const cgs_upload *u) {
   return n;
 }
 
-int cgs_upload_fits(const cgs_upload *u, const cgs_chunk_view *v) {
-  return u->cur < u->ninputs && v->input == (uint32_t)u->cur &&
-         v->data_len <= u->in_len[u->cur] - u->in_fill[u->cur] &&
-         v->data_len < cgs_upload_missing(u);
-}
-
 int cgs_upload_complete(const cgs_upload *u) {
   return u->cur == u->ninputs;
 }

@@ -3,8 +3,8 @@
  * layouts included; each kind of bad header is refused with its status
  * and a message naming the field. Then cgs_upload, the request's assembly
  * from those headers: inline data, chunks in order, refusals that leave
- * the counts as they were, the fast path's test, and the shape tensor
- * holding resolution back until its bytes arrive. */
+ * the counts as they were, and the shape tensor holding resolution back
+ * until its bytes arrive. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -330,11 +330,8 @@ static int chunk_of(cgs_upload *u, uint32_t input, const void *data, size_t n,
   assert_int_equal(cgs_wire_scan_request(bb, &kind, &v, msg, msglen), 0);
   assert_int_equal(kind, CGS_MSG_CHUNK);
   grpc_status_code code = GRPC_STATUS_OK;
-  int fits = cgs_upload_fits(u, &v);
   int rc = cgs_upload_chunk(u, &v, bb, &code, msg, msglen);
   grpc_byte_buffer_destroy(bb);
-  if (fits)
-    assert_int_equal(rc, 0); /* the fast path never takes a refusal */
   if (rc != 0)
     assert_int_equal(code, GRPC_STATUS_INVALID_ARGUMENT);
   return rc;
@@ -406,11 +403,10 @@ static void test_upload_inline_data(void **state) {
   assert_int_equal(u.bytes_in, sizeof w);
   assert_int_equal(u.cur, 0);
   char msg[512];
-  /* The last bytes complete the request: not for the fast path. */
+  /* The last bytes complete the request. */
   size_t dy = 2 * 8 * 5 * 5 * 4;
   assert_int_equal(chunk(&u, 0, dy / 2, 0, msg, sizeof msg), 0);
-  cgs_chunk_view last = {.input = 0, .data_len = dy / 2};
-  assert_false(cgs_upload_fits(&u, &last));
+  assert_false(cgs_upload_complete(&u));
   assert_int_equal(chunk(&u, 0, dy / 2, 0, msg, sizeof msg), 0);
   assert_true(cgs_upload_complete(&u));
   cgs_upload_close(&u);
