@@ -66,18 +66,37 @@ static int own_core(const cgs_pool *p, unsigned i, unsigned k) {
   return p->cfg->cpus.cpu[(i * tpw + k) % p->cfg->cpus.n];
 }
 
-/* Adaptive policy, with p->mu held, once w has taken a job: when no
- * other job waits, w borrows every idle worker, and its job runs on their
- * cores too. Fills w->team and returns the thread count. A borrowed worker
- * stays asleep until give_back(): a running OpenMP team cannot shrink, so
- * a job started on a lent core would share it with a team thread, and
- * both jobs would run at the pace of that shared core. */
-static int borrow(cgs_pool *p, worker *w) {
+/* Work under which a job runs on its worker's own cores even when others
+ * are idle: waking a second OpenMP thread, and its spinning afterwards,
+ * cost more than it saves. Measured in-process here (AMX Xeon, f32, one
+ * thread against two pinned): 2.4 MFLOP 33 against 52 us, 7 MFLOP 81
+ * against 124 us, 14 MFLOP 172 against 166 us, 29 MFLOP 269 against 194
+ * us; the tiny row (18 KFLOP) 19 against 88 us. */
+#define BORROW_MIN_FLOPS 10e6
+
+/* The work of every output job asks for. */
+static double job_flops(const cgs_job *job) {
+  double flops = 0;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (job->layer->grads & CG_GRAD_BIT(g))
+      flops += cg_layer_geom(job->layer, (cg_grad)g)->flops;
+  return flops;
+}
+
+/* Adaptive policy, with p->mu held, once w has taken job: when no other
+ * job waits and job is large enough, w borrows every idle worker, and its
+ * job runs on their cores too. Fills w->team and returns the thread
+ * count. A borrowed worker stays asleep until give_back(): a running
+ * OpenMP team cannot shrink, so a job started on a lent core would share
+ * it with a team thread, and both jobs would run at the pace of that
+ * shared core. */
+static int borrow(cgs_pool *p, worker *w, const cgs_job *job) {
   unsigned tpw = p->cfg->threads_per_worker;
   int n = 0;
   for (unsigned k = 0; k < tpw; k++)
     w->team[n++] = own_core(p, w->index, k);
-  if (p->cfg->threads_policy != CGS_THREADS_ADAPTIVE || p->head)
+  if (p->cfg->threads_policy != CGS_THREADS_ADAPTIVE || p->head ||
+      job_flops(job) < BORROW_MIN_FLOPS)
     return n;
   for (unsigned i = 0; i < p->nworkers; i++) {
     worker *o = &p->workers[i];
@@ -204,12 +223,13 @@ static int run_outputs(cg_engine *engine, cgs_job *job, unsigned threads) {
 }
 
 /* Points the engine's team at w->team unless it already is: pinning costs
- * a parallel region. */
+ * a parallel region. A team that starts the one pinned keeps its pins
+ * (cg_engine_set_threads). */
 static int pin_team(worker *w, cg_engine *engine, int threads, char *err,
                     size_t errlen) {
   size_t bytes = (size_t)threads * sizeof *w->team;
-  if (threads == w->team_threads && memcmp(w->team, w->pinned, bytes) == 0)
-    return 0;
+  if (threads <= w->team_threads && memcmp(w->team, w->pinned, bytes) == 0)
+    return cg_engine_set_threads(engine, threads, NULL, err, errlen);
   int rc = cg_engine_set_threads(engine, threads, w->team, err, errlen);
   w->team_threads = rc == 0 ? threads : 0;
   if (rc == 0)
@@ -314,7 +334,7 @@ static void *worker_main(void *arg) {
     }
     unlink_job(p, job);
     p->turn = job->turn;
-    int threads = borrow(p, w);
+    int threads = borrow(p, w, job);
     pthread_mutex_unlock(&p->mu);
 
     uint64_t t0 = uv_hrtime();
