@@ -302,6 +302,16 @@ static void stop_receiving(cgs_call *c) {
   }
 }
 
+/* A call that ends while its request arrives has nothing else allocated
+ * (no job, no output yet): its inputs go, and its reservation with them,
+ * before the client can see the status, so a stalled upload's memory is
+ * back once its end is decided. */
+static void drop_upload(cgs_call *c) {
+  cgs_upload_free_inputs(&c->up);
+  atomic_fetch_sub(&c->s->inflight_bytes, c->reserved);
+  c->reserved = 0;
+}
+
 /* The trailing metadata of a refusal the client should retry. */
 #define RETRY_AFTER_KEY "retry-after-ms"
 
@@ -312,6 +322,8 @@ static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
   c->finished = 1;
   c->ended_in = state_names[c->st];
   c->status = code;
+  if (c->receiving)
+    drop_upload(c);
   stop_receiving(c);
   if (c->place_held) {
     cgs_pool_unreserve(c->s->pool);
@@ -717,6 +729,7 @@ static int resolve(cgs_call *c) {
 static void inputs_complete(cgs_call *c) {
   if (!c->up.resolved && resolve(c) != 0)
     return;
+  stop_receiving(c); /* the request is in; outputs are allocated next */
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!(c->up.layer.grads & CG_GRAD_BIT(g)))
       continue;
@@ -744,7 +757,6 @@ static void inputs_complete(cgs_call *c) {
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
-  stop_receiving(c);
   cgs_pool_submit(c->s->pool, &c->job, &c->flow->turn);
   c->place_held = 0;
   c->job_busy = 1;

@@ -6,8 +6,8 @@
  * shapes, and the element and request-size limits. The geometry (whether
  * the shapes and attributes make a convolution) is the kernels' job
  * (cg_problem_resolve). No call state, no gRPC: a refusal is a status code
- * and a message that names the field. Called on the loop thread; no
- * shared state, so any thread could. */
+ * and a message that names the field. Called on the completion-queue
+ * thread; no shared state, so any thread could. */
 #ifndef CGS_HEADER_H
 #define CGS_HEADER_H
 

@@ -1,6 +1,7 @@
 /* cgs_shm.h - the shared-memory RPCs (shm.c): RegisterRegion,
  * UnregisterRegion and ListRegions on the server's region table, and who
- * may use regions under --shm. Loop thread only. */
+ * may use regions under --shm. The RPCs and the sweep run on the loop
+ * thread, cgs_shm_for_peer on any. */
 #ifndef CGS_SHM_H
 #define CGS_SHM_H
 
@@ -19,7 +20,7 @@ void cgs_shm_sweep(cgs_server *s);
 
 /* The region table a caller at peer (grpc's peer string) may use, or NULL
  * with *why, a static text saying why not (--shm off, or --shm local and
- * a caller off this host). */
+ * a caller off this host). Any thread (the table is thread-safe). */
 cgs_regions *cgs_shm_for_peer(const cgs_server *s, const char *peer,
                               const char **why);
 

@@ -64,6 +64,9 @@ void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
                             const char *owner);
 /* Frees u's buffers and header message; u is empty again. */
 void cgs_upload_close(cgs_upload *u);
+/* Frees the input buffers alone (not those in regions), once no chunk
+ * will be taken any more; what u says of the request stays. */
+void cgs_upload_free_inputs(cgs_upload *u);
 
 /* Decodes the first message, which must carry the header, and checks it
  * against cfg's limits. Returns 0, or -1 with *code and msg. */

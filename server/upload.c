@@ -23,10 +23,16 @@ void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
   snprintf(u->owner, sizeof u->owner, "%s", owner ? owner : "");
 }
 
-void cgs_upload_close(cgs_upload *u) {
+void cgs_upload_free_inputs(cgs_upload *u) {
   for (int i = 0; i < 3; i++)
-    if (!u->in_region[i])
+    if (!u->in_region[i]) {
       cgs_buf_free(u->in_buf[i]);
+      u->in_buf[i] = NULL;
+    }
+}
+
+void cgs_upload_close(cgs_upload *u) {
+  cgs_upload_free_inputs(u);
   for (int k = 0; k < u->nheld; k++)
     cgs_region_release(u->held[k]);
   if (u->req)
