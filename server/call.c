@@ -255,17 +255,12 @@ static void free_call(cgs_call *c) {
   free(c);
 }
 
-static void unref(cgs_call *c) {
-  if (atomic_fetch_sub(&c->refs, 1) == 1)
-    free_call(c);
-}
-
 /* The one close path, which every handler ends with: unlocks c, whose
- * mutex the caller holds; once grpc is done with the call it is released,
- * and once the worker has returned the job too the call leaves the live
- * list and drops its life reference (freed then, or when the last sweep
- * holding it lets go). */
-static void release(cgs_call *c) {
+ * mutex the caller holds, and drops the held references the caller took
+ * (a sweep's); once grpc is done with the call it is released, and once
+ * the worker has returned the job too the call leaves the live list and
+ * drops its life reference as well. Whoever drops the last frees it. */
+static void release_refs(cgs_call *c, unsigned held) {
   if (!c->grpc_released && c->finished && c->close_received &&
       !c->recv_pending && !c->send_pending) {
     c->grpc_released = 1;
@@ -279,8 +274,13 @@ static void release(cgs_call *c) {
     cgs_calls_remove(&c->s->calls, &c->link);
   }
   pthread_mutex_unlock(&c->mu);
-  if (over)
-    unref(c);
+  unsigned drop = held + (unsigned)over;
+  if (drop && atomic_fetch_sub(&c->refs, drop) == drop)
+    free_call(c);
+}
+
+static void release(cgs_call *c) {
+  release_refs(c, 0);
 }
 
 static void on_send(cgs_tag *t, int ok);
@@ -991,7 +991,7 @@ static int slow_upload(cgs_call *c) {
   return 0;
 }
 
-/* The sweep found c due (see arm_timer). */
+/* The sweep found c due (see arm_timer) and holds a reference to it. */
 static void on_timer(cgs_call *c) {
   pthread_mutex_lock(&c->mu);
   uint64_t idle = c->s->cfg->idle_timeout_ms * 1000000u;
@@ -1014,12 +1014,15 @@ static void on_timer(cgs_call *c) {
   } else if (!c->finished) {
     arm_timer(c); /* progress since it was armed */
   }
-  release(c);
+  release_refs(c, 1);
 }
 
 /* Live calls, each with a reference taken under the list's lock. */
+typedef struct held_call {
+  cgs_call *c;
+} held_call;
 typedef struct held {
-  cgs_call **v;
+  held_call *v;
   size_t n, cap;
   uint64_t due_by; /* only calls due by then; 0: every call */
 } held;
@@ -1030,7 +1033,7 @@ static void hold(cgs_calls_link *l, void *arg) {
   if (h->n == h->cap || (h->due_by && atomic_load(&c->due) > h->due_by))
     return;
   atomic_fetch_add(&c->refs, 1);
-  h->v[h->n++] = c;
+  h->v[h->n++].c = c;
 }
 
 /* Takes a reference on the live calls due by due_by (0: all) into h; a
@@ -1047,10 +1050,8 @@ static void hold_live(cgs_server *s, held *h, uint64_t due_by) {
 void cgs_call_sweep(cgs_server *s) {
   held h;
   hold_live(s, &h, uv_hrtime());
-  for (size_t i = 0; i < h.n; i++) {
-    on_timer(h.v[i]);
-    unref(h.v[i]);
-  }
+  for (size_t i = 0; i < h.n; i++)
+    on_timer(h.v[i].c);
   free(h.v);
 }
 
@@ -1058,13 +1059,12 @@ void cgs_call_cancel_all(cgs_server *s) {
   held h;
   hold_live(s, &h, 0);
   for (size_t i = 0; i < h.n; i++) {
-    cgs_call *c = h.v[i];
+    cgs_call *c = h.v[i].c;
     pthread_mutex_lock(&c->mu);
     finish(c, GRPC_STATUS_UNAVAILABLE,
            "server shut down before the request finished; retry elsewhere");
     c->server_cancelled = 1; /* see cgs_call.h */
-    release(c);
-    unref(c);
+    release_refs(c, 1);
   }
   free(h.v);
 }
