@@ -111,10 +111,24 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen);
 uint64_t cgs_config_cgroup_memory(const char *root, const char *self);
 /* Prints --help: every option, its variable, default and bounds. */
 void cgs_config_usage(FILE *out, const char *argv0);
-/* The service limits of c as the kernels library takes them. */
-void cgs_config_limits(const cgs_config *c, cg_limits *out);
+/* The service limits of c as the kernels library takes them. Inline, as
+ * the request path (upload.c) is also built without this module (the
+ * fuzzer). */
+static inline void cgs_config_limits(const cgs_config *c, cg_limits *out) {
+  out->max[CG_LIMIT_STRIDE] = (int64_t)c->max_stride;
+  out->max[CG_LIMIT_DILATION] = (int64_t)c->max_dilation;
+  out->max[CG_LIMIT_PAD] = (int64_t)c->max_pad;
+  out->max[CG_LIMIT_OUTPUT_PADDING] = (int64_t)c->max_output_padding;
+  out->max[CG_LIMIT_EFFECTIVE_EXTENT] = (int64_t)c->max_effective_extent;
+  out->max[CG_LIMIT_PADDED_EXTENT] = (int64_t)c->max_padded_extent;
+}
 /* The flag that sets limit which ("--max-stride"); static string. */
-const char *cgs_config_limit_flag(cg_limit which);
+static inline const char *cgs_config_limit_flag(cg_limit which) {
+  static const char *const flags[CG_LIMIT_COUNT] = {
+      "--max-stride",         "--max-dilation",         "--max-pad",
+      "--max-output-padding", "--max-effective-extent", "--max-padded-extent"};
+  return (int)which >= 0 && which < CG_LIMIT_COUNT ? flags[which] : "?";
+}
 /* "adaptive", "static" or "auto"; static string. */
 const char *cgs_threads_policy_name(cgs_threads_policy tp);
 /* "off", "local" or "on"; static string. */

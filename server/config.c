@@ -620,22 +620,6 @@ int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {
   return 0;
 }
 
-void cgs_config_limits(const cgs_config *c, cg_limits *out) {
-  out->max[CG_LIMIT_STRIDE] = (int64_t)c->max_stride;
-  out->max[CG_LIMIT_DILATION] = (int64_t)c->max_dilation;
-  out->max[CG_LIMIT_PAD] = (int64_t)c->max_pad;
-  out->max[CG_LIMIT_OUTPUT_PADDING] = (int64_t)c->max_output_padding;
-  out->max[CG_LIMIT_EFFECTIVE_EXTENT] = (int64_t)c->max_effective_extent;
-  out->max[CG_LIMIT_PADDED_EXTENT] = (int64_t)c->max_padded_extent;
-}
-
-const char *cgs_config_limit_flag(cg_limit which) {
-  static const char *const flags[CG_LIMIT_COUNT] = {
-      "--max-stride",         "--max-dilation",         "--max-pad",
-      "--max-output-padding", "--max-effective-extent", "--max-padded-extent"};
-  return (int)which >= 0 && which < CG_LIMIT_COUNT ? flags[which] : "?";
-}
-
 const char *cgs_threads_policy_name(cgs_threads_policy tp) {
   return tp == CGS_THREADS_ADAPTIVE ? "adaptive"
          : tp == CGS_THREADS_STATIC ? "static"
