@@ -17,8 +17,9 @@
  *   target <= 2x the echo's).
  * resnet: throughput at concurrency 8 (threads sharing one channel) on the
  *   ResNet rows of the problem list, both gradient ops, f32, over TCP: the
- *   servers take turns for --seconds each round; the median calls/s and its
- *   ratio to the baseline's (figure (e), target >= 1.0).
+ *   servers take turns for --seconds each round, the first of a round
+ *   alternating; the median calls/s and its ratio to the baseline's
+ *   (figure (e), target >= 1.0).
  *
  * Servers run with their defaults (2 workers, adaptive threads) unless
  * --server-arg adds flags; nothing is pinned. Run it under
@@ -128,6 +129,12 @@ static void stop_target(target *t) {
     waitpid(t->pid, NULL, 0);
   }
   unlink(t->sock);
+}
+
+/* Which of n targets goes i-th in round r: the order turns each round,
+ * so that none always follows the same one. */
+static int turn(int i, int r, int n) {
+  return (i + r) % n;
 }
 
 /* The tiny row and its request, packed once for the raw client. */
@@ -243,9 +250,11 @@ static void tiny(target *ts, int nt, int rounds, int calls) {
   }
   for (int r = 0; r < rounds; r++)
     for (int x = 0; x < TRANSPORTS; x++)
-      for (int k = 0; k < nt; k++)
+      for (int i = 0; i < nt; i++) {
+        int k = turn(i, r, nt);
         for (int v = k ? 0 : VIA_RAW; v < VIAS; v++)
           ts[k].p50[x][v][r] = block(&ts[k], x, v, &row, lat, calls);
+      }
   printf("\ntiny mb1ic4ih8oc4oh8kh3ph1 ConvolutionBackwardData f32, one "
          "caller, against a %d B unary echo on the bare C core; %d rounds of "
          "%d calls; client: libcgclient (lib) or one raw C-core batch (raw, "
@@ -352,8 +361,10 @@ static void resnet(target *ts, int nt, const char *path, int rounds,
         continue;
       long errors = 0;
       for (int r = 0; r < rounds; r++)
-        for (int k = 1; k < nt; k++)
+        for (int i = 1; i < nt; i++) {
+          int k = 1 + turn(i - 1, r, nt - 1);
           ts[k].rate[r] = throughput(ts[k].ch[TCP], &p, seconds, &errors);
+        }
       printf("%-44.44s %-28s", d.name, cg_op_name(o));
       for (int k = 1; k < nt; k++)
         printf(" %10.1f", median(ts[k].rate, rounds));

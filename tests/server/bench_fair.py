@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,7 +51,8 @@ def main():
     ap.add_argument("--server-arg", action="append", default=[])
     args = ap.parse_args()
 
-    sock = os.path.join(tempfile.mkdtemp(prefix="cg-fair-"), "s.sock")
+    sockdir = tempfile.mkdtemp(prefix="cg-fair-")
+    sock = os.path.join(sockdir, "s.sock")
     server = subprocess.Popen(
         [args.server, "--listen", "127.0.0.1:0,unix:" + sock] +
         args.server_arg, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -88,6 +90,7 @@ def main():
     finally:
         server.terminate()
         server.wait(timeout=60)
+        shutil.rmtree(sockdir, ignore_errors=True)
     print("median: idle p50 %.3f ms, busy p50 %.3f ms, busy/idle %.2f "
           "(target <= 2)" % (statistics.median(idle_all),
                              statistics.median(busy_all),
