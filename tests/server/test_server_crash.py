@@ -93,6 +93,8 @@ def main():
     import grpc
     from convgrad.v1 import convgrad_pb2 as pb
 
+    started = []
+
     def server(case, extra=()):
         path = os.path.join(out, "crash-%s.log" % case)
         log = open(path, "w")
@@ -100,7 +102,21 @@ def main():
                                   ["--workers", "1", "--log-level", "debug",
                                    "--max-request-flops", "0"] + list(extra))
         log.close()
+        started.append(proc)
         return proc, port, path
+
+    try:
+        return cases(grpc, pb, server)
+    finally:
+        # A case that failed before its signal leaves its server up.
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def cases(grpc, pb, server):
+    """The four cases; server(case) starts a server for one."""
 
     # A worker computing: a ConvolutionBackwardWeights of several GFLOP.
     proc, port, path = server("worker")
