@@ -295,7 +295,11 @@ static void test_lone_job_takes_every_core(void **state) {
 /* Jobs that find the other worker busy run side by side, a core each:
  * whenever two jobs overlap, each has one thread. A burst of four makes
  * that happen whatever the first does (on a wake-up that preempts this
- * thread it takes both cores before the others arrive, then they queue). */
+ * thread it takes both cores before the others arrive, then they queue).
+ * The jobs are the slow ones, tens of milliseconds each: with jobs of a
+ * few, a machine loaded by other work woke the second worker only after
+ * the first had run them all. Their results are the other tests' to
+ * check. */
 static void test_jobs_at_once_get_a_core_each(void **state) {
   fixture *f = *state;
   if (!have_two_cores())
@@ -303,7 +307,7 @@ static void test_jobs_at_once_get_a_core_each(void **state) {
   wait_idle(f);
   int done = done_count(f), overlaps = 0;
   for (int i = 0; i < 4; i++) {
-    big_job(f, i);
+    job_set(f, i, &f->slow_layer, &f->slow);
     assert_int_equal(cgs_pool_reserve(f->pool), 0);
   }
   for (int i = 0; i < 4; i++)
@@ -312,7 +316,6 @@ static void test_jobs_at_once_get_a_core_each(void **state) {
   for (int i = 0; i < 4; i++) {
     const cgs_job *a = &f->jobs[i];
     assert_int_equal(a->rc, 0);
-    assert_int_equal(ts_problem_check(&f->big, f->out[i]), 0);
     assert_true(info_of(a)->threads >= 1 && info_of(a)->threads <= 2);
     for (int k = i + 1; k < 4; k++) {
       const cgs_job *b = &f->jobs[k];
