@@ -7,7 +7,10 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          32x32 at batch 32), f32 and bf16 under torch.autocast. Modes, in
          rounds that rotate their order: local autograd; offload over TCP
          loopback (bytes on the wire: shm=False); offload over the unix
-         socket with shared-memory regions, with and without overlap.
+         socket with shared-memory regions, with and without overlap,
+         and with torch's threads kept through the backward pass (+keep:
+         backward_threads=None) instead of narrowed to the cores the
+         server does not use (offload's default).
          Prints per mode the median over rounds of ms/step and of its
          ratio to local's in the same round, and per step the calls,
          bytes up and down, the server's compute and the arena's size;
@@ -31,7 +34,8 @@ Starts a convgrad-server of --build (TCP on 127.0.0.1 and a unix socket;
 --server-args adds flags). torch runs --threads threads (default: every
 core this process may use, as the server's workers do). Prefix
 GOMP_SPINCOUNT=10000 to measure a trainer whose idle OpenMP threads stop
-spinning soon (client/python/README.md, "When offload pays"). Figures,
+spinning soon (client/python/README.md, "When offload pays": local
+steps of small ops get slower). Figures,
 not a test: nothing is asserted but the gradients."""
 import argparse
 import copy
@@ -80,19 +84,27 @@ class Mode:
 
 
 def make_modes(args, model0, tcp, unix, alt):
+    """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
+    alt:unix+shm (the second server), each optionally followed by
+    +overlap and +keep (torch's thread count kept through the backward
+    pass: backward_threads=None)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
-    for name, target, shm, overlap in (
-            ("tcp", tcp, False, False),
-            ("unix+shm", unix, "auto", False),
-            ("unix+shm+overlap", unix, "auto", True),
-            ("alt:unix+shm", alt, "auto", False),
-            ("alt:unix+shm+overlap", alt, "auto", True)):
-        if name not in args.modes or not target:
-            continue
-        client = convgrad.Client(target, shm=shm)
-        model = ct.offload(copy.deepcopy(model0), client, overlap=overlap)
+    for name in args.modes:
+        parts = name.split("+")
+        n = 2 if parts[1:2] == ["shm"] else 1
+        base, flags = "+".join(parts[:n]), parts[n:]
+        target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
+        if not target or set(flags) - {"overlap", "keep"}:
+            sys.exit("bench_train: mode %r: no such mode or no server for it "
+                     "(alt: modes need --alt-server-args)" % name)
+        client = convgrad.Client(target, shm=False if base == "tcp" else
+                                 "auto")
+        model = ct.offload(copy.deepcopy(model0), client,
+                           overlap="overlap" in flags,
+                           backward_threads=None if "keep" in flags else
+                           "auto")
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
 
@@ -308,10 +320,13 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["f32", "bf16"],
                     choices=["f32", "bf16"])
     ap.add_argument("--modes", nargs="+",
-                    default=["tcp", "unix+shm", "unix+shm+overlap"],
-                    help="offload modes beside local; alt:unix+shm and "
-                    "alt:unix+shm+overlap use a second server started with "
-                    "--alt-server-args")
+                    default=["tcp", "unix+shm", "unix+shm+keep",
+                             "unix+shm+overlap"],
+                    help="offload modes beside local: tcp, unix+shm or "
+                    "alt:unix+shm (a second server started with "
+                    "--alt-server-args), each optionally with +overlap and "
+                    "+keep (torch's threads kept through the backward "
+                    "pass)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")

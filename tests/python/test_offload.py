@@ -11,7 +11,8 @@ output_size, restore().
 Same host: the tensors go through shared-memory regions (no byte on the
 wire, regions registered once, not per call), with the weight gradients
 deferred to the end of the backward pass (overlap) or not, equal either
-way, and torch.autograd.grad and backward(inputs=) still right. Fallbacks
+way, and torch.autograd.grad and backward(inputs=) still right; torch's
+threads narrowed through the backward pass (backward_threads). Fallbacks
 to bytes, each logged once: a server reached at a non-loopback address of
 this host, one started with --shm off, one that cannot open the client's
 objects (its own /dev/shm: NOT_FOUND), and a server restarted mid-training
@@ -339,6 +340,33 @@ class Regions(unittest.TestCase):
 
     def compare(self, local, remote, xl, xr):
         compare_grads(self, local, remote, xl, xr, 1e-5)
+
+    def test_backward_threads(self):
+        # The server shares this process's cores (it runs on all of them):
+        # by default torch runs the backward pass on one thread from the
+        # first offloaded layer on, and on its own count again after it;
+        # None leaves it alone, a count sets it.
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            for want, during in (("auto", 1), (None, 2), (1, 1)):
+                with self.subTest(backward_threads=want):
+                    local, remote = models(backward_threads=want)
+                    xl, xr = inputs(), inputs()
+                    seen = []
+                    # c2a's input: its gradient comes after t2's, c2b's
+                    # and c2a's backward
+                    xr[1].register_hook(
+                        lambda g: seen.append(torch.get_num_threads()))
+                    loss_of(local(*xl)).backward()
+                    loss_of(remote(*xr)).backward()
+                    self.assertEqual(seen, [during])
+                    self.assertEqual(torch.get_num_threads(), 2)
+                    self.compare(local, remote, xl, xr)
+            with self.assertRaisesRegex(ValueError, "backward_threads"):
+                models(backward_threads=0)
+        finally:
+            torch.set_num_threads(before)
 
     def test_autograd_grad_and_backward_inputs(self):
         # overlap asked for, and not used where the gradients must come
