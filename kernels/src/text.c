@@ -2,7 +2,7 @@
  * end, and marking where text was cut. */
 #include "cg/text.h"
 
-#include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -80,7 +80,10 @@ void cg_text_escaped(cg_text *t, const char *s, size_t n) {
       esc[1] = (char)ch;
       cg_text_append(t, esc, 2);
     } else if (ch < 0x20 || ch >= 0x7f) {
-      snprintf(esc, sizeof esc, "\\x%02x", ch);
+      esc[0] = '\\';
+      esc[1] = 'x';
+      esc[2] = "0123456789abcdef"[ch >> 4];
+      esc[3] = "0123456789abcdef"[ch & 15];
       cg_text_append(t, esc, 4);
     } else {
       cg_text_append(t, (const char *)&s[i], 1);
@@ -88,9 +91,45 @@ void cg_text_escaped(cg_text *t, const char *s, size_t n) {
   }
 }
 
+void cg_text_int(cg_text *t, int64_t v) {
+  char d[24]; /* a sign and 19 digits */
+  size_t n = sizeof d;
+  /* From the magnitude as unsigned: -INT64_MIN does not fit an int64_t. */
+  uint64_t m = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+  do {
+    d[--n] = (char)('0' + m % 10);
+    m /= 10;
+  } while (m);
+  if (v < 0)
+    d[--n] = '-';
+  cg_text_append(t, d + n, sizeof d - n);
+}
+
+void cg_text_fixed3(cg_text *t, double v) {
+  /* Thousandths as an integer, exact up to 2^53 of them; printf beyond
+   * (and for NaN). */
+  if (!(v > -9e12 && v < 9e12)) {
+    cg_text_appendf(t, "%.3f", v);
+    return;
+  }
+  if (signbit(v)) {
+    cg_text_append(t, "-", 1);
+    v = -v;
+  }
+  int64_t m = (int64_t)(v * 1000 + 0.5);
+  char frac[4] = {(char)('0' + m / 100 % 10), (char)('0' + m / 10 % 10),
+                  (char)('0' + m % 10), '.'};
+  cg_text_int(t, m / 1000);
+  cg_text_append(t, &frac[3], 1);
+  cg_text_append(t, frac, 3);
+}
+
 void cg_text_dims(cg_text *t, const int64_t *dims, size_t n) {
-  for (size_t i = 0; i < n && !t->cut; i++)
-    cg_text_appendf(t, "%s%" PRId64, i ? "x" : "", dims[i]);
+  for (size_t i = 0; i < n && !t->cut; i++) {
+    if (i)
+      cg_text_append(t, "x", 1);
+    cg_text_int(t, dims[i]);
+  }
 }
 
 int cg_text_plain_name(const char *s, size_t max) {

@@ -1,5 +1,7 @@
 /* test_text.c - cg_text never writes past its buffer, for every buffer
  * size, marks where it cut, and escapes what could break a log line. */
+#include <inttypes.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -115,6 +117,60 @@ static void escapes_a_forged_line(void **state) {
   }
 }
 
+/* Integers print as printf prints them, the extremes included, and cut
+ * like any other text. */
+static void ints_as_printf(void **state) {
+  (void)state;
+  const int64_t v[] = {
+      0, 1, -1, 9, 10, -10, 1234567890123, INT64_MAX, INT64_MIN, INT64_MIN + 1};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    char buf[32], expect[32];
+    snprintf(expect, sizeof expect, "%" PRId64, v[i]);
+    cg_text t;
+    cg_text_init(&t, buf, sizeof buf);
+    cg_text_int(&t, v[i]);
+    assert_false(t.cut);
+    assert_string_equal(buf, expect);
+  }
+  char small[6];
+  cg_text t;
+  cg_text_init(&t, small, sizeof small);
+  cg_text_int(&t, -1234567);
+  assert_true(t.cut);
+  assert_string_equal(small, "-1...");
+}
+
+/* Three decimals as printf prints them, for values that are not within a
+ * rounding error of a half-thousandth: what the log's ms fields carry. */
+static void fixed3_as_printf(void **state) {
+  (void)state;
+  const double v[] = {0,       -0.0,     0.0004, 0.0006,     0.010,
+                      0.352,   12.3456,  1.9996, 999.9999,   123456.789,
+                      -0.0004, -2.71828, 8e12,   1e13,       -1e15,
+                      NAN,     INFINITY, 1e300,  0.00049999, 4503599.6274};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+    char buf[400], expect[400];
+    snprintf(expect, sizeof expect, "%.3f", v[i]);
+    cg_text t;
+    cg_text_init(&t, buf, sizeof buf);
+    cg_text_fixed3(&t, v[i]);
+    assert_string_equal(buf, expect);
+  }
+  /* Times in ns as the log takes them, every 37 ns up to 0.2 s, but
+   * for those a rounding error from a half-microsecond. */
+  for (uint64_t ns = 0; ns < 200000000; ns += 37 * 1000 + 37) {
+    double ms = (double)ns / 1e6;
+    if (ns % 1000 == 500)
+      continue;
+    char buf[64], expect[64];
+    snprintf(expect, sizeof expect, "%.3f", ms);
+    cg_text t;
+    cg_text_init(&t, buf, sizeof buf);
+    cg_text_fixed3(&t, ms);
+    assert_string_equal(buf, expect);
+  }
+}
+
 /* Names safe as one path component: what region names and keys allow. */
 static void plain_names(void **state) {
   (void)state;
@@ -137,6 +193,8 @@ int main(void) {
       cmocka_unit_test(dims_every_size),
       cmocka_unit_test(appendf_longer_than_scratch),
       cmocka_unit_test(escapes_a_forged_line),
+      cmocka_unit_test(ints_as_printf),
+      cmocka_unit_test(fixed3_as_printf),
       cmocka_unit_test(plain_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,7 +5,10 @@
  * and ends with CG_TEXT_CUT, so a reader sees that it was cut; later
  * appends are dropped. Client-controlled strings go through
  * cg_text_escaped, which keeps a log line one line and its quoting intact.
- * No allocation; thread-safe (a cg_text belongs to its caller). */
+ * No allocation; thread-safe (a cg_text belongs to its caller). Every
+ * function but cg_text_appendf (and cg_text_fixed3 beyond 9e12) is
+ * async-signal-safe (no stdio, no locks):
+ * the server's crash handler formats its report with them. */
 #ifndef CG_TEXT_H
 #define CG_TEXT_H
 
@@ -38,6 +41,13 @@ CG_EXPORT void cg_text_appendf(cg_text *t, const char *fmt, ...)
  * sequence either) as \xNN: the result can sit between double quotes in a
  * one-line log record. */
 CG_EXPORT void cg_text_escaped(cg_text *t, const char *s, size_t n);
+/* Appends v in decimal, as printf's PRId64 does. */
+CG_EXPORT void cg_text_int(cg_text *t, int64_t v);
+/* Appends v with three decimals, as printf's %.3f does, without its cost
+ * (the server's log line has five): to the nearest thousandth, halves away
+ * from zero, so a value within a rounding error of a half-thousandth may
+ * end one thousandth away from printf's. */
+CG_EXPORT void cg_text_fixed3(cg_text *t, double v);
 /* Appends dims as "2x3x4" ("" for n = 0). */
 CG_EXPORT void cg_text_dims(cg_text *t, const int64_t *dims, size_t n);
 
