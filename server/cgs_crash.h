@@ -6,8 +6,9 @@
  * core dump, where enabled) rather than an exit.
  *
  * The record is written with async-signal-safe calls only (clock_gettime,
- * prctl, write, sigaction, raise): each worker formats the text of its job
- * when the job starts, and the handler only copies it out. A worker's
+ * prctl, write, sigaction, raise, and cg_text's formatting): each worker
+ * notes which call and layer its job is when the job starts, and the
+ * handler formats that only when it writes a record. A worker's
  * OpenMP threads carry its name, which is how the handler finds the job of
  * a fault inside a kernel. */
 #ifndef CGS_CRASH_H
@@ -24,14 +25,16 @@
 int cgs_crash_install(char *err, size_t errlen);
 
 /* Worker `worker` starts computing layer for call `call_id` of peer (a
- * client-controlled string, escaped here): what the report names if it
- * crashes. Worker thread; no allocation. */
+ * client-controlled string, escaped in the report): what the report names
+ * if it crashes. peer and layer must stay as they are until
+ * cgs_crash_job_end. Worker thread; no allocation, no formatting. */
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
                          const cg_layer *layer);
 /* The worker's job ended. */
 void cgs_crash_job_end(unsigned worker);
 
-/* The text job_start stores, into buf[cap] (for tests). */
+/* The job's text of the report, into buf[cap]; async-signal-safe (the
+ * handler's, and tests'). */
 void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
                         const char *peer, const cg_layer *layer);
 

@@ -28,7 +28,8 @@ const char *cgs_log_level_name(cgs_log_level level);
  * between double quotes with quotes, backslashes and non-printable bytes
  * escaped (cut with "..." to fit). Every client-controlled string (paths,
  * peers, names, messages) goes through here before reaching a log line,
- * so a client can neither end a record nor forge a key=value in it. */
+ * so a client can neither end a record nor forge a key=value in it.
+ * Async-signal-safe: the crash report escapes its peer with it. */
 void cgs_log_value(char *dst, size_t cap, const char *s);
 
 /* Control bytes that still reach a line are written as \xNN. */

@@ -2,7 +2,6 @@
  * the crash report (see cgs_crash.h). */
 #include "cgs_crash.h"
 
-#include <inttypes.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -21,24 +20,47 @@
 #define JOB_TEXT 768
 #define WORKER_PREFIX "cg-worker-"
 
-/* Each worker's job text, written by that worker only, between jobs; the
- * handler reads the slot of the worker its thread belongs to, which is
- * inside that job (computing, or waiting for its OpenMP team). */
+/* Each worker's job, written by that worker only, between jobs: what the
+ * text is made of, not the text, which the handler formats only when a
+ * report is written (formatting at every job start cost more than the
+ * tiny row's kernel). The call the pointers are into outlives its job,
+ * and the layer does not change while the job runs; the handler reads
+ * the slot of the worker its thread belongs to, which is inside that job
+ * (computing, or waiting for its OpenMP team). */
 typedef struct job_slot {
-  atomic_size_t len; /* 0: no job */
-  char text[JOB_TEXT];
+  atomic_int set; /* 0: no job */
+  uint64_t call_id;
+  const char *peer;
+  const cg_layer *layer;
 } job_slot;
 
 static job_slot slots[CRASH_WORKERS];
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
 
-/* ---- the job texts (worker threads) ----------------------------------- */
+/* ---- the job texts (any thread, signal context included) ------------- */
+
+/* The text functions used here are async-signal-safe (cg/text.h, and
+ * cgs_log_value, which uses only them). */
+
+static void append_str(cg_text *t, const char *s) {
+  cg_text_append(t, s, strlen(s));
+}
 
 static void append_ints(cg_text *t, const char *key, const int64_t *v, int n) {
-  cg_text_appendf(t, " %s=", key);
-  for (int i = 0; i < n; i++)
-    cg_text_appendf(t, "%s%" PRId64, i ? "," : "", v[i]);
+  append_str(t, " ");
+  append_str(t, key);
+  append_str(t, "=");
+  for (int i = 0; i < n && i < CG_MAX_SPATIAL; i++) {
+    if (i)
+      append_str(t, ",");
+    cg_text_int(t, v[i]);
+  }
+}
+
+/* A rank read from memory a crash may have damaged, kept to its array. */
+static size_t rank_of(int rank) {
+  return rank < 0 ? 0 : rank > CG_MAX_RANK ? CG_MAX_RANK : (size_t)rank;
 }
 
 void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
@@ -50,34 +72,43 @@ void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
       (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) ? &l->data : &l->weights;
   cgs_log_value(who, sizeof who, peer ? peer : "?");
   cg_text_init(&t, buf, cap);
-  cg_text_appendf(&t, "job: compute id=%" PRIu64 " peer=%s op=%s dtype=%s in=",
-                  call_id, who, cg_op_name(l->op), cg_dtype_name(l->dtype));
-  for (int i = 0; i < l->ninputs; i++) {
+  append_str(&t, "job: compute id=");
+  cg_text_int(&t, (int64_t)call_id);
+  append_str(&t, " peer=");
+  append_str(&t, who);
+  append_str(&t, " op=");
+  append_str(&t, cg_op_name(l->op));
+  append_str(&t, " dtype=");
+  append_str(&t, cg_dtype_name(l->dtype));
+  append_str(&t, " in=");
+  for (int i = 0; i < l->ninputs && i < 3; i++) {
     /* A layer's inputs: src and diff_dst of its weights part, then the
      * weights its data part reads. */
     const cg_geom *p = i < 2 && l->ninputs == 3 ? &l->weights
                        : l->ninputs == 3        ? &l->data
                                                 : g;
     if (i)
-      cg_text_append(&t, ",", 1);
-    cg_text_dims(&t, p->in_dims[i < 2 ? i : 1], (size_t)p->in_rank);
+      append_str(&t, ",");
+    cg_text_dims(&t, p->in_dims[i < 2 ? i : 1], rank_of(p->in_rank));
   }
-  cg_text_append(&t, " out=", 5);
+  append_str(&t, " out=");
   for (int o = 0, n = 0; o < CG_GRAD_COUNT; o++)
     if (l->grads & CG_GRAD_BIT(o)) {
       if (n++)
-        cg_text_append(&t, ",", 1);
-      cg_text_dims(&t, l->out_dims[o], (size_t)l->out_rank[o]);
+        append_str(&t, ",");
+      cg_text_dims(&t, l->out_dims[o], rank_of(l->out_rank[o]));
     }
-  cg_text_appendf(&t, " groups=%" PRId64, g->groups);
+  append_str(&t, " groups=");
+  cg_text_int(&t, g->groups);
   append_ints(&t, "strides", g->stride, g->nsp);
   append_ints(&t, "dilations", g->dilation, g->nsp);
   append_ints(&t, "pads_begin", g->pad_begin, g->nsp);
   append_ints(&t, "pads_end", g->pad_end, g->nsp);
   append_ints(&t, "output_padding", g->output_padding, g->nsp);
-  cg_text_appendf(&t, " data_format=%s weights_format=%s",
-                  cg_data_format_name(g->data_format),
-                  cg_weights_format_name(g->weights_format));
+  append_str(&t, " data_format=");
+  append_str(&t, cg_data_format_name(g->data_format));
+  append_str(&t, " weights_format=");
+  append_str(&t, cg_weights_format_name(g->weights_format));
 }
 
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
@@ -85,14 +116,16 @@ void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
   if (worker >= CRASH_WORKERS)
     return;
   job_slot *s = &slots[worker];
-  atomic_store(&s->len, 0);
-  cgs_crash_describe(s->text, sizeof s->text, call_id, peer, layer);
-  atomic_store(&s->len, strlen(s->text));
+  atomic_store(&s->set, 0);
+  s->call_id = call_id;
+  s->peer = peer;
+  s->layer = layer;
+  atomic_store(&s->set, 1);
 }
 
 void cgs_crash_job_end(unsigned worker) {
   if (worker < CRASH_WORKERS)
-    atomic_store(&slots[worker].len, 0);
+    atomic_store(&slots[worker].set, 0);
 }
 
 /* ---- the record (signal context: async-signal-safe only) -------------- */
@@ -247,10 +280,12 @@ static void on_fatal(int sig, siginfo_t *si, void *uctx) {
   put(&r, " tid=");
   put_uint(&r, (uint64_t)syscall(SYS_gettid), 1);
   int w = worker_of(name);
-  size_t len = w >= 0 && w < CRASH_WORKERS ? atomic_load(&slots[w].len) : 0;
-  if (len) {
+  if (w >= 0 && w < CRASH_WORKERS && atomic_load(&slots[w].set)) {
+    char job[JOB_TEXT];
+    cgs_crash_describe(job, sizeof job, slots[w].call_id, slots[w].peer,
+                       slots[w].layer);
     put(&r, " ");
-    put_n(&r, slots[w].text, len);
+    put(&r, job);
   } else {
     put(&r, " job=none");
   }
