@@ -35,6 +35,9 @@ void cgs_log_value(char *dst, size_t cap, const char *s);
 /* Control bytes that still reach a line are written as \xNN. */
 void cgs_log(cgs_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* The same with a message already built (cg_text, without printf: the
+ * line of every call). */
+void cgs_log_str(cgs_log_level level, const char *msg);
 
 /* Sends gRPC's own log lines (gpr_log, e.g. a failed TLS handshake) here
  * instead of raw to stderr: as `grpc FILE:LINE msg=...`, the message

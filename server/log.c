@@ -74,7 +74,7 @@ void cgs_log_value(char *dst, size_t cap, const char *s) {
   dst[2 + t.len] = '\0';
 }
 
-void cgs_log(cgs_log_level level, const char *fmt, ...) {
+void cgs_log_str(cgs_log_level level, const char *msg) {
   if (!cgs_log_enabled(level))
     return;
   /* Format into one buffer so the line goes out in a single write. */
@@ -87,14 +87,9 @@ void cgs_log(cgs_log_level level, const char *fmt, ...) {
       snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
                tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
                tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, level_names[level]);
-  char msg[sizeof line];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
   /* Values from clients are quoted by the callers (cgs_log_value); this
    * is the backstop that keeps every record on one line whatever reached
-   * the format. */
+   * the message. */
   cg_text t;
   cg_text_init(&t, line + n, sizeof line - (size_t)n - 1);
   for (const char *p = msg; *p;) {
@@ -109,6 +104,17 @@ void cgs_log(cgs_log_level level, const char *fmt, ...) {
   size_t len = (size_t)n + t.len;
   line[len++] = '\n';
   fwrite(line, 1, len, stderr);
+}
+
+void cgs_log(cgs_log_level level, const char *fmt, ...) {
+  if (!cgs_log_enabled(level))
+    return;
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  cgs_log_str(level, msg);
 }
 
 /* The per-second budget of gRPC's lines; gpr_log runs on any thread. */
