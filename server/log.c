@@ -74,24 +74,54 @@ void cgs_log_value(char *dst, size_t cap, const char *s) {
   dst[2 + t.len] = '\0';
 }
 
+/* The timestamp's "2026-11-21T21:40:00" of this thread's last line:
+ * formatted once a second, not at every line (a call writes one). */
+static _Thread_local struct {
+  time_t sec;
+  char text[64]; /* room for any int the format could get */
+} stamp = {.sec = -1};
+
+/* Writes "2026-11-21T21:40:00.123Z " to line, which has room; returns its
+ * length. */
+static size_t put_stamp(char *line) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (ts.tv_sec != stamp.sec) {
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(stamp.text, sizeof stamp.text, "%04d-%02d-%02dT%02d:%02d:%02d",
+             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+             tm.tm_min, tm.tm_sec);
+    stamp.sec = ts.tv_sec;
+  }
+  size_t n = strlen(stamp.text);
+  long ms = ts.tv_nsec / 1000000L;
+  memcpy(line, stamp.text, n);
+  line[n++] = '.';
+  line[n++] = (char)('0' + ms / 100);
+  line[n++] = (char)('0' + ms / 10 % 10);
+  line[n++] = (char)('0' + ms % 10);
+  line[n++] = 'Z';
+  line[n++] = ' ';
+  return n;
+}
+
 void cgs_log_str(cgs_log_level level, const char *msg) {
   if (!cgs_log_enabled(level))
     return;
   /* Format into one buffer so the line goes out in a single write. */
   char line[2048];
-  struct timespec ts;
-  struct tm tm;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  gmtime_r(&ts.tv_sec, &tm);
-  int n =
-      snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
-               tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-               tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, level_names[level]);
+  size_t n = put_stamp(line);
+  /* The level, padded to 5 characters, and a space. */
+  size_t k = strlen(level_names[level]);
+  memcpy(line + n, level_names[level], k);
+  memset(line + n + k, ' ', 6 - k);
+  n += 6;
   /* Values from clients are quoted by the callers (cgs_log_value); this
    * is the backstop that keeps every record on one line whatever reached
    * the message. */
   cg_text t;
-  cg_text_init(&t, line + n, sizeof line - (size_t)n - 1);
+  cg_text_init(&t, line + n, sizeof line - n - 1);
   for (const char *p = msg; *p;) {
     size_t run = 0;
     while (p[run] && (unsigned char)p[run] >= 0x20 && p[run] != 0x7f)
@@ -101,7 +131,7 @@ void cgs_log_str(cgs_log_level level, const char *msg) {
     if (*p)
       cg_text_escaped(&t, p++, 1);
   }
-  size_t len = (size_t)n + t.len;
+  size_t len = n + t.len;
   line[len++] = '\n';
   fwrite(line, 1, len, stderr);
 }
