@@ -252,8 +252,8 @@ class _Threads:
     idle OpenMP threads spin for up to 300,000 rounds after each parallel
     region, on the cores the server computes on. With one thread, the
     pool's threads sleep once their spin ends, and the server has the
-    cores (ResNet-18 32x32 batch 32 f32 on 2 cores: 1.56x local's step
-    with 2 threads, 0.97x with 1; tests/README.md)."""
+    cores (ResNet-18 32x32 batch 32 f32 on 2 cores: 1.69x local's step
+    with 2 threads, 1.27x with 1; tests/README.md)."""
 
     def __init__(self, want):
         if not (want in (None, "auto") or
