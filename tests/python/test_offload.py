@@ -338,6 +338,22 @@ class Regions(unittest.TestCase):
                 self.assertEqual(client.stats()["calls"],
                                  10 if overlap else 5)
 
+    def test_overlap_after_a_failed_pass(self):
+        # A pass that raises after t2 and c2b deferred runs no
+        # end-of-backward callback; the next pass, gradients zeroed before
+        # its forward as a trainer does, must still settle all of its own
+        # and none of the failed pass's.
+        local, remote = models(overlap=True)
+        xr = inputs()
+        xr[1].register_hook(lambda g: 1 / 0)  # after t2's, c2b's, c2a's
+        with self.assertRaises(ZeroDivisionError):
+            loss_of(remote(*xr)).backward()
+        remote.zero_grad(set_to_none=True)
+        xl, xr = inputs(), inputs()
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        self.compare(local, remote, xl, xr)
+
     def compare(self, local, remote, xl, xr):
         compare_grads(self, local, remote, xl, xr, 1e-5)
 

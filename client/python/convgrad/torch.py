@@ -307,6 +307,41 @@ class _Deferred(list):
     settled = False
 
 
+# Any autograd node: _will_engine_execute_node raises outside a backward
+# pass whatever the node, which is how a forward tells a pass that failed
+# from the pass it runs in (activation checkpointing's recomputation).
+_PROBE = torch.zeros(1, requires_grad=True).mul(1).grad_fn
+
+
+def _in_backward():
+    """Whether this thread runs a backward pass (asked only once a layer
+    deferred, so this torch has the query: _may_defer)."""
+    try:
+        torch._C._will_engine_execute_node(_PROBE)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _drop_failed_pass():
+    """The forward of an offloaded layer outside a backward pass: the
+    deferred layers of a pass that raised (its end-of-backward callback
+    never ran) are waited for and their weight and bias gradients
+    dropped, as a trainer zeroes the gradients after a failed pass, and
+    before this forward. Left, the next pass would add to the stale list
+    without a callback of its own: its last deferred gradients would
+    never reach .grad."""
+    d = getattr(_local, "deferred", None)
+    if d is None or d.settled or _in_backward():
+        return
+    _local.deferred = None
+    for layer in d:
+        try:
+            layer.result()  # each call is collected once
+        except Exception:  # the failed pass's calls: nobody to tell
+            pass
+
+
 def _may_defer(m):
     """Whether m's weight and bias gradients may arrive after its backward
     returned, settled by the end-of-backward callback. Not under
@@ -396,6 +431,7 @@ class _Offloaded:
 
     def _offloaded_forward(self, input, output_padding):
         _restore_threads()
+        _drop_failed_pass()
         n = len(self.kernel_size)
         unbatched = input.dim() == n + 1
         if unbatched:
@@ -460,7 +496,9 @@ def offload(model, target, overlap=False, backward_threads="auto",
     shm=False sends bytes). overlap: a layer's grad_input goes on through
     autograd as soon as the server sent it, while its weight and bias
     gradients arrive, settled before backward() returns (not under
-    torch.distributed, nor for torch.autograd.grad; see the README).
+    torch.distributed, nor for torch.autograd.grad; see the README). A
+    pass that raises leaves out the weight and bias gradients of the
+    layers it deferred (dropped at the next offloaded forward).
 
     backward_threads: torch's thread count from a backward pass's first
     offloaded layer to the end of the pass (the thread count is torch's
