@@ -497,7 +497,7 @@ def attack_header_only(ctx):
 def attack_rapid_reset(ctx):
     """HEADERS + RST_STREAM floods: RSS grew round after round and was
     not returned; 554,000 log lines. The flood here is paced at a rate the
-    server absorbs (5,000 pairs a second; 2,000 under sanitizers): gRPC
+    server absorbs (5,000 pairs a second; 1,000 under sanitizers): gRPC
     1.51 (Debian 12) queues every reset stream's call until the server
     has taken it (CVE-2023-44487, fixed in gRPC 1.57), so a faster flood
     grows memory with its rate and length, and delays other calls, which
@@ -506,10 +506,13 @@ def attack_rapid_reset(ctx):
     that the memory comes back. Under sanitizers the queue of reset calls
     once held a legitimate call's last batch past the fixture's 2 s
     --idle-timeout (a DEADLINE_EXCEEDED after all its bytes were sent), so
-    there the window is 6 s: what is asserted is that it is served."""
+    there the window is 6 s: what is asserted is that it is served. At
+    2,000 pairs a second an ASan server on a machine loaded by other work
+    fell behind (peak 778 MiB, a legitimate call past its 10 s
+    deadline)."""
     import h2.errors
     sanitized = bool(os.environ.get("CG_SANITIZED"))
-    rate = 2000 if sanitized else 5000
+    rate = 1000 if sanitized else 5000
 
     def attack(srv, stop):
         pairs, t0 = 0, time.monotonic()
