@@ -1077,6 +1077,43 @@ size_t cg_engine_cache_size(const cg_engine *e) {
   return e ? e->cache.count : 0;
 }
 
+/* A geom's spatial rank is checked before key_build reads its arrays. */
+static int rank_usable(const cg_geom *g) {
+  return g && g->nsp >= 1 && g->nsp <= CG_MAX_SPATIAL;
+}
+
+int cg_engine_cached(const cg_engine *e, const cg_geom *geom) {
+  if (!e || !rank_usable(geom))
+    return 0;
+  cg__key key;
+  key_build(&key, geom, e->threads);
+  return cg__cache_find(&e->cache, &key) != NULL;
+}
+
+int cg_engine_layer_cached(const cg_engine *e, const cg_layer *l) {
+  if ((l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) &&
+      !cg_engine_cached(e, &l->data))
+    return 0;
+  return !(l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)) ||
+         cg_engine_cached(e, &l->weights);
+}
+
+uint64_t cg_layer_primitives_hash(const cg_layer *l) {
+  uint64_t h = (uint64_t)l->grads;
+  const cg_geom *parts[2] = {
+      (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) ? &l->data : NULL,
+      (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)) ? &l->weights : NULL};
+  for (int i = 0; i < 2; i++) {
+    cg__key key;
+    h *= 1099511628211ull; /* FNV's prime: the parts' order counts */
+    if (!rank_usable(parts[i]))
+      continue;
+    key_build(&key, parts[i], 0);
+    h ^= cg__key_hash(&key);
+  }
+  return h;
+}
+
 /* Points m at p unless it already is. */
 static int mem_bind(dnnl_memory_t m, const void **last, const void *p,
                     char *err, size_t errlen) {

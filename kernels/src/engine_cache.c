@@ -9,7 +9,7 @@
 /* FNV-1a over the key's 64-bit words (keys are zero-filled, so unused
  * words are defined), with a final avalanche so the low bits that pick
  * the bucket depend on every word. */
-static uint64_t key_hash(const cg__key *k) {
+uint64_t cg__key_hash(const cg__key *k) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < CG__KEY_LEN; i++) {
     h ^= (uint64_t)k->v[i];
@@ -78,11 +78,20 @@ void cg__cache_close(cg__cache *c) {
   memset(c, 0, sizeof *c);
 }
 
-cg__cache_entry *cg__cache_get(cg__cache *c, const cg__key *k) {
-  uint64_t h = key_hash(k);
+static cg__cache_entry *lookup(const cg__cache *c, const cg__key *k) {
+  uint64_t h = cg__key_hash(k);
   cg__cache_entry *e = c->buckets[h & (c->nbuckets - 1)];
   while (e && !(e->hash == h && memcmp(&e->key, k, sizeof *k) == 0))
     e = e->hash_next;
+  return e;
+}
+
+const cg__cache_entry *cg__cache_find(const cg__cache *c, const cg__key *k) {
+  return lookup(c, k);
+}
+
+cg__cache_entry *cg__cache_get(cg__cache *c, const cg__key *k) {
+  cg__cache_entry *e = lookup(c, k);
   if (e && e != c->head) {
     lru_unlink(c, e);
     lru_push_front(c, e);
@@ -98,7 +107,7 @@ void cg__cache_put(cg__cache *c, cg__cache_entry *e) {
     c->count--;
     c->destroy(old);
   }
-  e->hash = key_hash(&e->key);
+  e->hash = cg__key_hash(&e->key);
   size_t b = e->hash & (c->nbuckets - 1);
   e->hash_next = c->buckets[b];
   c->buckets[b] = e;

@@ -43,6 +43,10 @@ int cg__cache_init(cg__cache *c, size_t capacity, cg__cache_destroy_fn destroy);
 void cg__cache_close(cg__cache *c);
 /* The entry for key k (and marks it most recently used), or NULL. */
 cg__cache_entry *cg__cache_get(cg__cache *c, const cg__key *k);
+/* The entry for key k, or NULL; the recency order stays. */
+const cg__cache_entry *cg__cache_find(const cg__cache *c, const cg__key *k);
+/* A 64-bit hash of k that depends on every word. */
+uint64_t cg__key_hash(const cg__key *k);
 /* Inserts e (its key already set, not present in c), evicting the least
  * recently used entry when full. Takes ownership of e. */
 void cg__cache_put(cg__cache *c, cg__cache_entry *e);

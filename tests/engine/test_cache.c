@@ -14,6 +14,7 @@
 
 #include "cg/dtype.h"
 #include "cg/engine.h"
+#include "cg/layer.h"
 #include "cg/reference.h"
 #include "et.h"
 
@@ -295,8 +296,109 @@ static void test_release_buffers(void **state) {
   cg_engine_free(e);
 }
 
+/* The cache query: true exactly when a run would be a hit (per thread
+ * count), without touching the recency order: the entry a query found is
+ * still the one evicted next. */
+static void test_cached_query(void **state) {
+  (void)state;
+  et_rng r = {5};
+  fixture f[3];
+  cg_engine *e;
+  cg_engine_config cfg = {1, 2};
+  char err[256];
+  for (int i = 0; i < 3; i++)
+    fixture_init(&f[i], &r, (cg_op)(CG_OP_CONV_BWD_DATA + i), CG_DTYPE_F32);
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  void *out = et_alloc(f[0].g.out_bytes + f[1].g.out_bytes + f[2].g.out_bytes);
+  assert_false(cg_engine_cached(e, &f[0].g));
+  assert_false(run(e, &f[0], out));
+  assert_true(cg_engine_cached(e, &f[0].g));
+  assert_false(cg_engine_cached(e, &f[1].g));
+  assert_false(run(e, &f[1], out));
+  /* f[0] is least recently used; the query must leave it so. */
+  assert_true(cg_engine_cached(e, &f[0].g));
+  assert_false(run(e, &f[2], out));
+  assert_false(cg_engine_cached(e, &f[0].g));
+  assert_true(cg_engine_cached(e, &f[1].g));
+  assert_true(cg_engine_cached(e, &f[2].g));
+  assert_int_equal(cg_engine_cache_size(e), 2);
+  /* Keyed on the thread count, as runs are. */
+  assert_int_equal(cg_engine_set_threads(e, 2, NULL, err, sizeof err), 0);
+  assert_false(cg_engine_cached(e, &f[2].g));
+  assert_int_equal(cg_engine_set_threads(e, 1, NULL, err, sizeof err), 0);
+  assert_true(cg_engine_cached(e, &f[2].g));
+  /* A geometry the engine refuses is never cached. */
+  cg_geom bad = f[2].g;
+  bad.nsp = CG_MAX_SPATIAL + 1;
+  assert_false(cg_engine_cached(e, &bad));
+  assert_true(run(e, &f[2], out));
+  assert_true(correct(&f[2], out));
+  cg_engine_free(e);
+  free(out);
+  for (int i = 0; i < 3; i++)
+    fixture_free(&f[i]);
+}
+
+static cg_layer layer_of(const et_case *c, unsigned grads) {
+  char err[256];
+  et_problem ep;
+  cg_layer l;
+  et_problem_build(&ep, c, CG_OP_CONV_BWD);
+  ep.p.grads = grads;
+  if (cg_layer_resolve(&ep.p, &l, err, sizeof err))
+    fail_msg("layer rejected: %s", err);
+  return l;
+}
+
+/* A layer is cached when each of its primitives is; its hash is the same
+ * for layers that make the same primitives and differs with the outputs
+ * asked for or the dtype. */
+static void test_layer_cached_and_hash(void **state) {
+  (void)state;
+  et_rng r = {6};
+  et_case c, c16;
+  char err[256];
+  et_case_random(&r, &c, 0, CG_DTYPE_F32);
+  c16 = c;
+  c16.dtype = CG_DTYPE_BF16;
+  cg_layer l = layer_of(&c, 0), same = layer_of(&c, 0);
+  cg_layer data_only = layer_of(&c, CG_GRAD_BIT(CG_GRAD_DIFF_SRC));
+  cg_layer bf16 = layer_of(&c16, 0);
+  assert_true(cg_layer_primitives_hash(&l) == cg_layer_primitives_hash(&same));
+  assert_true(cg_layer_primitives_hash(&l) !=
+              cg_layer_primitives_hash(&data_only));
+  assert_true(cg_layer_primitives_hash(&l) != cg_layer_primitives_hash(&bf16));
+
+  cg_engine *e;
+  cg_engine_config cfg = {1, 0};
+  assert_int_equal(cg_engine_new(&e, &cfg, err, sizeof err), 0);
+  const void *in[3];
+  void *out[CG_GRAD_COUNT];
+  cg_run_info info[CG_GRAD_COUNT];
+  for (int t = 0; t < 3; t++)
+    in[t] = et_random_tensor(&r, c.dtype, l.in_bytes[t] / sizeof(float));
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    out[g] = et_alloc(l.out_bytes[g]);
+  assert_false(cg_engine_layer_cached(e, &data_only));
+  assert_int_equal(
+      cg_engine_run_layer(e, &data_only, in, out, info, err, sizeof err), 0);
+  assert_true(cg_engine_layer_cached(e, &data_only));
+  assert_false(cg_engine_layer_cached(e, &l)); /* diff_weights is not */
+  assert_int_equal(cg_engine_run_layer(e, &l, in, out, info, err, sizeof err),
+                   0);
+  assert_true(cg_engine_layer_cached(e, &l));
+  assert_false(cg_engine_layer_cached(e, &bf16));
+  cg_engine_free(e);
+  for (int t = 0; t < 3; t++)
+    free((void *)in[t]);
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(out[g]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cached_query),
+      cmocka_unit_test(test_layer_cached_and_hash),
       cmocka_unit_test(test_hits_and_lru_eviction),
       cmocka_unit_test(test_concurrent_engines),
       cmocka_unit_test(test_thread_count_restored),
