@@ -24,9 +24,13 @@
  * Returns 0 or -1 with a message. */
 int cgs_crash_install(char *err, size_t errlen);
 
-/* Worker `worker` starts computing layer for call `call_id` of peer (a
- * client-controlled string, escaped in the report): what the report names
- * if it crashes. peer and layer must stay as they are until
+/* The slot of the completion-queue thread ("cg-cq"), which runs tiny jobs
+ * itself; the workers' are 0 to --workers' bound, 255. */
+#define CGS_CRASH_CQ 256u
+
+/* Worker `worker` (or CGS_CRASH_CQ) starts computing layer for call `call_id`
+ * of peer (a client-controlled string, escaped in the report): what the report
+ * names if it crashes. peer and layer must stay as they are until
  * cgs_crash_job_end. Worker thread; no allocation, no formatting. */
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
                          const cg_layer *layer);

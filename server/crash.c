@@ -15,8 +15,7 @@
 #include "cg/text.h"
 #include "cgs_log.h"
 
-/* --workers' bound. */
-#define CRASH_WORKERS 256
+#define CQ_THREAD "cg-cq"
 #define JOB_TEXT 768
 #define WORKER_PREFIX "cg-worker-"
 
@@ -34,7 +33,7 @@ typedef struct job_slot {
   const cg_layer *layer;
 } job_slot;
 
-static job_slot slots[CRASH_WORKERS];
+static job_slot slots[CGS_CRASH_CQ + 1]; /* the workers', the cq thread's */
 
 static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
 
@@ -113,7 +112,7 @@ void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
 
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
                          const cg_layer *layer) {
-  if (worker >= CRASH_WORKERS)
+  if (worker > CGS_CRASH_CQ)
     return;
   job_slot *s = &slots[worker];
   atomic_store(&s->set, 0);
@@ -124,7 +123,7 @@ void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,
 }
 
 void cgs_crash_job_end(unsigned worker) {
-  if (worker < CRASH_WORKERS)
+  if (worker <= CGS_CRASH_CQ)
     atomic_store(&slots[worker].set, 0);
 }
 
@@ -232,9 +231,11 @@ static const char *code_name(int sig, int code) {
   }
 }
 
-/* The worker a thread named name belongs to (its OpenMP threads inherit
- * its name), or -1. */
+/* The slot of the worker a thread named name belongs to (its OpenMP
+ * threads inherit its name), CGS_CRASH_CQ for the cq thread, or -1. */
 static int worker_of(const char *name) {
+  if (strcmp(name, CQ_THREAD) == 0)
+    return CGS_CRASH_CQ;
   size_t n = strlen(WORKER_PREFIX);
   if (strncmp(name, WORKER_PREFIX, n) != 0 || !name[n])
     return -1;
@@ -243,6 +244,8 @@ static int worker_of(const char *name) {
     if (*p < '0' || *p > '9')
       return -1;
     w = w * 10 + (*p - '0');
+    if (w >= (int)CGS_CRASH_CQ)
+      return -1;
   }
   return w;
 }
@@ -280,7 +283,7 @@ static void on_fatal(int sig, siginfo_t *si, void *uctx) {
   put(&r, " tid=");
   put_uint(&r, (uint64_t)syscall(SYS_gettid), 1);
   int w = worker_of(name);
-  if (w >= 0 && w < CRASH_WORKERS && atomic_load(&slots[w].set)) {
+  if (w >= 0 && atomic_load(&slots[w].set)) {
     char job[JOB_TEXT];
     cgs_crash_describe(job, sizeof job, slots[w].call_id, slots[w].peer,
                        slots[w].layer);
