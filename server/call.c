@@ -461,7 +461,8 @@ static void refuse(cgs_call *c, cgs_refusal reason, unsigned retry_after_ms,
 
 static unsigned busy_retry_ms(cgs_server *s) {
   unsigned queued, busy;
-  cgs_pool_load(s->pool, &queued, &busy);
+  uint64_t inline_jobs;
+  cgs_pool_load(s->pool, &queued, &busy, &inline_jobs);
   double ms = cgs_pool_mean_run_ms(s->pool) *
               ((double)queued / (double)s->cfg->workers + 1.0);
   if (ms < BUSY_RETRY_MIN_MS)
@@ -705,25 +706,30 @@ static void on_send(cgs_tag *t, int ok) {
 
 /* ---- the worker's answer ---------------------------------------------- */
 
+/* The job ran (c->mu held): the thread that ran it starts the answer. */
+static void answer(cgs_call *c) {
+  c->job_picked = 1;
+  snprintf(c->worker, sizeof c->worker, "%s",
+           cgs_pool_worker_name(c->s->pool, c->job.worker));
+  if (c->finished)
+    return;
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  if (c->job.rc != 0)
+    finish(c, cgs_wire_status(c->job.rc), "%s", c->job.err);
+  else if (cgs_upload_regions_check(&c->up, &code, msg, sizeof msg) != 0)
+    finish(c, code, "%s", msg);
+  else
+    send_header(c, next_output(c, -1));
+}
+
 /* The worker that ran the job starts the answer itself (see cgs_call.h). */
 void cgs_call_job_done(cgs_job *job, void *data) {
   cgs_call *c = cgs_container_of(job, cgs_call, job);
   (void)data;
   pthread_mutex_lock(&c->mu);
   c->job_busy = 0;
-  c->job_picked = 1;
-  snprintf(c->worker, sizeof c->worker, "%s",
-           cgs_pool_worker_name(c->s->pool, job->worker));
-  if (!c->finished) {
-    grpc_status_code code;
-    char msg[sizeof c->msg];
-    if (job->rc != 0)
-      finish(c, cgs_wire_status(job->rc), "%s", job->err);
-    else if (cgs_upload_regions_check(&c->up, &code, msg, sizeof msg) != 0)
-      finish(c, code, "%s", msg);
-    else
-      send_header(c, next_output(c, -1));
-  }
+  answer(c);
   release(c);
 }
 
@@ -800,8 +806,13 @@ static void inputs_complete(cgs_call *c) {
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
+  c->place_held = 0; /* the job's from here: the pool gives it back */
+  if (cgs_pool_run_inline(c->s->pool, &c->job, &c->flow->turn)) {
+    /* A tiny job ran here: no hand-off to a worker and back. */
+    answer(c);
+    return;
+  }
   cgs_pool_submit(c->s->pool, &c->job, &c->flow->turn);
-  c->place_held = 0;
   c->job_busy = 1;
   c->st = ST_QUEUED;
 }

@@ -65,7 +65,14 @@ struct cgs_cq {
   atomic_int closed;
   atomic_uint replies; /* unary replies in flight */
   void (*on_exit)(cgs_cq *cq);
+  /* Set before cgs_cq_start, or NULL: runs on the cq thread once it has
+   * waited CGS_CQ_IDLE_S for an event after a tag that ran there (tiny
+   * jobs run on it: their engine's buffers go back then). */
+  void (*on_idle)(void *data);
+  void *idle_data;
 };
+
+#define CGS_CQ_IDLE_S 1
 
 /* Creates the queue (for a grpc server to register before it starts).
  * Returns 0 or CG_EINTERNAL. */

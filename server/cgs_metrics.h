@@ -53,6 +53,7 @@ typedef struct cgs_metrics_gauges {
   uint64_t inflight_bytes;  /* reserved by admitted calls */
   unsigned queued_requests; /* jobs waiting for a worker */
   unsigned busy_workers;    /* workers whose cores run a job */
+  uint64_t inline_jobs;     /* jobs the completion-queue thread ran */
   unsigned workers;
   unsigned shm_regions; /* shared-memory regions registered */
 } cgs_metrics_gauges;

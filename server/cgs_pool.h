@@ -5,12 +5,15 @@
  * new job wakes an idle worker on the submitting core if there is one.
  *
  * Threads: any thread may call these functions (one mutex) but
- * cgs_pool_new and cgs_pool_close. done_cb runs on the worker that ran the
- * job, once its place is given back. Compute never runs on the loop thread
- * nor on libuv's threadpool. */
+ * cgs_pool_new and cgs_pool_close, and the completion-queue thread's own
+ * two. done_cb runs on the worker that ran the job, once its place is
+ * given back. Compute never runs on the loop thread nor on libuv's
+ * threadpool; tiny jobs run on the completion-queue thread
+ * (cgs_pool_run_inline). */
 #ifndef CGS_POOL_H
 #define CGS_POOL_H
 
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -40,15 +43,19 @@ typedef struct cgs_job {
   char err[256]; /* message for rc */
   cg_run_info info[CG_GRAD_COUNT]; /* of each output, valid when rc == 0 */
   double queue_ms;                 /* submit -> a worker picked it up */
-  unsigned worker;                 /* index of the worker that ran it */
+  unsigned worker; /* index of the worker that ran it, or CGS_POOL_CQ */
   /* Pool-private. */
   uint64_t t_submit;
-  uint64_t turn; /* its place in the fair order */
+  uint64_t cq_key; /* not 0: the layer, which missed the cq engine */
+  uint64_t turn;   /* its place in the fair order */
   int queued;
   struct cgs_job *prev, *next;
 } cgs_job;
 
 typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
+
+/* cgs_job.worker of a job the completion-queue thread ran itself. */
+#define CGS_POOL_CQ UINT_MAX
 
 /* Starts cfg->workers threads, each pinned, named "cg-worker-N", with its
  * engine created in the thread itself. Returns 0, or CG_ENOMEM / CG_EBACKEND
@@ -75,16 +82,36 @@ void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
  * not run for it. Returns 0 when it is running or finished (done_cb will
  * run or has run). */
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
+/* Completion-queue thread only: runs job (a place held with
+ * cgs_pool_reserve, filled as for cgs_pool_submit) on the calling thread
+ * and returns 1 with the place given back and done_cb NOT called, or
+ * returns 0 and the caller submits it. It runs there only when no job
+ * waits (the fair order holds: its turn is taken as a queued job's
+ * would be), a worker is idle, the job is under 1 MFLOP and 256 KiB of
+ * tensors, and the thread's own engine (one OpenMP thread, the workers'
+ * code path) has its primitives cached, or may build them: a worker ran
+ * the same layer since it missed there (oneDNN then has the primitive
+ * in its global cache), and building stays within 1% of the thread's
+ * time, which also bounds a JIT compile when oneDNN's cache has evicted
+ * it. A client's new shape is never compiled there on first sight. Not
+ * cancellable (it ends in tens of microseconds). */
+int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
+/* Completion-queue thread, idle for a while: its engine's buffers go
+ * back, as a worker's do. */
+void cgs_pool_cq_idle(cgs_pool *p);
 /* Workers asleep for want of work. */
 unsigned cgs_pool_idle(cgs_pool *p);
-/* Jobs waiting for a worker, and workers whose cores run a job (their
- * own or, lent, another's). Thread-safe, for the metrics' thread, while
- * the pool is open. */
-void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy);
+/* Jobs waiting for a worker, workers whose cores run a job (their own
+ * or, lent, another's) and the jobs the completion-queue thread ran so
+ * far, which no worker count includes. Thread-safe, for the metrics'
+ * thread, while the pool is open. */
+void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy,
+                   uint64_t *inline_jobs);
 /* Mean time a job held its worker, over the last few jobs (0 before the
  * first): what retry hints are made of. Thread-safe. */
 double cgs_pool_mean_run_ms(cgs_pool *p);
-/* Name of worker i ("cg-worker-0"); static storage of the pool. */
+/* Name of worker i ("cg-worker-0", "cg-cq" for CGS_POOL_CQ); static
+ * storage of the pool. */
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i);
 /* Stops the workers after their current job (done_cb runs for it), joins
  * them and frees the pool. No job may be queued. NULL is fine. */

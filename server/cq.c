@@ -29,14 +29,26 @@ static void *cq_main(void *arg) {
   cgs_cq *cq = arg;
   cgs_sig_block_async();
   pthread_setname_np(pthread_self(), "cg-cq");
+  int ran = 0; /* a tag ran here since on_idle last did */
   for (;;) {
-    grpc_event ev = grpc_completion_queue_next(
-        cq->q, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    gpr_timespec until =
+        ran && cq->on_idle
+            ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                           gpr_time_from_seconds(CGS_CQ_IDLE_S, GPR_TIMESPAN))
+            : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    grpc_event ev = grpc_completion_queue_next(cq->q, until, NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT) { /* only with on_idle set */
+      if (cq->on_idle)
+        cq->on_idle(cq->idle_data);
+      ran = 0;
+      continue;
+    }
     cgs_tag *t = ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
     if (t)
       cgs_cq_acquire(t);
     if (t && t->on_cq) {
       t->cb(t, ev.success);
+      ran = 1;
       continue;
     }
     pthread_mutex_lock(&cq->mu);

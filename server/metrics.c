@@ -249,7 +249,8 @@ static void render_calls(text *t, const figures *f) {
          "Tensor bytes sent in Compute results.");
   put(t, "convgrad_sent_bytes_total %" PRIu64 "\n", f->bytes_out);
   family(t, "convgrad_primitive_cache_hits_total", "counter",
-         "oneDNN primitive lookups served from a worker's cache.");
+         "oneDNN primitive lookups served from an engine's cache (a "
+         "worker's or the completion-queue thread's).");
   put(t, "convgrad_primitive_cache_hits_total %" PRIu64 "\n", f->cache_hits);
   family(t, "convgrad_primitive_cache_misses_total", "counter",
          "oneDNN primitive lookups that created the primitives.");
@@ -267,6 +268,10 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   family(t, "convgrad_busy_workers", "gauge",
          "Workers whose cores are running a job.");
   put(t, "convgrad_busy_workers %u\n", g->busy_workers);
+  family(t, "convgrad_inline_jobs_total", "counter",
+         "Tiny Compute jobs the completion-queue thread ran itself, while no "
+         "job waited and a worker was idle; no gauge of workers counts them.");
+  put(t, "convgrad_inline_jobs_total %" PRIu64 "\n", g->inline_jobs);
   family(t, "convgrad_workers", "gauge", "Compute workers.");
   put(t, "convgrad_workers %u\n", g->workers);
   family(t, "convgrad_shm_regions", "gauge",

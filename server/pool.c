@@ -16,6 +16,9 @@
 #include "cgs_log.h"
 #include "cgs_sig.h"
 
+/* Layers a worker ran that the completion-queue thread may build next. */
+#define WORKER_BUILT_SLOTS 64
+
 typedef struct worker {
   cgs_pool *pool;
   unsigned index;
@@ -50,6 +53,18 @@ struct cgs_pool {
 
   unsigned nworkers;
   worker *workers;
+
+  /* The completion-queue thread's jobs (cgs_pool_run_inline): its engine,
+   * made for its first job, and the fields below touched by that thread
+   * only. */
+  cg_engine *cq_engine;
+  int cq_engine_failed;    /* its creation failed: workers run every job */
+  int cq_holding;          /* its engine keeps buffers from a job */
+  uint64_t cq_build_after; /* uv_hrtime before which it builds nothing */
+  /* Under mu: the layers (cg_layer_primitives_hash) a worker ran after
+   * they missed the cq engine's cache, by the hash's low bits. */
+  uint64_t worker_built[WORKER_BUILT_SLOTS];
+  uint64_t inline_jobs; /* under mu: jobs the cq thread ran */
 };
 
 static void pin_and_name(worker *w) {
@@ -237,18 +252,24 @@ static int pin_team(worker *w, cg_engine *engine, int threads, char *err,
   return rc;
 }
 
-static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
-  uint64_t t0 = uv_hrtime();
+/* Readies job's figures for a run by runner, a worker (CGS_POOL_CQ: the
+ * completion-queue thread) from t0 on; 0 when the job is still wanted. */
+static int job_begin(cgs_job *job, unsigned runner, uint64_t t0) {
   job->queue_ms = (double)(t0 - job->t_submit) / 1e6;
-  job->worker = w->index;
+  job->worker = runner;
   job->err[0] = '\0';
   memset(job->info, 0, sizeof job->info);
-  if (atomic_load(&job->discard)) {
-    /* Cancelled after it was picked: nobody wants the result. */
-    job->rc = CG_EINTERNAL;
-    snprintf(job->err, sizeof job->err, "discarded before it ran");
+  if (!atomic_load(&job->discard))
+    return 0;
+  /* Cancelled after it was picked: nobody wants the result. */
+  job->rc = CG_EINTERNAL;
+  snprintf(job->err, sizeof job->err, "discarded before it ran");
+  return -1;
+}
+
+static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
+  if (job_begin(job, w->index, uv_hrtime()) != 0)
     return;
-  }
   cgs_debug("%s runs a job with %d threads after %.3f ms in the queue", w->name,
             threads, job->queue_ms);
   cgs_crash_job_start(w->index, job->call_id, job->peer, job->layer);
@@ -348,6 +369,8 @@ static void *worker_main(void *arg) {
             : ms;
     give_back(p, w);
     p->admitted--; /* the job's place */
+    if (job->cq_key && job->rc == 0)
+      p->worker_built[job->cq_key % WORKER_BUILT_SLOTS] = job->cq_key;
     pthread_mutex_unlock(&p->mu);
     /* The answer starts from here: handing the job to another thread
      * would cost a wake-up before its first byte goes out. */
@@ -365,6 +388,7 @@ static void pool_free(cgs_pool *p) {
     free(p->workers[i].team);
   }
   free(p->workers);
+  cg_engine_free(p->cq_engine);
   free(p);
 }
 
@@ -495,13 +519,17 @@ void cgs_pool_unreserve(cgs_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
+/* With p->mu held: job's turn in its flow. A flow that waited for none of
+ * its turns joins at the current one: an idle flow saves no turns up. */
+static void take_turn(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
+  job->turn = *flow_turn > p->turn ? *flow_turn : p->turn;
+  *flow_turn = job->turn + 1;
+}
+
 void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   pthread_mutex_lock(&p->mu);
   job->t_submit = uv_hrtime();
-  /* A flow that waited for none of its turns joins at the current one: an
-   * idle flow saves no turns up. */
-  job->turn = *flow_turn > p->turn ? *flow_turn : p->turn;
-  *flow_turn = job->turn + 1;
+  take_turn(p, job, flow_turn);
   /* After every job of an earlier or the same turn: most jobs go at the
    * tail, a light flow's a few places from the head. */
   cgs_job *after = p->tail;
@@ -530,6 +558,108 @@ void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
     pthread_cond_signal(&w->cv);
 }
 
+/* With p->mu held. */
+static unsigned idle_workers(const cgs_pool *p) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < p->nworkers; i++)
+    n += p->workers[i].waiting && !p->workers[i].lent_to;
+  return n;
+}
+
+/* Work under which a job may run on the completion-queue thread: the
+ * tiny row (18 KFLOP) ran 19 us on one thread here (AMX Xeon, f32), and
+ * a job of 1 MFLOP runs for tens of microseconds, about what its hand-off
+ * to a worker and back costs (a wake-up each way); above it, the calls
+ * whose bytes the cq thread moves would wait longer than the hand-off
+ * saves. */
+#define INLINE_MAX_FLOPS 1e6
+/* ... and whose tensors, in and out, come to at most this: FLOPs count
+ * products only, and a strided job of a few FLOPs may write a large
+ * tensor of zeros (diff_src of a 1x1 kernel with a large stride). Here,
+ * on one thread: such jobs of 64-256 KiB ran 40-70 us, one of 1 MiB and
+ * 128 FLOPs 3-5 ms. It also bounds the buffers the cq engine keeps
+ * between jobs. */
+#define INLINE_MAX_BYTES ((size_t)256 << 10)
+/* The cq thread spends at most 1/INLINE_BUILD_SHARE of its time building
+ * primitives: after a build that took t, none for INLINE_BUILD_SHARE * t.
+ * A build of a layer a worker just ran takes oneDNN's primitive from its
+ * global cache (0.03-0.11 ms for tiny problems here, against 0.2-0.8 ms
+ * for a JIT compile, which that bound also covers when oneDNN's cache has
+ * evicted it). */
+#define INLINE_BUILD_SHARE 100
+
+/* The bytes of job's tensors, in and out. */
+static size_t job_bytes(const cgs_job *job) {
+  const cg_layer *l = job->layer;
+  size_t bytes = 0;
+  for (int i = 0; i < l->ninputs && i < 3; i++)
+    bytes += l->in_bytes[i];
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (l->grads & CG_GRAD_BIT(g))
+      bytes += l->out_bytes[g];
+  return bytes;
+}
+
+/* 0 when the cq thread has its engine (made on its first tiny job). */
+static int cq_engine_ready(cgs_pool *p) {
+  if (p->cq_engine || p->cq_engine_failed)
+    return p->cq_engine ? 0 : -1;
+  cg_engine_config ecfg = {.threads = 1, .cache_capacity = 0};
+  char err[256];
+  if (cg_engine_new(&p->cq_engine, &ecfg, err, sizeof err) == 0)
+    return 0;
+  p->cq_engine_failed = 1;
+  cgs_warn("cg-cq: no engine for tiny jobs, workers run them: %s", err);
+  return -1;
+}
+
+int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
+  job->cq_key = 0;
+  if (job_flops(job) >= INLINE_MAX_FLOPS || job_bytes(job) > INLINE_MAX_BYTES ||
+      cq_engine_ready(p) != 0)
+    return 0;
+  int cached = cg_engine_layer_cached(p->cq_engine, job->layer);
+  uint64_t key = cached ? 0 : cg_layer_primitives_hash(job->layer);
+  uint64_t t0 = uv_hrtime();
+  pthread_mutex_lock(&p->mu);
+  int build = !cached && key && t0 >= p->cq_build_after &&
+              p->worker_built[key % WORKER_BUILT_SLOTS] == key;
+  if (p->head || !idle_workers(p) || !(cached || build)) {
+    pthread_mutex_unlock(&p->mu);
+    job->cq_key = key; /* a worker's run of it lets the cq thread build it */
+    return 0;
+  }
+  job->t_submit = t0;
+  take_turn(p, job, flow_turn);
+  p->turn = job->turn;
+  p->inline_jobs++;
+  pthread_mutex_unlock(&p->mu);
+
+  if (job_begin(job, CGS_POOL_CQ, t0) == 0) {
+    cgs_crash_job_start(CGS_CRASH_CQ, job->call_id, job->peer, job->layer);
+    job->rc = run_outputs(p->cq_engine, job, 1);
+    cgs_crash_job_end(CGS_CRASH_CQ);
+  }
+  uint64_t t1 = uv_hrtime();
+  p->cq_holding = 1;
+  if (build)
+    p->cq_build_after = t1 + (t1 - t0) * INLINE_BUILD_SHARE;
+  /* mean_run_ms stays the workers': what a waiting job waits for. */
+  pthread_mutex_lock(&p->mu);
+  p->admitted--; /* the job's place */
+  pthread_mutex_unlock(&p->mu);
+  return 1;
+}
+
+void cgs_pool_cq_idle(cgs_pool *p) {
+  if (!p->cq_holding)
+    return;
+  size_t n = cg_engine_release(p->cq_engine);
+  malloc_trim(0);
+  p->cq_holding = 0;
+  cgs_debug("cg-cq idle: released %zu bytes of engine buffers", n);
+}
+
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
   int removed = 0;
   pthread_mutex_lock(&p->mu);
@@ -542,14 +672,6 @@ int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
   return removed;
 }
 
-/* With p->mu held. */
-static unsigned idle_workers(const cgs_pool *p) {
-  unsigned n = 0;
-  for (unsigned i = 0; i < p->nworkers; i++)
-    n += p->workers[i].waiting && !p->workers[i].lent_to;
-  return n;
-}
-
 unsigned cgs_pool_idle(cgs_pool *p) {
   pthread_mutex_lock(&p->mu);
   unsigned n = idle_workers(p);
@@ -557,10 +679,12 @@ unsigned cgs_pool_idle(cgs_pool *p) {
   return n;
 }
 
-void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy) {
+void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy,
+                   uint64_t *inline_jobs) {
   pthread_mutex_lock(&p->mu);
   *queued = p->queued;
   *busy = p->nworkers - idle_workers(p);
+  *inline_jobs = p->inline_jobs;
   pthread_mutex_unlock(&p->mu);
 }
 
@@ -572,6 +696,8 @@ double cgs_pool_mean_run_ms(cgs_pool *p) {
 }
 
 const char *cgs_pool_worker_name(const cgs_pool *p, unsigned i) {
+  if (i == CGS_POOL_CQ)
+    return "cg-cq";
   return i < p->nworkers ? p->workers[i].name : "?";
 }
 

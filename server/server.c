@@ -325,12 +325,18 @@ static void teardown(cgs_cq *cq) {
 
 /* ---- start ----------------------------------------------------------- */
 
+/* The cq thread, idle after a tiny job ran there (cgs_cq.h). */
+static void on_cq_idle(void *pool) {
+  cgs_pool_cq_idle(pool);
+}
+
 /* The metrics' thread: every figure here is safe to read from it while
  * the endpoint runs (it stops before the pool closes). */
 static void read_gauges(void *data, cgs_metrics_gauges *g) {
   cgs_server *s = data;
   g->inflight_bytes = atomic_load(&s->inflight_bytes);
-  cgs_pool_load(s->pool, &g->queued_requests, &g->busy_workers);
+  cgs_pool_load(s->pool, &g->queued_requests, &g->busy_workers,
+                &g->inline_jobs);
   g->workers = s->cfg->workers;
   g->shm_regions = s->regions ? (unsigned)cgs_regions_count(s->regions) : 0;
 }
@@ -561,6 +567,8 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
   s->calls_timer.data = s;
   if ((rc = start_metrics(s, err, errlen)) != 0)
     goto fail_pool;
+  s->cq.on_idle = on_cq_idle;
+  s->cq.idle_data = s->pool;
   if (cgs_cq_start(&s->cq, loop, teardown) != 0) {
     rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the cq thread");
     goto fail_pool;

@@ -33,6 +33,7 @@ FAMILIES = {
     "convgrad_inflight_bytes": "gauge",
     "convgrad_queued_requests": "gauge",
     "convgrad_busy_workers": "gauge",
+    "convgrad_inline_jobs": "counter",
     "convgrad_workers": "gauge",
     "convgrad_shm_regions": "gauge",
     "convgrad_primitive_cache_hits": "counter",

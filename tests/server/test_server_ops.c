@@ -227,6 +227,78 @@ static void test_chunking_and_header(void **state) {
   ts_problem_free(&tp);
 }
 
+/* Runs d (seeds from seed on) n times, each checked; *on_cq counts the
+ * runs the completion-queue thread made, which must come after the
+ * first, else the worker that ran each is named. */
+static void run_tiny(ts_desc d, int n, int *on_cq) {
+  *on_cq = 0;
+  for (int i = 0; i < n; i++) {
+    d.seed += 1; /* other data, the same primitives */
+    ts_problem tp;
+    assert_int_equal(ts_problem_init(&tp, &d), 0);
+    assert_int_equal(ts_problem_reference(&tp), 0);
+    const void *data[2] = {tp.in[0], tp.in[1]};
+    size_t len[2] = {tp.g.in_bytes[0], tp.g.in_bytes[1]};
+    ts_opts o = {0};
+    ts_result r;
+    assert_int_equal(ts_compute(ch, &tp.header, data, len, &o, &r), 0);
+    assert_int_equal(r.code, GRPC_STATUS_OK);
+    assert_int_equal(ts_problem_check(&tp, r.data), 0);
+    if (strcmp(r.hdr->worker, "cg-cq") == 0) {
+      assert_true(i > 0);
+      ++*on_cq;
+    } else {
+      assert_true(strncmp(r.hdr->worker, "cg-worker-", 10) == 0);
+    }
+    ts_result_free(&r);
+    ts_problem_free(&tp);
+  }
+}
+
+/* A tiny job runs on the completion-queue thread once a worker has run
+ * its layer (the cq thread never compiles a new shape on first sight),
+ * with the same results; header and log name the thread that ran it. A
+ * job of few FLOPs but over 256 KiB of tensors stays on the workers. */
+static void test_tiny_job_on_cq_thread(void **state) {
+  (void)state;
+  ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS, /* a shape no other test uses */
+               .dtype = CG_DTYPE_F32,
+               .dfmt = CG_DATA_NXC,
+               .groups = 1,
+               .mb = 2,
+               .ic = 3,
+               .oc = 5,
+               .nsp = 2,
+               .is = {9, 5},
+               .ks = {3, 2},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = 40};
+  int before = ts_server_log_count(&srv, " worker=cg-cq ");
+  int on_cq;
+  run_tiny(d, 4, &on_cq);
+  assert_int_equal(on_cq, 3); /* all but the first: a worker built it */
+  assert_int_equal(ts_server_log_count(&srv, " worker=cg-cq ") - before, 3);
+  /* 160 FLOPs, a 1.3 MB diff_src (1024 x 320 f32) */
+  ts_desc wide = {.op = CG_OP_CONV_BWD_DATA,
+                  .dtype = CG_DTYPE_F32,
+                  .dfmt = CG_DATA_NCX,
+                  .groups = 1,
+                  .mb = 1,
+                  .ic = 1,
+                  .oc = 1,
+                  .nsp = 2,
+                  .is = {1024, 320},
+                  .ks = {1, 1},
+                  .stride = 64,
+                  .pad = 0,
+                  .dil = 1,
+                  .seed = 50};
+  run_tiny(wide, 3, &on_cq);
+  assert_int_equal(on_cq, 0);
+}
+
 /* A result of at most 64 KiB and at most the chunk size comes whole in
  * ResultHeader.data with no chunk after it; anything bigger is chunked. */
 static void test_inline_result(void **state) {
@@ -352,6 +424,7 @@ int main(void) {
       cmocka_unit_test(test_shape_tensor_and_output_layout),
       cmocka_unit_test(test_chunking_and_header),
       cmocka_unit_test(test_inline_result),
+      cmocka_unit_test(test_tiny_job_on_cq_thread),
       cmocka_unit_test(test_server_info),
       cmocka_unit_test(test_health),
   };
