@@ -158,13 +158,9 @@ static double compute_ms(const cgs_call *c) {
   return ms;
 }
 
-static void append_str(cg_text *t, const char *s) {
-  cg_text_append(t, s, strlen(s));
-}
-
 /* " key=" and ms with three decimals. */
 static void append_ms(cg_text *t, const char *key, double ms) {
-  append_str(t, key);
+  cg_text_str(t, key);
   cg_text_fixed3(t, ms);
 }
 
@@ -191,58 +187,52 @@ static void log_call(cgs_call *c) {
    * every client-controlled value goes through cgs_log_value. */
   cg_text t;
   cg_text_init(&t, line, sizeof line);
-  append_str(&t, "compute id=");
+  cg_text_str(&t, "compute id=");
   cg_text_int(&t, (int64_t)c->id);
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
-  append_str(&t, " peer=");
-  append_str(&t, peer);
+  cg_text_str(&t, " peer=");
+  cg_text_str(&t, peer);
   cgs_log_value(client, sizeof client, c->client[0] ? c->client : "-");
-  append_str(&t, " client=");
-  append_str(&t, client);
-  append_str(&t, " op=");
-  append_str(&t, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-");
-  append_str(&t, " dtype=");
-  append_str(&t, c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-");
-  append_str(&t, " in=");
-  append_str(&t, c->up.shapes[0] ? c->up.shapes : "-");
-  append_str(&t, " out=");
+  cg_text_str(&t, " client=");
+  cg_text_str(&t, client);
+  cg_text_str(&t, " op=");
+  cg_text_str(&t, c->up.prob.op ? cg_op_name(c->up.prob.op) : "-");
+  cg_text_str(&t, " dtype=");
+  cg_text_str(&t, c->up.prob.dtype ? cg_dtype_name(c->up.prob.dtype) : "-");
+  cg_text_str(&t, " in=");
+  cg_text_str(&t, c->up.shapes[0] ? c->up.shapes : "-");
+  cg_text_str(&t, " out=");
   if (c->up.resolved) {
     /* As cut to 96 bytes before. */
     char out[96];
     cg_text o;
     cg_text_init(&o, out, sizeof out);
-    for (int g = 0, n = 0; g < CG_GRAD_COUNT; g++)
-      if (c->up.layer.grads & CG_GRAD_BIT(g)) {
-        if (n++)
-          cg_text_append(&o, ",", 1);
-        cg_text_dims(&o, c->up.layer.out_dims[g],
-                     (size_t)c->up.layer.out_rank[g]);
-      }
-    append_str(&t, out);
+    cg_layer_text_outputs(&o, &c->up.layer);
+    cg_text_str(&t, out);
   } else {
-    append_str(&t, "-");
+    cg_text_str(&t, "-");
   }
-  append_str(&t, " bytes_in=");
+  cg_text_str(&t, " bytes_in=");
   cg_text_int(&t, (int64_t)c->up.bytes_in);
-  append_str(&t, " bytes_out=");
+  cg_text_str(&t, " bytes_out=");
   cg_text_int(&t, (int64_t)c->sent_all);
   append_ms(&t, " recv_ms=", ms_between(c->t_start, c->job.t_submit));
   append_ms(&t, " queue_ms=", c->job_picked ? c->job.queue_ms : 0.0);
   append_ms(&t, " compute_ms=", compute_ms(c));
   append_ms(&t, " send_ms=", ms_between(c->t_send, c->t_sent));
   append_ms(&t, " total_ms=", total_ms);
-  append_str(&t, " path=");
-  append_str(&t, computed(c)
-                     ? (path == CG_PATH_NATIVE ? "native" : "f32_convert")
-                     : "-");
-  append_str(&t, " worker=");
-  append_str(&t, c->job_picked ? c->worker : "-");
-  append_str(&t, " status=");
-  append_str(&t, cgw_status_name(c->status));
+  cg_text_str(&t, " path=");
+  cg_text_str(&t, computed(c)
+                      ? (path == CG_PATH_NATIVE ? "native" : "f32_convert")
+                      : "-");
+  cg_text_str(&t, " worker=");
+  cg_text_str(&t, c->job_picked ? c->worker : "-");
+  cg_text_str(&t, " status=");
+  cg_text_str(&t, cgw_status_name(c->status));
   if (c->msg[0]) {
     cgs_log_value(msg, sizeof msg, c->msg);
-    append_str(&t, " msg=");
-    append_str(&t, msg);
+    cg_text_str(&t, " msg=");
+    cg_text_str(&t, msg);
   }
   cgs_log_str(level, line);
 }

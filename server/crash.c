@@ -42,17 +42,13 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
 /* The text functions used here are async-signal-safe (cg/text.h, and
  * cgs_log_value, which uses only them). */
 
-static void append_str(cg_text *t, const char *s) {
-  cg_text_append(t, s, strlen(s));
-}
-
 static void append_ints(cg_text *t, const char *key, const int64_t *v, int n) {
-  append_str(t, " ");
-  append_str(t, key);
-  append_str(t, "=");
+  cg_text_str(t, " ");
+  cg_text_str(t, key);
+  cg_text_str(t, "=");
   for (int i = 0; i < n && i < CG_MAX_SPATIAL; i++) {
     if (i)
-      append_str(t, ",");
+      cg_text_str(t, ",");
     cg_text_int(t, v[i]);
   }
 }
@@ -71,15 +67,15 @@ void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
       (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) ? &l->data : &l->weights;
   cgs_log_value(who, sizeof who, peer ? peer : "?");
   cg_text_init(&t, buf, cap);
-  append_str(&t, "job: compute id=");
+  cg_text_str(&t, "job: compute id=");
   cg_text_int(&t, (int64_t)call_id);
-  append_str(&t, " peer=");
-  append_str(&t, who);
-  append_str(&t, " op=");
-  append_str(&t, cg_op_name(l->op));
-  append_str(&t, " dtype=");
-  append_str(&t, cg_dtype_name(l->dtype));
-  append_str(&t, " in=");
+  cg_text_str(&t, " peer=");
+  cg_text_str(&t, who);
+  cg_text_str(&t, " op=");
+  cg_text_str(&t, cg_op_name(l->op));
+  cg_text_str(&t, " dtype=");
+  cg_text_str(&t, cg_dtype_name(l->dtype));
+  cg_text_str(&t, " in=");
   for (int i = 0; i < l->ninputs && i < 3; i++) {
     /* A layer's inputs: src and diff_dst of its weights part, then the
      * weights its data part reads. */
@@ -87,27 +83,22 @@ void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
                        : l->ninputs == 3        ? &l->data
                                                 : g;
     if (i)
-      append_str(&t, ",");
+      cg_text_str(&t, ",");
     cg_text_dims(&t, p->in_dims[i < 2 ? i : 1], rank_of(p->in_rank));
   }
-  append_str(&t, " out=");
-  for (int o = 0, n = 0; o < CG_GRAD_COUNT; o++)
-    if (l->grads & CG_GRAD_BIT(o)) {
-      if (n++)
-        append_str(&t, ",");
-      cg_text_dims(&t, l->out_dims[o], rank_of(l->out_rank[o]));
-    }
-  append_str(&t, " groups=");
+  cg_text_str(&t, " out=");
+  cg_layer_text_outputs(&t, l);
+  cg_text_str(&t, " groups=");
   cg_text_int(&t, g->groups);
   append_ints(&t, "strides", g->stride, g->nsp);
   append_ints(&t, "dilations", g->dilation, g->nsp);
   append_ints(&t, "pads_begin", g->pad_begin, g->nsp);
   append_ints(&t, "pads_end", g->pad_end, g->nsp);
   append_ints(&t, "output_padding", g->output_padding, g->nsp);
-  append_str(&t, " data_format=");
-  append_str(&t, cg_data_format_name(g->data_format));
-  append_str(&t, " weights_format=");
-  append_str(&t, cg_weights_format_name(g->weights_format));
+  cg_text_str(&t, " data_format=");
+  cg_text_str(&t, cg_data_format_name(g->data_format));
+  cg_text_str(&t, " weights_format=");
+  cg_text_str(&t, cg_weights_format_name(g->weights_format));
 }
 
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,

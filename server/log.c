@@ -59,7 +59,7 @@ void cgs_log_value(char *dst, size_t cap, const char *s) {
   cg_text t;
   if (bare(s)) {
     cg_text_init(&t, dst, cap);
-    cg_text_append(&t, s, strlen(s));
+    cg_text_str(&t, s);
     return;
   }
   if (cap < 3) {

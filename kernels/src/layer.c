@@ -171,6 +171,20 @@ uint64_t cg_layer_work(const cg_layer *l) {
   return f;
 }
 
+void cg_layer_text_outputs(cg_text *t, const cg_layer *l) {
+  for (int g = 0, n = 0; g < CG_GRAD_COUNT; g++) {
+    if (!(l->grads & CG_GRAD_BIT(g)))
+      continue;
+    if (n++)
+      cg_text_append(t, ",", 1);
+    int rank = l->out_rank[g];
+    cg_text_dims(t, l->out_dims[g],
+                 rank < 0             ? 0
+                 : rank > CG_MAX_RANK ? CG_MAX_RANK
+                                      : (size_t)rank);
+  }
+}
+
 uint64_t cg_layer_flops(const cg_layer *l) {
   uint64_t f = 0, add;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {

@@ -124,6 +124,10 @@ void cg_text_fixed3(cg_text *t, double v) {
   cg_text_append(t, frac, 3);
 }
 
+void cg_text_str(cg_text *t, const char *s) {
+  cg_text_append(t, s, strlen(s));
+}
+
 void cg_text_dims(cg_text *t, const int64_t *dims, size_t n) {
   for (size_t i = 0; i < n && !t->cut; i++) {
     if (i)

@@ -31,6 +31,27 @@ static int layer_fails(const cg_problem *p, int code, const char *want) {
   return 0;
 }
 
+/* The outputs' shapes as the server's log and crash report print them;
+ * a rank a crash damaged stays within the arrays. */
+static void outputs_as_text(void **state) {
+  (void)state;
+  cg_ints in[3] = {L(2, 8, 5, 5), L(2, 6, 3, 3), L(6, 4, 3, 3)};
+  cg_problem p = conv_layer(in);
+  cg_layer l;
+  char err[256], buf[128];
+  assert_int_equal(cg_layer_resolve(&p, &l, err, sizeof err), 0);
+  cg_text t;
+  cg_text_init(&t, buf, sizeof buf);
+  cg_layer_text_outputs(&t, &l);
+  assert_string_equal(buf, "2x8x5x5,6x4x3x3,6");
+  l.grads = CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS);
+  l.out_rank[CG_GRAD_DIFF_WEIGHTS] = 1 << 30;
+  cg_text_init(&t, buf, sizeof buf);
+  cg_layer_text_outputs(&t, &l);
+  assert_int_equal(strncmp(buf, "6x4x3x3x", 8), 0);
+  assert_true(t.len < sizeof buf);
+}
+
 static void conv_layer_outputs(void **state) {
   (void)state;
   cg_ints in[3] = {L(2, 8, 5, 5), L(2, 6, 3, 3), L(6, 4, 3, 3)};
@@ -216,6 +237,7 @@ static void names(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(outputs_as_text),
       cmocka_unit_test(conv_layer_outputs),
       cmocka_unit_test(subsets_and_layouts),
       cmocka_unit_test(deconv_layer_output_padding),

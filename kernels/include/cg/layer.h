@@ -14,6 +14,7 @@
 #define CG_LAYER_H
 
 #include "cg/problem.h"
+#include "cg/text.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,6 +62,10 @@ CG_EXPORT int cg_layer_noutputs(const cg_layer *l);
 CG_EXPORT uint64_t cg_layer_flops(const cg_layer *l);
 /* The same with cg_geom_work: the bound --max-request-flops is held to. */
 CG_EXPORT uint64_t cg_layer_work(const cg_layer *l);
+/* Appends the shapes of the outputs l answers, "2x3x4,3x3" (ranks read
+ * from a layer a crash may have damaged are kept to the arrays):
+ * async-signal-safe, as cg/text.h is. */
+CG_EXPORT void cg_layer_text_outputs(cg_text *t, const cg_layer *l);
 
 #ifdef __cplusplus
 }

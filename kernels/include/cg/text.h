@@ -34,6 +34,8 @@ typedef struct {
 CG_EXPORT void cg_text_init(cg_text *t, char *buf, size_t cap);
 /* Appends n bytes of s as they are. */
 CG_EXPORT void cg_text_append(cg_text *t, const char *s, size_t n);
+/* Appends the string s as it is. */
+CG_EXPORT void cg_text_str(cg_text *t, const char *s);
 CG_EXPORT void cg_text_appendf(cg_text *t, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Appends n bytes of s with '\\' and '"' backslash-escaped and every byte
