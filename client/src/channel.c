@@ -538,14 +538,31 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
   cgc_status local;
   if (!st)
     st = &local;
+  /* The "retry later" refusal the attempt now running retries, if any. */
+  cgc_status refusal;
+  int retrying_refusal = 0;
   for (;;) {
     t.retry_after_ms = -1;
     rc = attempt(ch, ctx, &t, st);
+    if (rc == CGC_ERPC && retrying_refusal &&
+        st->code == GRPC_STATUS_DEADLINE_EXCEEDED) {
+      /* The server's refusal is why the call did not finish in time: a
+       * bare DEADLINE_EXCEEDED would hide that it is busy, and whether
+       * the retry was overtaken in flight or in the server's queue is
+       * down to timing. */
+      cgc__status_set(st, refusal.code,
+                      "%s (retry %d was cut short by the call's deadline)",
+                      refusal.message, t.retry);
+      break;
+    }
     if (rc != CGC_ERPC || t.retry >= o->retries)
       break;
     int64_t wait_ms = cgc__retry_wait(&t, st->code, backoff, &seed);
     if (wait_ms < 0)
       break;
+    retrying_refusal = t.retry_after_ms >= 0;
+    if (retrying_refusal)
+      refusal = *st;
     cgc__wait_for_channel(
         ch, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
                          gpr_time_from_millis(wait_ms, GPR_TIMESPAN)));

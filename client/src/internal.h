@@ -72,7 +72,9 @@ typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx, cgc__try *t,
 /* Runs attempt until it succeeds, fails for good, runs out of retries or
  * the next wait would pass the deadline. Retried: UNAVAILABLE, and
  * RESOURCE_EXHAUSTED with a retry-after-ms trailer ("retry later"); a
- * RESOURCE_EXHAUSTED without one is permanent (a size limit).
+ * RESOURCE_EXHAUSTED without one is permanent (a size limit). A retry of
+ * a "retry later" refusal that the deadline overtakes ends the call with
+ * that refusal, noting the cut, not DEADLINE_EXCEEDED.
  * *attempts (may be NULL) holds how many attempts of the call were made
  * before (they count as retries: numbered, and against the channel's
  * retries) and receives the total. */

@@ -22,6 +22,9 @@ answered by it instead, for the client's retry tests:
   limit           refused RESOURCE_EXHAUSTED without the trailer, a
                   permanent refusal;
   slow-MS         answered (the inline result) after MS milliseconds;
+  busy-then-slow-MS  the first attempt refused as busy-always-5 is, a
+                  retry answered as slow-MS is (a retry the client's
+                  deadline overtakes while the server holds it);
   partial         a layer op's first attempt gets its first output
                   (bytes 0..15) and then "retry later"; a retry gets each
                   output its header names (output g: bytes 16g..16g+15) and
@@ -136,8 +139,13 @@ def scenario(name, attempt, first, context):
     """The answer of a retry scenario (see the module's comment); first is
     the request's first message."""
     kind, _, ms = name.rpartition("-")
+    if kind == "busy-then-slow":
+        kind, ms = ("busy-always", "5") if attempt is None else ("slow", ms)
     if kind == "slow":
-        time.sleep(int(ms) / 1000)
+        # In steps, so that a call the client gave up frees the thread.
+        end = time.monotonic() + int(ms) / 1000
+        while time.monotonic() < end and context.is_active():
+            time.sleep(0.005)
         return [header(data=bytes(range(16)))], None
     if name == "partial" and attempt is None:
         context.set_trailing_metadata((("retry-after-ms", "5"),))

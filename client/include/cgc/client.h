@@ -99,7 +99,10 @@ typedef struct cgc_options {
    * retried when the hint alone passes the call's deadline. An
    * UNAVAILABLE without a hint waits the step +-20%, ending early when the
    * channel, down after the failure, is READY again (a restarted server
-   * is retried at once). No wait passes the deadline. Each retried attempt
+   * is retried at once). No wait passes the deadline; a retry of a "retry
+   * later" refusal that the deadline overtakes (in flight or queued in the
+   * server) ends the call with that refusal, its message noting the cut,
+   * rather than DEADLINE_EXCEEDED. Each retried attempt
    * carries the request metadata "convgrad-retry-attempt: N" (N = 1 for
    * the first retry). 0 = no retry. */
   int retries;                /* default 5 */
