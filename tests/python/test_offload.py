@@ -9,9 +9,10 @@ backward, padding_mode, state_dict and optimizer, unbatched input,
 output_size, restore().
 
 Same host: the tensors go through shared-memory regions (no byte on the
-wire, regions registered once, not per call), with the weight gradients
-deferred to the end of the backward pass (overlap) or not, equal either
-way, and torch.autograd.grad and backward(inputs=) still right; torch's
+wire, regions registered once, not per call; the weights that train
+resident in the arena, no slot taken for them per step), with the weight
+gradients deferred to the end of the backward pass (overlap) or not, equal
+either way, and torch.autograd.grad and backward(inputs=) still right; torch's
 threads narrowed through the backward pass (backward_threads). Fallbacks
 to bytes, each logged once: a server reached at a non-loopback address of
 this host, one started with --shm off, one that cannot open the client's
@@ -311,6 +312,38 @@ class Regions(unittest.TestCase):
         client.close()
         self.assertFalse([n for n in os.listdir("/dev/shm")
                           if n.startswith("convgrad-%d-" % os.getpid())])
+
+    def test_weights_live_in_the_arena(self):
+        # The weights that train move into the arena at their layer's
+        # first forward, where the optimizer updates them in place: a
+        # step takes arena slots for each layer's input, grad_output and
+        # gradients, none for its weight. restore() moves them back.
+        local, remote = models()
+        client = remote.c1._convgrad_client
+        convs = [remote.c1, remote.c3, remote.c2a, remote.c2b, remote.t2]
+        with torch.no_grad():
+            remote(*inputs())
+        self.assertIsNone(client._arena)  # an inference forward: left
+        train(self, local, remote, steps=1)
+        arena = client.arena()
+
+        def resident(m):
+            return arena.holds(m.weight.data_ptr(), 4 * m.weight.numel())
+        self.assertTrue(all(resident(m) for m in convs))
+        where = [m.weight.data_ptr() for m in convs]
+        slots = []
+        take = arena.array
+        arena.array = lambda *a: slots.append(a) or take(*a)
+        try:
+            train(self, local, remote, steps=2)
+        finally:
+            del arena.array
+        self.assertEqual([m.weight.data_ptr() for m in convs], where)
+        outputs = sum(1 + (m.bias is not None) + 1 for m in convs)
+        self.assertEqual(len(slots), 2 * (2 * len(convs) + outputs))
+        ct.restore(remote)
+        self.assertFalse(any(resident(m) for m in convs))
+        train(self, local, remote, steps=1)
 
     def test_overlap_defers_weight_gradients(self):
         # With overlap, t2's grad_input goes on through autograd while its

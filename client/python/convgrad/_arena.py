@@ -150,6 +150,13 @@ class Arena:
         slot = _Slot(self._freed, space, off, _round_up(max(n, 1), ALIGN))
         return np.asarray(slot)[:n].view(dtype).reshape(shape)
 
+    def holds(self, ptr, nbytes):
+        """Whether the nbytes at address ptr lie in one region of the
+        arena, where a call reads them in place."""
+        with self._lock:
+            return any(sp.base <= ptr and ptr + nbytes <= sp.base +
+                       sp.region.nbytes for sp in self._spaces)
+
     def tensor(self, shape, dtype):
         """array() as a torch tensor of a torch dtype, or None."""
         import torch
