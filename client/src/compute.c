@@ -514,7 +514,8 @@ typedef struct cgc__flight {
   int status_started; /* the status batch was started */
   int batch_failed;   /* a batch could not be started */
   int local_rc;       /* why this end rejected the response */
-  double t0, t_last;  /* the call's start; all data in */
+  double t0;          /* the call's start */
+  double t_all_in;    /* when every output was whole; 0 before */
 } cgc__flight;
 
 /* Clears what a previous attempt left (but the outputs already whole) and
@@ -609,8 +610,8 @@ static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
   /* Once all the announced bytes are in, the status is asked for at once;
    * reading on still catches a server that sends more. */
   int all_in = cgc__all_in(a);
-  if (all_in && !f->status_started)
-    f->t_last = cgc__now_ms();
+  if (all_in && !f->t_all_in)
+    f->t_all_in = cgc__now_ms();
   if (!ended && !f->local_rc) {
     grpc_op rop;
     memset(&rop, 0, sizeof rop);
@@ -702,7 +703,7 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
     return CGC_EPROTO;
   }
   a->res.total_ms = cgc__now_ms() - f->t0;
-  a->res.download_ms = f->t_last - a->t_header;
+  a->res.download_ms = f->t_all_in - a->t_header;
   cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
   return 0;
 }
@@ -727,7 +728,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   cgc__flight f;
   memset(&f, 0, sizeof f);
   f.cq = grpc_completion_queue_create_for_next(NULL);
-  f.t0 = f.t_last = cgc__now_ms();
+  f.t0 = cgc__now_ms();
   cgc__call_io_init(&f.io, ch, t->retry);
   int rc = cgc__attempt_reset(a, st);
   if (rc)

@@ -105,6 +105,9 @@ static void run_and_check(cgc_channel *ch, const cgc_spec *s, uint64_t seed) {
   assert_int_equal(res.bytes_sent, g.in_bytes[0] + g.in_bytes[1]);
   assert_int_equal(res.attempts, 1);
   assert_true(res.worker[0] != '\0');
+  if (!(res.download_ms >= 0 && res.download_ms <= res.total_ms))
+    fail_msg("%s: download_ms %.3f outside the call's %.3f ms",
+             cg_op_name(s->op), res.download_ms, res.total_ms);
   assert_memory_equal(out->dims, g.out_dims, (size_t)out->rank * 8);
   assert_int_equal(cg_reference_run(&g, in0, in1, ref, err, sizeof err), 0);
   cgc_diff d;
