@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 import warnings
 
@@ -344,6 +345,37 @@ class Regions(unittest.TestCase):
         ct.restore(remote)
         self.assertFalse(any(resident(m) for m in convs))
         train(self, local, remote, steps=1)
+
+    def test_exit_after_a_failed_pass(self):
+        # A pass that raises leaves tasks holding the arena's gradients in
+        # the autograd engine's thread-local ready queue; they are freed
+        # with the thread's thread-local storage, after the interpreter
+        # finalized, where a tensor whose release takes the GIL (one made
+        # by torch.from_numpy) hung the process.
+        code = textwrap.dedent("""
+            import sys
+            import torch
+            import torch.nn as nn
+            import convgrad.torch as ct
+            m = ct.offload(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(),
+                                         nn.Conv2d(8, 8, 3)), sys.argv[1])
+            m[2].weight.register_hook(lambda g: 1 / 0)
+            x = torch.randn(2, 3, 16, 16, requires_grad=True)
+            try:
+                m(x).sum().backward()
+            except ZeroDivisionError:
+                pass
+            assert m[0]._convgrad_client.arena() is not None
+            """)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(
+            os.path.dirname(convgrad.__file__)))
+        try:
+            p = subprocess.run([sys.executable, "-c", code, SERVER.target],
+                               env=env, capture_output=True, text=True,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            self.fail("the process did not exit in 60 s")
+        self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_overlap_defers_weight_gradients(self):
         # With overlap, t2's grad_input goes on through autograd while its

@@ -7,7 +7,18 @@ holds) until it reaches its limit; a slot that does not fit is refused
 (None) and its tensor travels as bytes. A slot is free again once the last
 array or tensor over it is gone. close() unregisters the regions and
 removes their names (nothing is left in /dev/shm), while arrays still over
-them stay valid."""
+them stay valid.
+
+A torch tensor over a slot (tensor()) is made through DLPack, with libc's
+free as its deleter (it frees the small DLManagedTensor block, nothing
+else), not by torch.from_numpy: that tensor's storage holds the numpy
+array, and releasing it takes the GIL. Autograd may release such a tensor
+after the interpreter has finalized: the tasks a failed backward pass left
+in the engine's thread-local ready queue go with the thread's
+thread-local storage, and taking the GIL there hung the exiting process.
+A slot lent to a torch tensor is kept by _LENT until a weak reference to
+the tensor's storage says it is gone, checked when an arena finds no room
+(before it grows)."""
 import collections
 import ctypes as C
 import logging
@@ -26,6 +37,88 @@ GROW_BYTES = 16 << 20
 
 def _round_up(n, to):
     return (n + to - 1) // to * to
+
+
+class _DLDevice(C.Structure):
+    _fields_ = [("device_type", C.c_int32), ("device_id", C.c_int32)]
+
+
+class _DLDataType(C.Structure):
+    _fields_ = [("code", C.c_uint8), ("bits", C.c_uint8),
+                ("lanes", C.c_uint16)]
+
+
+class _DLTensor(C.Structure):
+    _fields_ = [("data", C.c_void_p), ("device", _DLDevice),
+                ("ndim", C.c_int32), ("dtype", _DLDataType),
+                ("shape", C.POINTER(C.c_int64)),
+                ("strides", C.POINTER(C.c_int64)),
+                ("byte_offset", C.c_uint64)]
+
+
+class _DLManagedTensor(C.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", C.c_void_p),
+                ("deleter", C.c_void_p)]
+
+
+_DL_CPU = 1
+_DL_FLOAT, _DL_BFLOAT = 2, 4
+_libc = C.CDLL(None)
+_libc.malloc.restype = C.c_void_p
+_libc.malloc.argtypes = [C.c_size_t]
+_libc.free.argtypes = [C.c_void_p]
+_FREE = C.cast(_libc.free, C.c_void_p).value
+_capsule = C.pythonapi.PyCapsule_New
+_capsule.restype = C.py_object
+_capsule.argtypes = [C.c_void_p, C.c_char_p, C.c_void_p]
+
+# (weak reference to a torch storage, the array of the slot it is over)
+_LENT = []
+_lent_lock = threading.Lock()
+
+
+def _torch_over(a, dtype):
+    """A torch tensor of dtype (float32, float16, bfloat16) over the memory
+    of a, a C-contiguous array of a slot, whose release takes no GIL; a's
+    slot stays taken while the tensor's storage lives."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    code, bits = {torch.float32: (_DL_FLOAT, 32),
+                  torch.float16: (_DL_FLOAT, 16),
+                  torch.bfloat16: (_DL_BFLOAT, 16)}[dtype]
+    n = a.ndim
+    # The block and its shape, which torch reads until the deleter runs.
+    p = _libc.malloc(C.sizeof(_DLManagedTensor) + 8 * max(n, 1))
+    if not p:
+        raise MemoryError("convgrad: no memory for a DLPack tensor")
+    shape = (C.c_int64 * max(n, 1)).from_address(
+        p + C.sizeof(_DLManagedTensor))
+    shape[:n] = a.shape
+    m = _DLManagedTensor.from_address(p)
+    m.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(_DL_CPU, 0), n,
+                            _DLDataType(code, bits, 1),
+                            C.cast(shape, C.POINTER(C.c_int64)), None, 0)
+    m.manager_ctx = None
+    m.deleter = _FREE
+    try:
+        t = torch.utils.dlpack.from_dlpack(_capsule(p, b"dltensor", None))
+    except BaseException:
+        _libc.free(p)
+        raise
+    storage = getattr(t, "untyped_storage", t.storage)()
+    with _lent_lock:
+        _LENT.append((StorageWeakRef(storage), a))
+    return t
+
+
+def _reclaim():
+    """Gives back the slots whose torch tensors are all gone."""
+    keep, gone = [], []
+    with _lent_lock:
+        for x in _LENT:
+            (gone if x[0].expired() else keep).append(x)
+        _LENT[:] = keep
+    del gone  # the arrays go, and with them the slots (_Slot.__del__)
 
 
 class _Space:
@@ -123,7 +216,7 @@ class Arena:
         self.total += size
         return space
 
-    def _take(self, n):
+    def _fit(self, n):
         while self._freed:
             space, off, size = self._freed.popleft()
             space.give(off, size)
@@ -131,6 +224,15 @@ class Arena:
             off = space.take(n)
             if off is not None:
                 return space, off
+        return None, None
+
+    def _take(self, n):
+        space, off = self._fit(n)
+        if space is None:
+            _reclaim()
+            space, off = self._fit(n)
+        if space is not None:
+            return space, off
         space = self.grow(n)
         if space is None:
             return None, None
@@ -163,10 +265,7 @@ class Arena:
         np_dtype = {torch.float32: np.float32, torch.float16: np.float16,
                     torch.bfloat16: np.int16}[dtype]
         a = self.array(tuple(shape), np_dtype)
-        if a is None:
-            return None
-        t = torch.from_numpy(a)
-        return t.view(torch.bfloat16) if dtype == torch.bfloat16 else t
+        return None if a is None else _torch_over(a, dtype)
 
     def close(self):
         """Unregisters the regions and removes their names; arrays over
