@@ -1,8 +1,9 @@
 /* call.c - what every call of the library shares (its batch buffers and
- * outputs, the opening and status ops, the teardown), and the unary call
- * used by Health/Check and GetServerInfo: one batch of six ops on a
- * completion queue owned by the call, so a shared channel needs no
- * locking. */
+ * outputs, the opening and status ops, its completion queue, the
+ * teardown), and the unary call used by Health/Check and GetServerInfo:
+ * one batch of six ops. Each call has a completion queue of its own while
+ * it runs, so that calls sharing a channel wait for nothing but their own
+ * events; ended calls leave theirs, empty, to the next ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,16 +98,44 @@ int64_t cgc__call_io_retry_after(const cgc__call_io *io) {
   return ms >= 0 ? ms : cgc__md_millis(&io->initial_md, CGC__RETRY_AFTER_KEY);
 }
 
-void cgc__call_end(grpc_call *call, grpc_completion_queue *cq,
-                   cgc__call_io *io) {
-  if (call)
-    grpc_call_unref(call);
+grpc_completion_queue *cgc__cq_take(cgc_channel *ch) {
+  grpc_completion_queue *cq = NULL;
+  pthread_mutex_lock(&ch->cqs_mu);
+  if (ch->ncqs)
+    cq = ch->cqs[--ch->ncqs];
+  pthread_mutex_unlock(&ch->cqs_mu);
+  return cq ? cq : grpc_completion_queue_create_for_next(NULL);
+}
+
+/* Shuts cq down, takes what is left in it, and destroys it. */
+static void cgc__cq_destroy(grpc_completion_queue *cq) {
   grpc_completion_queue_shutdown(cq);
   while (
       grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
           .type != GRPC_QUEUE_SHUTDOWN)
     ;
   grpc_completion_queue_destroy(cq);
+}
+
+void cgc__cqs_close(cgc_channel *ch) {
+  while (ch->ncqs)
+    cgc__cq_destroy(ch->cqs[--ch->ncqs]);
+}
+
+void cgc__call_end(cgc_channel *ch, grpc_call *call, grpc_completion_queue *cq,
+                   int idle, cgc__call_io *io) {
+  if (call)
+    grpc_call_unref(call);
+  if (idle) {
+    pthread_mutex_lock(&ch->cqs_mu);
+    if (ch->ncqs < CGC__CQ_CACHE) {
+      ch->cqs[ch->ncqs++] = cq;
+      cq = NULL;
+    }
+    pthread_mutex_unlock(&ch->cqs_mu);
+  }
+  if (cq)
+    cgc__cq_destroy(cq);
   if (io->send_bb)
     grpc_byte_buffer_destroy(io->send_bb);
   if (io->recv_bb)
@@ -152,6 +181,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
   cgc__call_io io;
   grpc_op ops[6];
   grpc_event ev;
+  int idle = 1; /* no batch of the call is pending */
 
   *resp = NULL;
   *resplen = 0;
@@ -161,7 +191,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
   io.send_bb = grpc_raw_byte_buffer_create(&payload, 1);
   grpc_slice_unref(payload);
 
-  cq = grpc_completion_queue_create_for_next(NULL);
+  cq = cgc__cq_take(ch);
   call = grpc_channel_create_call(ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                   grpc_slice_from_static_string(method), NULL,
                                   t->deadline, NULL);
@@ -182,6 +212,7 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
   /* The call's deadline bounds this wait. */
   ev =
       grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  idle = ev.type == GRPC_OP_COMPLETE;
   if (ev.type != GRPC_OP_COMPLETE || io.code != GRPC_STATUS_OK) {
     if (ev.type != GRPC_OP_COMPLETE)
       cgc__status_set(st, GRPC_STATUS_INTERNAL, "completion queue failed");
@@ -201,6 +232,6 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot read the response",
                     method);
 out:
-  cgc__call_end(call, cq, &io);
+  cgc__call_end(ch, call, cq, idle, &io);
   return rc;
 }

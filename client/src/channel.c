@@ -330,6 +330,7 @@ int cgc_channel_new(cgc_channel **out, const char *target,
   if (!ch)
     return CG_ENOMEM;
   pthread_mutex_init(&ch->regions_mu, NULL);
+  pthread_mutex_init(&ch->cqs_mu, NULL);
   cgc__pool_init(&ch->pool);
   if (opts)
     ch->opts = *opts;
@@ -418,6 +419,7 @@ fail_grpc:
 fail_opts:
   cgc__pool_close(&ch->pool);
   pthread_mutex_destroy(&ch->regions_mu);
+  pthread_mutex_destroy(&ch->cqs_mu);
   free(ch);
   return rc;
 }
@@ -427,7 +429,9 @@ void cgc_channel_free(cgc_channel *ch) {
     return;
   cgc__pool_close(&ch->pool);
   cgc__regions_close(ch);
+  cgc__cqs_close(ch);
   pthread_mutex_destroy(&ch->regions_mu);
+  pthread_mutex_destroy(&ch->cqs_mu);
   grpc_channel_destroy(ch->chan);
   if (ch->auth_md_count)
     grpc_slice_unref(ch->auth_md.value);

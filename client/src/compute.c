@@ -812,7 +812,7 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   cgc__attempt *a = vctx;
   cgc__flight f;
   memset(&f, 0, sizeof f);
-  f.cq = grpc_completion_queue_create_for_next(NULL);
+  f.cq = cgc__cq_take(ch);
   f.t0 = cgc__now_ms();
   cgc__call_io_init(&f.io, ch, t->retry);
   int rc = cgc__attempt_reset(a, st);
@@ -837,7 +837,8 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
     t->retry_after_ms = cgc__call_io_retry_after(&f.io);
   }
 out:
-  cgc__call_end(f.call, f.cq, &f.io);
+  cgc__call_end(ch, f.call, f.cq,
+                !(f.send_busy || f.recv_busy || f.status_busy), &f.io);
   if (a->pin)
     cgc__unpin(a);
   if (rc)
