@@ -614,8 +614,8 @@ static int cgc__open(cgc__attempt *a, cgc__flight *f) {
   f->sending = cgc__upload_left(a);
   if (!f->sending && a->one_message) {
     /* One message each way: one batch sends the request and receives the
-     * answer and the status, as a unary call does (three batches cost
-     * the client 10% more instructions per tiny call). The status batch
+     * answer and the status, as a unary call does (three batches cost the
+     * client more: tests/README.md, "Design figures"). The status batch
      * cannot end while a message is unread, so only an answer that is
      * one message by contract may go this way: a server that sent more
      * would hold the call until its deadline. */

@@ -41,8 +41,8 @@ struct cgc_channel {
   cgc_region *regions;
   cgc__pool pool; /* the threads of asynchronous calls */
   /* The completion queues of ended calls, empty, for the next ones:
-   * creating and destroying one per call cost a tiny call 6% of the
-   * client's instructions. */
+   * creating and destroying one per call costs a tiny call (tests/README.md,
+   * "Design figures"). */
   pthread_mutex_t cqs_mu;
   grpc_completion_queue *cqs[CGC__CQ_CACHE];
   int ncqs;
