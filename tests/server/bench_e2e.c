@@ -559,7 +559,7 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
       /* The engine computes on the region's own memory, as the server
        * does, so that both see the same pages; which of the two goes
        * first alternates, each after a pause longer than either side's
-       * OpenMP threads spin (GOMP_SPINCOUNT=10000: tens of microseconds;
+       * OpenMP threads spin (GOMP_SPINCOUNT=10000: about 0.2 ms here;
        * a pause of tens of milliseconds made this VM stall the next run
        * by up to 10 ms at random), and the TCP call, on other memory,
        * last. */
