@@ -426,14 +426,16 @@ class Regions(unittest.TestCase):
     def test_backward_threads(self):
         # The server shares this process's cores (it runs on all of them):
         # by default torch runs the backward pass on one thread from the
-        # first offloaded layer on, and on its own count again after it;
-        # None leaves it alone, a count sets it.
+        # first offloaded layer on, and on its own count again after it,
+        # whether the tensors go through the arena or as bytes; None
+        # leaves it alone, a count sets it.
         before = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
-            for want, during in (("auto", 1), (None, 2), (1, 1)):
-                with self.subTest(backward_threads=want):
-                    local, remote = models(backward_threads=want)
+            for want, shm, during in (("auto", "auto", 1), ("auto", False, 1),
+                                      (None, "auto", 2), (1, "auto", 1)):
+                with self.subTest(backward_threads=want, shm=shm):
+                    local, remote = models(backward_threads=want, shm=shm)
                     xl, xr = inputs(), inputs()
                     seen = []
                     # c2a's input: its gradient comes after t2's, c2b's

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.autograd import Variable
 from torch.autograd.function import once_differentiable
 
-from .client import Client
+from .client import Client, _on_this_host
 from .errors import Error
 
 __all__ = ["offload", "restore"]
@@ -108,7 +108,7 @@ class _ConvFunction(torch.autograd.Function):
             return None, None, None, None, None
         client = m._convgrad_client
         arena = client.arena()
-        m._convgrad_threads.narrow(client, arena)
+        m._convgrad_threads.narrow(client)
         gy, w = _place(arena, gy, dt), _place(arena, w, dt)
         out = {}
         if need[0]:
@@ -297,26 +297,27 @@ class _Threads:
         self.want = want
         self.auto = {}  # client -> threads, resolved once
 
-    def _resolve(self, client, arena):
+    def _resolve(self, client):
         """'auto': where the server shares this process's cores (it is on
-        this host: the client has an arena), the cores of this process it
+        this host: a unix socket or loopback target, whether its tensors
+        go through the arena or as bytes), the cores of this process it
         does not use, at least 1; else torch's own count (None)."""
         if self.want != "auto":
             return self.want
-        if arena is None:
-            return None
         if client not in self.auto:
-            try:
-                server = set(client.info()["cpus"])
-            except Error:
-                server = set()
+            server = set()
+            if _on_this_host(client.target):
+                try:
+                    server = set(client.info()["cpus"])
+                except Error:
+                    pass
             mine = os.sched_getaffinity(0)
             self.auto[client] = (max(1, len(mine - server))
                                  if mine & server else None)
         return self.auto[client]
 
-    def narrow(self, client, arena):
-        n = self._resolve(client, arena)
+    def narrow(self, client):
+        n = self._resolve(client)
         if n is None or getattr(_local, "threads", None) is not None:
             return
         have = torch.get_num_threads()
@@ -564,7 +565,8 @@ def offload(model, target, overlap=False, backward_threads="auto",
     offloaded layer to the end of the pass (the thread count is torch's
     again when the pass ends, or at the next offloaded forward after a
     pass that failed). 'auto' (default): where the server is on this host
-    (the tensors go through the arena) and uses cores of this process,
+    (a unix socket or loopback target, the tensors in the arena or sent as
+    bytes) and uses cores of this process,
     the cores of this process it does not use, at least 1, so that
     torch's idle threads do not spin on the server's cores; else
     unchanged. None: unchanged; a count: that many."""
