@@ -482,6 +482,18 @@ class Errors(unittest.TestCase):
         self.check(convgrad.InvalidArgument, 3, "out: shape",
                    self.c.conv_backward_data, self.dy, self.w,
                    out=np.zeros((1, 2, 16), np.float32), **self.a)
+        # a layer op's out=, called and started: exactly the outputs
+        # asked for, each of the inputs' dtype
+        for fn in (self.c.conv_backward, self.c.conv_backward_async):
+            self.check(convgrad.InvalidArgument, 3, "out: a dict with "
+                       "exactly the outputs asked for (diff_weights)",
+                       fn, self.dy, self.dy, self.w, outputs=["diff_weights"],
+                       out={"diff_src": np.zeros_like(self.dy)}, **self.a)
+            self.check(convgrad.InvalidArgument, 3,
+                       "out['diff_weights']: f16 but the inputs are f32",
+                       fn, self.dy, self.dy, self.w, outputs=["diff_weights"],
+                       out={"diff_weights": self.w.astype(np.float16)},
+                       **self.a)
         with self.assertRaises(TypeError):
             self.c.conv_backward_data(self.dy, self.w, stride=[1, 1])
         self.check(convgrad.InvalidArgument, 3, "target",

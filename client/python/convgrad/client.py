@@ -534,19 +534,7 @@ class Client:
             arena = self.arena() if self._shm is True else None
             out = {g: _new_output(arena, ins, g, req.attrs, op)
                    for g in names}
-        elif not isinstance(out, dict) or set(out) != set(names):
-            raise InvalidArgument("out: a dict with exactly the outputs "
-                                  "asked for (%s)" % ", ".join(names))
-        arrs = {g: _Array("out[%r]" % g, out[g], writable=True)
-                for g in names}
-        data = (C.c_void_p * L.GRAD_COUNT)()
-        caps = (C.c_size_t * L.GRAD_COUNT)()
-        for g, o in arrs.items():
-            if o.dtype != ins[0].dtype:
-                raise InvalidArgument("%s: %s but the inputs are %s" % (
-                    o.name, _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[ins[0].dtype]))
-            data[L.GRADS.index(g)] = o.ptr
-            caps[L.GRADS.index(g)] = o.nbytes
+        arrs, data, caps = _out_arrays(out, names, ins[0].dtype)
         call = C.c_void_p()
         st = L.Status()
         rc = self._lib.cgc_call_start(self._channel(), C.byref(req), data,
@@ -608,19 +596,7 @@ class Client:
             self._check(rc, st)
             return {g: _wrap(self._lib, ps[L.GRADS.index(g)], first.torch)
                     for g in names}
-        if not isinstance(out, dict) or set(out) != set(names):
-            raise InvalidArgument("out: a dict with exactly the outputs "
-                                  "asked for (%s)" % ", ".join(names))
-        arrs = {g: _Array("out[%r]" % g, out[g], writable=True)
-                for g in names}
-        data = (C.c_void_p * L.GRAD_COUNT)()
-        caps = (C.c_size_t * L.GRAD_COUNT)()
-        for g, o in arrs.items():
-            if o.dtype != first.dtype:
-                raise InvalidArgument("%s: %s but the inputs are %s" % (
-                    o.name, _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[first.dtype]))
-            data[L.GRADS.index(g)] = o.ptr
-            caps[L.GRADS.index(g)] = o.nbytes
+        arrs, data, caps = _out_arrays(out, names, first.dtype)
         ts = (L.Tensor * L.GRAD_COUNT)()
         rc = self._lib.cgc_compute_layer_into(self._channel(), C.byref(req),
                                               data, caps, ts, C.byref(res),
@@ -809,6 +785,25 @@ class Region:
         if rc != 0:
             msg = st.message.decode(errors="replace")
             raise from_status(st.code if st.code else 9, msg, rc)
+
+
+def _out_arrays(out, names, dtype):
+    """The caller's output arrays of a layer op (out: a dict with exactly
+    the outputs in names, each of the inputs' dtype), and the pointer and
+    capacity arrays libcgclient takes, indexed by gradient."""
+    if not isinstance(out, dict) or set(out) != set(names):
+        raise InvalidArgument("out: a dict with exactly the outputs "
+                              "asked for (%s)" % ", ".join(names))
+    arrs = {g: _Array("out[%r]" % g, out[g], writable=True) for g in names}
+    data = (C.c_void_p * L.GRAD_COUNT)()
+    caps = (C.c_size_t * L.GRAD_COUNT)()
+    for g, o in arrs.items():
+        if o.dtype != dtype:
+            raise InvalidArgument("%s: %s but the inputs are %s" % (
+                o.name, _DTYPE_NAMES[o.dtype], _DTYPE_NAMES[dtype]))
+        data[L.GRADS.index(g)] = o.ptr
+        caps[L.GRADS.index(g)] = o.nbytes
+    return arrs, data, caps
 
 
 def _on_this_host(target):
