@@ -14,7 +14,10 @@
  *   median over rounds of each block's p50, its ratio to the echo's p50 of
  *   the same round (figure (a), target <= 1.5), and the process's CPU time
  *   (user + sys, /proc/PID/stat) per call over every block (figure (b),
- *   target <= 2x the echo's).
+ *   target <= 2x the echo's). With --idle-us N every call of every target
+ *   follows N microseconds of sleep instead of the previous call, as a
+ *   trainer's call follows its own compute: what a call costs once the
+ *   client, the server and the kernel have gone idle.
  * resnet: throughput at concurrency 8 (threads sharing one channel) on the
  *   ResNet rows of the problem list, both gradient ops, f32, over TCP: the
  *   servers take turns for --seconds each round, the first of a round
@@ -137,16 +140,20 @@ static int turn(int i, int r, int n) {
   return (i + r) % n;
 }
 
-/* The tiny row and its request, packed once for the raw client. */
+/* The tiny row, its request packed once for the raw client, and how long
+ * every call waits before it starts. */
 typedef struct tiny_row {
   bench_prob p;
   grpc_byte_buffer *raw;
+  int idle_us; /* --idle-us; 0: back to back */
 } tiny_row;
 
-/* One call of t over transport x via v; microseconds, negative when it
- * failed. */
+/* One call of t over transport x via v, after row->idle_us of sleep;
+ * microseconds, negative when it failed. */
 static double one_call(target *t, int x, int v, const tiny_row *row) {
   double ms;
+  if (row->idle_us > 0)
+    usleep((useconds_t)row->idle_us);
   if (!t->bin)
     return bench_echo_unary_us(t->raw[x], ECHO_BYTES);
   if (v == VIA_LIB)
@@ -234,10 +241,10 @@ static void tiny_print(target *ts, int nt, int x, int v, int rounds,
   }
 }
 
-static void tiny(target *ts, int nt, int rounds, int calls) {
+static void tiny(target *ts, int nt, int rounds, int calls, int idle_us) {
   cg_bdesc d;
   char err[256];
-  tiny_row row;
+  tiny_row row = {.idle_us = idle_us};
   double *lat = malloc(sizeof *lat * (size_t)calls);
   double *ratio = malloc(sizeof *ratio * (size_t)rounds);
   if (!lat || !ratio ||
@@ -260,8 +267,8 @@ static void tiny(target *ts, int nt, int rounds, int calls) {
          "%d calls; client: libcgclient (lib) or one raw C-core batch (raw, "
          "as the echo's); p50: median of the rounds' p50s; ratios: medians "
          "of the rounds' ratios; cpu: user + sys of the server process per "
-         "call\n",
-         ECHO_BYTES, rounds, calls);
+         "call; each call after %d us idle\n",
+         ECHO_BYTES, rounds, calls, idle_us);
   printf("%-5s %-9s %-4s %9s %8s %12s %8s\n", "via", "server", "cli", "p50 us",
          "/echo", "cpu us/call", "/echo");
   for (int x = 0; x < TRANSPORTS; x++)
@@ -386,7 +393,7 @@ int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS, *baseline = NULL;
   const char *server = CGS_SERVER_PATH, *only = NULL;
   const char *extra[MAX_SERVER_ARGS + 1] = {NULL};
-  int rounds = 5, calls = 2000, nextra = 0;
+  int rounds = 5, calls = 2000, nextra = 0, idle_us = 0;
   double seconds = 3;
   static const struct option lo[] = {{"server", required_argument, 0, 's'},
                                      {"baseline", required_argument, 0, 'b'},
@@ -394,6 +401,7 @@ int main(int argc, char **argv) {
                                      {"calls", required_argument, 0, 'c'},
                                      {"seconds", required_argument, 0, 't'},
                                      {"only", required_argument, 0, 'o'},
+                                     {"idle-us", required_argument, 0, 'i'},
                                      {"problems", required_argument, 0, 'p'},
                                      {"server-arg", required_argument, 0, 'a'},
                                      {"help", no_argument, 0, 'h'},
@@ -419,6 +427,10 @@ int main(int argc, char **argv) {
     case 'o':
       only = optarg;
       break;
+    case 'i': /* at most a second: usleep's range */
+      idle_us = atoi(optarg) > 0 ? atoi(optarg) : 0;
+      idle_us = idle_us < 1000000 ? idle_us : 999999;
+      break;
     case 'p':
       problems = optarg;
       break;
@@ -428,8 +440,10 @@ int main(int argc, char **argv) {
       break;
     default:
       printf("usage: %s [--server BIN] [--baseline BIN] [--rounds N] "
-             "[--calls N] [--seconds S] [--only tiny|resnet] [--problems "
-             "FILE] [--server-arg ARG]...\n",
+             "[--calls N] [--seconds S] [--only tiny|resnet] [--idle-us N] "
+             "[--problems FILE] [--server-arg ARG]...\n"
+             "  --idle-us N  tiny: sleep N microseconds before each call "
+             "(default 0: back to back)\n",
              argv[0]);
       return opt == 'h' ? 0 : 2;
     }
@@ -467,7 +481,7 @@ int main(int argc, char **argv) {
     ok = ok && (k == 0 || start_server(&ts[k], k, extra) == 0);
   }
   if (ok && (!only || strcmp(only, "tiny") == 0))
-    tiny(ts, nt, rounds, calls);
+    tiny(ts, nt, rounds, calls, idle_us);
   if (ok && (!only || strcmp(only, "resnet") == 0))
     resnet(ts, nt, problems, rounds, seconds);
   for (int k = 0; k < nt; k++)
