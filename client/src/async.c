@@ -175,7 +175,7 @@ int cgc_call_start(cgc_channel *ch, const cgc_request *req,
   pthread_cond_signal(&p->work);
   pthread_mutex_unlock(&p->mu);
   *out = c;
-  cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+  cgc__status_ok(st);
   return 0;
 }
 
@@ -216,7 +216,7 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
   }
   pthread_mutex_unlock(&c->mu);
   if (rc == 0)
-    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+    cgc__status_ok(st);
   return rc;
 }
 

@@ -9,6 +9,8 @@
  * ResultHeader.data is copied three times: out of the slices, by
  * protobuf-c, and into place.) */
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,11 @@ static void cgc__pin_unref(void *p) {
  * ended; writes already handed to the socket finish quickly, queued ones
  * are dropped when the stream closes. */
 #define CGC__PIN_WAIT_MS 30000
+/* A ResultHeader of up to this many bytes (the tiny row's, with its 1 KiB
+ * result in ResultHeader.data, is 1.1 KiB) is copied out of its message
+ * onto the stack and decoded there; 4 KiB of each, on the thread running
+ * the call. */
+#define CGC__ARENA_BYTES 4096
 
 enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 
@@ -362,6 +369,14 @@ static void cgc__mark_whole(cgc__attempt *a) {
     a->on_whole(a->whole_arg, a->done);
 }
 
+/* Copies the string src (NULL: empty) into dst of cap bytes, cut to fit. */
+static void cgc__copy_text(char *dst, size_t cap, const char *src) {
+  size_t n = src ? strnlen(src, cap - 1) : 0;
+  if (n)
+    memcpy(dst, src, n);
+  dst[n] = '\0';
+}
+
 /* Allocates output g of a checked ResultHeader of n bytes (in the
  * caller's buffer, when there is one) and keeps the header's figures. */
 static int cgc__take_result(cgc__attempt *a,
@@ -401,10 +416,9 @@ static int cgc__take_result(cgc__attempt *a,
   a->res.queue_ms = h->queue_ms;
   a->res.output_compute_ms[g] = h->compute_ms;
   a->res.compute_ms += h->compute_ms;
-  snprintf(a->res.compute_path, sizeof a->res.compute_path, "%s",
-           h->compute_path ? h->compute_path : "");
-  snprintf(a->res.worker, sizeof a->res.worker, "%s",
-           h->worker ? h->worker : "");
+  cgc__copy_text(a->res.compute_path, sizeof a->res.compute_path,
+                 h->compute_path);
+  cgc__copy_text(a->res.worker, sizeof a->res.worker, h->worker);
   a->res.npads = (int)h->n_pads_begin;
   for (size_t i = 0; i < h->n_pads_begin; i++) {
     a->res.pads_begin[i] = h->pads_begin[i];
@@ -414,10 +428,43 @@ static int cgc__take_result(cgc__attempt *a,
   return 0;
 }
 
+/* Where protobuf-c puts a decoded ResultHeader: a buffer on the decoding
+ * thread's stack, then the heap once that is full (a large
+ * ResultHeader.data), so that a small answer is decoded without a malloc
+ * and free per field (tests/README.md, "Design figures"). */
+typedef struct cgc__arena {
+  size_t used;
+  int heap; /* allocations that went to the heap */
+  _Alignas(max_align_t) unsigned char buf[CGC__ARENA_BYTES];
+} cgc__arena;
+
+static void *cgc__arena_alloc(void *data, size_t n) {
+  cgc__arena *ar = data;
+  size_t at = (ar->used + _Alignof(max_align_t) - 1) &
+              ~(size_t)(_Alignof(max_align_t) - 1);
+  if (at <= sizeof ar->buf && n <= sizeof ar->buf - at) {
+    ar->used = at + n;
+    return ar->buf + at;
+  }
+  ar->heap++;
+  return malloc(n);
+}
+
+static void cgc__arena_free(void *data, void *p) {
+  cgc__arena *ar = data;
+  uintptr_t at = (uintptr_t)p, start = (uintptr_t)ar->buf;
+  if (at - start >= sizeof ar->buf)
+    free(p);
+}
+
 /* The ResultHeader arrived: check it and allocate the output. */
 static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
+  cgc__arena ar;
+  ar.used = 0;
+  ar.heap = 0;
+  ProtobufCAllocator alloc = {cgc__arena_alloc, cgc__arena_free, &ar};
   Convgrad__V1__ResultHeader *h =
-      convgrad__v1__result_header__unpack(NULL, len, buf);
+      convgrad__v1__result_header__unpack(&alloc, len, buf);
   if (!h)
     return cgc__perr(a, "undecodable ResultHeader");
   size_t n;
@@ -425,7 +472,8 @@ static int cgc__on_header(cgc__attempt *a, const uint8_t *buf, size_t len) {
   int rc = g < 0 ? CGC_EPROTO : cgc__check_result(a, h, g, &n);
   if (!rc)
     rc = cgc__take_result(a, h, g, n);
-  convgrad__v1__result_header__free_unpacked(h, NULL);
+  if (ar.heap) /* else nothing of it outlives ar */
+    convgrad__v1__result_header__free_unpacked(h, &alloc);
   return rc;
 }
 
@@ -436,13 +484,15 @@ static int cgc__read_header(cgc__attempt *a, grpc_byte_buffer *bb,
     return cgc__perr(a, "a ResultHeader before the last output was whole");
   if (v->len > CGC__MAX_HEADER_BYTES)
     return cgc__perr(a, "ResultHeader too large");
-  uint8_t *buf = malloc(v->len ? v->len : 1);
+  uint8_t small[CGC__ARENA_BYTES];
+  uint8_t *buf = v->len <= sizeof small ? small : malloc(v->len);
   if (!buf)
     return cgc__perr(a, "out of memory");
   int rc = cgw_copy(bb, v->off, v->len, buf) != 0
                ? cgc__perr(a, "unreadable message")
                : cgc__on_header(a, buf, v->len);
-  free(buf);
+  if (buf != small)
+    free(buf);
   return rc;
 }
 
@@ -518,9 +568,8 @@ typedef struct cgc__flight {
   double t_all_in;    /* when every output was whole; 0 before */
 } cgc__flight;
 
-/* Clears what a previous attempt left (but the outputs already whole) and
- * pins the caller's tensors. */
-static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
+/* Clears what a previous attempt left (but the outputs already whole). */
+static void cgc__attempt_reset(cgc__attempt *a) {
   cgc__drop_out(a, ~a->done);
   a->wants = a->wants_all & ~a->done;
   a->have_header = 0;
@@ -528,6 +577,11 @@ static int cgc__attempt_reset(cgc__attempt *a, cgc_status *st) {
   a->received = 0;
   a->perr[0] = '\0';
   memset(&a->res, 0, sizeof a->res);
+}
+
+/* Pins the caller's tensors for an upload in chunks, whose slices point
+ * into them; a request that fits one message is a copy and pins nothing. */
+static int cgc__pin_inputs(cgc__attempt *a, cgc_status *st) {
   a->pin = calloc(1, sizeof *a->pin);
   if (!a->pin) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -704,7 +758,7 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
   }
   a->res.total_ms = cgc__now_ms() - f->t0;
   a->res.download_ms = f->t_all_in - a->t_header;
-  cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+  cgc__status_ok(st);
   return 0;
 }
 
@@ -730,10 +784,11 @@ static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   f.cq = cgc__cq_take(ch);
   f.t0 = cgc__now_ms();
   cgc__call_io_init(&f.io, ch, t->retry);
-  int rc = cgc__attempt_reset(a, st);
-  if (rc)
-    goto out;
+  int rc = 0;
+  cgc__attempt_reset(a);
   f.io.send_bb = cgc__encode_header(a);
+  if (cgc__upload_left(a) && (rc = cgc__pin_inputs(a, st)) != 0)
+    goto out;
 
   f.call = grpc_channel_create_call(
       ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,

@@ -56,6 +56,13 @@ void cgc__status_set(cgc_status *st, grpc_status_code code, const char *fmt,
   va_end(ap);
 }
 
+void cgc__status_ok(cgc_status *st) {
+  if (!st)
+    return;
+  st->code = GRPC_STATUS_OK;
+  st->message[0] = '\0';
+}
+
 void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
                            grpc_slice details) {
   if (!st)

@@ -51,7 +51,7 @@ int cgc_health(cgc_channel *ch, const char *service, int64_t deadline_ms,
                            cgc__health_attempt, &ctx, NULL, st);
   *out = rc ? CGC_HEALTH_UNKNOWN : ctx.status;
   if (!rc && st)
-    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+    cgc__status_ok(st);
   return rc;
 }
 
@@ -158,7 +158,7 @@ int cgc_server_info_get(cgc_channel *ch, int64_t deadline_ms,
                            cgc__info_attempt, &ctx, NULL, st);
   *out = ctx.info;
   if (!rc && st)
-    cgc__status_set(st, GRPC_STATUS_OK, "%s", "");
+    cgc__status_ok(st);
   return rc;
 }
 

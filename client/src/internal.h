@@ -51,6 +51,9 @@ struct cgc_channel {
 /* Writes code and a printf-style message into st (may be NULL). */
 void cgc__status_set(cgc_status *st, grpc_status_code code, const char *fmt,
                      ...) __attribute__((format(printf, 3, 4)));
+/* Sets st (may be NULL) to OK with an empty message: every successful
+ * call does, so without a printf. */
+void cgc__status_ok(cgc_status *st);
 /* Copies a gRPC status (details slice) into st. */
 void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
                            grpc_slice details);
