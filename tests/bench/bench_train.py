@@ -8,9 +8,10 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          rounds that rotate their order: local autograd; offload over TCP
          loopback (bytes on the wire: shm=False); offload over the unix
          socket with shared-memory regions, with and without overlap,
-         and with torch's threads kept through the backward pass (+keep:
-         backward_threads=None) instead of narrowed to the cores the
-         server does not use (offload's default).
+         and with torch's idle threads left spinning beside each call
+         (+keep: backward_threads=None) or the backward pass narrowed
+         to one thread (+narrow: backward_threads=1) instead of ended
+         before each call (offload's default).
          Prints per mode the median over rounds of ms/step and of its
          ratio to local's in the same round, and per step the calls,
          bytes up and down, the server's compute and the arena's size;
@@ -91,8 +92,8 @@ class Mode:
 def make_modes(args, model0, tcp, unix, alt):
     """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
     alt:unix+shm (the second server), each optionally followed by
-    +overlap and +keep (torch's thread count kept through the backward
-    pass: backward_threads=None)."""
+    +overlap, +keep (backward_threads=None) and +narrow
+    (backward_threads=1)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -101,7 +102,7 @@ def make_modes(args, model0, tcp, unix, alt):
         n = 2 if parts[1:2] == ["shm"] else 1
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
-        if not target or set(flags) - {"overlap", "keep"}:
+        if not target or set(flags) - {"overlap", "keep", "narrow"}:
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         client = convgrad.Client(target, shm=False if base == "tcp" else
@@ -109,7 +110,7 @@ def make_modes(args, model0, tcp, unix, alt):
         model = ct.offload(copy.deepcopy(model0), client,
                            overlap="overlap" in flags,
                            backward_threads=None if "keep" in flags else
-                           "auto")
+                           1 if "narrow" in flags else "auto")
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 import warnings
 from unittest import mock
@@ -424,16 +425,28 @@ class Regions(unittest.TestCase):
         compare_grads(self, local, remote, xl, xr, 1e-5)
 
     def test_backward_threads(self):
-        # The server shares this process's cores (it runs on all of them):
-        # by default torch runs the backward pass on one thread from the
-        # first offloaded layer on, and on its own count again after it,
-        # whether the tensors go through the arena or as bytes; None
-        # leaves it alone, a count sets it.
+        # The server shares this process's cores (it runs on all of them).
+        # By default torch's idle OpenMP threads are ended right before
+        # each layer's call and torch keeps its thread count, whether the
+        # tensors go through the arena or as bytes; where OpenMP cannot end
+        # them, the pass runs on one thread from the first offloaded layer
+        # on. None leaves the threads alone, a count narrows the pass; torch
+        # has its own count again after the pass.
+        releases = (ct._omp_pause_resource_all is not None and
+                    ct._torch_runs_on_omp())
+        real_pause = ct._omp_pause_resource_all
+        pauses = []
+
+        def pause(kind):
+            pauses.append(kind)
+            return real_pause(kind)
         before = torch.get_num_threads()
         torch.set_num_threads(2)
         try:
-            for want, shm, during in (("auto", "auto", 1), ("auto", False, 1),
-                                      (None, "auto", 2), (1, "auto", 1)):
+            for want, shm, during, ended in (
+                    ("auto", "auto", 2 if releases else 1, releases),
+                    ("auto", False, 2 if releases else 1, releases),
+                    (None, "auto", 2, False), (1, "auto", 1, False)):
                 with self.subTest(backward_threads=want, shm=shm):
                     local, remote = models(backward_threads=want, shm=shm)
                     xl, xr = inputs(), inputs()
@@ -443,18 +456,56 @@ class Regions(unittest.TestCase):
                     xr[1].register_hook(
                         lambda g: seen.append(torch.get_num_threads()))
                     loss_of(local(*xl)).backward()
+                    client = remote.c1._convgrad_client
+                    calls = client.stats(reset=True)["calls"]
+                    del pauses[:]
                     # torch.set_num_threads empties ideep's cache of
                     # forward convolutions: the next forward would make
                     # them anew
-                    with mock.patch.object(torch, "set_num_threads") as tset:
+                    with mock.patch.object(torch, "set_num_threads") as tset, \
+                            mock.patch.object(ct, "_omp_pause_resource_all",
+                                              pause if real_pause else None):
                         loss_of(remote(*xr)).backward()
                     if ct._omp_set_num_threads is not None:
                         tset.assert_not_called()
                     self.assertEqual(seen, [during])
+                    calls = client.stats()["calls"]
+                    self.assertEqual(pauses, [ct._OMP_PAUSE_SOFT] * calls
+                                     if ended else [])
                     self.assertEqual(torch.get_num_threads(), 2)
                     self.compare(local, remote, xl, xr)
             with self.assertRaisesRegex(ValueError, "backward_threads"):
                 models(backward_threads=0)
+        finally:
+            torch.set_num_threads(before)
+
+    def test_idle_threads_end(self):
+        # What backward_threads='auto' relies on: after a parallel op on 2
+        # threads, the pool's other thread stays (spinning, then asleep)
+        # until omp_pause_resource_all ends it; the next op starts it anew.
+        if ct._omp_pause_resource_all is None or not ct._torch_runs_on_omp():
+            self.skipTest("torch's OpenMP cannot end its idle threads")
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        x = torch.randn(1 << 22)
+
+        def tasks():
+            return set(os.listdir("/proc/self/task"))
+
+        def wait_for(cond, timeout=5.0):
+            # a thread leaves /proc once it has exited
+            until = time.monotonic() + timeout
+            while not cond() and time.monotonic() < until:
+                time.sleep(0.01)
+            return cond()
+        try:
+            torch.relu(x)
+            with_pool = tasks()
+            self.assertEqual(ct._omp_pause_resource_all(ct._OMP_PAUSE_SOFT),
+                             0)
+            self.assertTrue(wait_for(lambda: with_pool - tasks()))
+            torch.relu(x)
+            self.assertTrue(tasks() - with_pool)
         finally:
             torch.set_num_threads(before)
 

@@ -14,9 +14,8 @@ input. With the server on this host the tensors go through the client's
 arena of shared-memory regions (convgrad.Client's shm=), and with
 overlap=True grad_input goes on through autograd while the weight and bias
 gradients are computed, settled at the end of the backward pass. With the
-server on cores of this process, torch runs the backward pass on the
-others (backward_threads=), its idle threads not spinning on the
-server's cores."""
+server on cores of this process, torch's idle threads are ended before
+each call (backward_threads=), not spinning on the server's cores."""
 import ctypes
 import functools
 import os
@@ -118,12 +117,16 @@ class _ConvFunction(torch.autograd.Function):
         if need[2]:
             out["diff_bias"] = _empty(arena, (
                 w.shape[1] * m.groups if ctx.transposed else w.shape[0],), dt)
-        if not (need[1] or need[2]):
-            # grad_input alone: the BackwardData op needs no input tensor.
+        # grad_input alone: the BackwardData op needs no input tensor.
+        data_only = not (need[1] or need[2])
+        if not data_only:
+            x = _place(arena, x, dt)
+        m._convgrad_threads.before_call(client)
+        if data_only:
             _data_call(client, ctx, gy, w, x.shape, out["diff_src"])
             return out["diff_src"].to(ctx.dtypes[0]), None, None, None, None
         defer = need[0] and arena is not None and _may_defer(m)
-        layer = _Layer(ctx, _place(arena, x, dt), gy, w, out, split=defer)
+        layer = _Layer(ctx, x, gy, w, out, split=defer)
         if defer:
             # grad_input goes on through autograd as soon as it is in; the
             # weight and bias gradients are settled at the end of the
@@ -279,15 +282,41 @@ def _set_threads(n):
     torch.set_num_threads(n)
 
 
+# OpenMP 5's omp_pause_resource_all(omp_pause_soft): libgomp ends the
+# calling thread's idle pool threads at once (they would spin for up to
+# 300,000 rounds first); its next parallel region starts them anew.
+_omp_pause_resource_all = getattr(ctypes.CDLL(None), "omp_pause_resource_all",
+                                  None)
+_OMP_PAUSE_SOFT = 1
+_omp_is_torchs = None  # decided at first use: see _torch_runs_on_omp
+
+
+def _torch_runs_on_omp():
+    """Whether the OpenMP runtime found in the process is the one ATen's
+    threads run on (a wheel may bundle another): setting its count moves
+    torch's. Decided once."""
+    global _omp_is_torchs
+    if _omp_is_torchs is None:
+        n = torch.get_num_threads()
+        _omp_is_torchs = False
+        if _omp_set_num_threads is not None:
+            _omp_set_num_threads(n + 1)
+            _omp_is_torchs = torch.get_num_threads() == n + 1
+            _omp_set_num_threads(n)
+    return _omp_is_torchs
+
+
 class _Threads:
     """The torch threads of a backward pass whose convolutions run on a
     server sharing this process's cores (offload's backward_threads=).
-    Narrowed at the pass's first offloaded layer until its end: torch's
-    idle OpenMP threads spin for up to 300,000 rounds after each parallel
-    region, on the cores the server computes on. With one thread, the
-    pool's threads sleep once their spin ends, and the server has the
-    cores (ResNet-18 32x32 batch 32 f32 on 2 cores: 1.69x local's step
-    with 2 threads, 1.27x with 1; tests/README.md)."""
+    torch's idle OpenMP threads spin for up to 300,000 rounds after each
+    parallel region, on the cores the server computes on. 'auto' ends
+    them before each call, where OpenMP can (omp_pause_resource_all), and
+    torch keeps its threads for the rest of the pass; else, and with a
+    count, the pass runs on fewer threads from its first offloaded layer
+    on, so that the pool's others sleep once their spin ends (ResNet-18
+    32x32 batch 32 f32 on 2 cores: 1.69x local's step with 2 threads
+    spinning, 1.27x with 1; tests/README.md)."""
 
     def __init__(self, want):
         if not (want in (None, "auto") or
@@ -295,16 +324,14 @@ class _Threads:
             raise ValueError("backward_threads: %r; accepted: 'auto', None "
                              "or a count of at least 1" % (want,))
         self.want = want
-        self.auto = {}  # client -> threads, resolved once
+        self.spare = {}  # client -> cores the server leaves us, or None
 
-    def _resolve(self, client):
-        """'auto': where the server shares this process's cores (it is on
-        this host: a unix socket or loopback target, whether its tensors
-        go through the arena or as bytes), the cores of this process it
-        does not use, at least 1; else torch's own count (None)."""
-        if self.want != "auto":
-            return self.want
-        if client not in self.auto:
+    def _spare(self, client):
+        """Where the server shares this process's cores (it is on this
+        host: a unix socket or loopback target, whether its tensors go
+        through the arena or as bytes), the cores of this process it does
+        not use, at least 1; else None. Resolved once per client."""
+        if client not in self.spare:
             server = set()
             if _on_this_host(client.target):
                 try:
@@ -312,12 +339,20 @@ class _Threads:
                 except Error:
                     pass
             mine = os.sched_getaffinity(0)
-            self.auto[client] = (max(1, len(mine - server))
-                                 if mine & server else None)
-        return self.auto[client]
+            self.spare[client] = (max(1, len(mine - server))
+                                  if mine & server else None)
+        return self.spare[client]
+
+    def _releases(self, client):
+        return (self.want == "auto" and _omp_pause_resource_all is not None
+                and self._spare(client) is not None and _torch_runs_on_omp())
 
     def narrow(self, client):
-        n = self._resolve(client)
+        """At a pass's offloaded layer, before its tensors are placed."""
+        if self.want == "auto":
+            n = None if self._releases(client) else self._spare(client)
+        else:
+            n = self.want
         if n is None or getattr(_local, "threads", None) is not None:
             return
         have = torch.get_num_threads()
@@ -326,6 +361,12 @@ class _Threads:
         _local.threads = have
         _set_threads(n)
         Variable._execution_engine.queue_callback(_restore_threads)
+
+    def before_call(self, client):
+        """Right before a layer's call: torch's idle threads end instead
+        of spinning beside the server."""
+        if self._releases(client):
+            _omp_pause_resource_all(_OMP_PAUSE_SOFT)
 
 
 def _restore_threads():
@@ -561,15 +602,18 @@ def offload(model, target, overlap=False, backward_threads="auto",
     the weight and bias gradients of the layers it deferred (dropped at
     the next offloaded forward).
 
-    backward_threads: torch's thread count from a backward pass's first
-    offloaded layer to the end of the pass (the thread count is torch's
-    again when the pass ends, or at the next offloaded forward after a
-    pass that failed). 'auto' (default): where the server is on this host
-    (a unix socket or loopback target, the tensors in the arena or sent as
-    bytes) and uses cores of this process,
-    the cores of this process it does not use, at least 1, so that
-    torch's idle threads do not spin on the server's cores; else
-    unchanged. None: unchanged; a count: that many."""
+    backward_threads: what torch's threads do while the server computes
+    a layer. 'auto' (default): where the server is on this host (a unix
+    socket or loopback target, the tensors in the arena or sent as bytes)
+    and uses cores of this process, torch's idle OpenMP threads are ended
+    right before each call (omp_pause_resource_all; torch's next parallel
+    op starts them anew) so that they do not spin on the server's cores,
+    and torch keeps its thread count; where OpenMP cannot, the pass runs
+    from its first offloaded layer on the cores of this process the server
+    does not use, at least 1; else nothing changes. None: nothing changes;
+    a count: the pass runs on that many threads from its first offloaded
+    layer (its count is torch's again when the pass ends, or at the next
+    offloaded forward after a pass that failed)."""
     threads = _Threads(backward_threads)
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
