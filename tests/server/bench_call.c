@@ -192,19 +192,7 @@ static double median(const double *v, int n) {
 
 /* The tiny row's request with its tensors inline, as one message. */
 static grpc_byte_buffer *tiny_request(void) {
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
-               .dtype = CG_DTYPE_F32,
-               .groups = 1,
-               .mb = 1,
-               .ic = 4,
-               .oc = 4,
-               .nsp = 2,
-               .is = {8, 8},
-               .ks = {3, 3},
-               .stride = 1,
-               .pad = 1,
-               .dil = 1,
-               .seed = 3};
+  ts_desc d = ts_tiny_desc(3);
   ts_problem tp;
   if (ts_problem_init(&tp, &d) != 0)
     return NULL;

@@ -37,20 +37,8 @@ static int setup(void **state) {
                                      NULL};
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
-  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
-               .dtype = CG_DTYPE_F32,
-               .dfmt = CG_DATA_NCX,
-               .groups = 1,
-               .mb = 1,
-               .ic = 4,
-               .oc = 4,
-               .nsp = 2,
-               .is = {8, 8},
-               .ks = {3, 3},
-               .stride = 1,
-               .pad = 1,
-               .dil = 1,
-               .seed = 11};
+  ts_desc d = ts_tiny_desc(11);
+  d.dfmt = CG_DATA_NCX;
   return ts_problem_init(&good, &d) == 0 ? 0 : -1;
 }
 

@@ -479,6 +479,23 @@ static int weights_dims(int64_t *out, cg_weights_format f, int64_t o, int64_t i,
   return k;
 }
 
+ts_desc ts_tiny_desc(uint64_t seed) {
+  ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
+               .dtype = CG_DTYPE_F32,
+               .groups = 1,
+               .mb = 1,
+               .ic = 4,
+               .oc = 4,
+               .nsp = 2,
+               .is = {8, 8},
+               .ks = {3, 3},
+               .stride = 1,
+               .pad = 1,
+               .dil = 1,
+               .seed = seed};
+  return d;
+}
+
 int ts_problem_init(ts_problem *tp, const ts_desc *d) {
   memset(tp, 0, sizeof *tp);
   int deconv =

@@ -148,6 +148,9 @@ typedef struct ts_desc {
   uint64_t seed;
 } ts_desc;
 int ts_problem_init(ts_problem *tp, const ts_desc *d);
+/* The tiny row: ConvolutionBackwardData f32, the default data format
+ * (NXC), mb 1, 4 -> 4 channels, 8x8, 3x3 kernel, pad 1, inputs from seed. */
+ts_desc ts_tiny_desc(uint64_t seed);
 /* Computes tp->ref with cg_reference_run. Returns 0 or a CG_E* code. */
 int ts_problem_reference(ts_problem *tp);
 /* Compares out (geom out_bytes) with tp->ref within the dtype's tolerance;
