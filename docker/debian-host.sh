@@ -11,8 +11,9 @@
 #     NoNewPrivileges, a seccomp filter); `systemd-analyze verify` of the
 #     installed unit, and `systemd-analyze security` of the running one;
 #   - `convgrad smoke` over TCP and, as a member of the group convgrad, over
-#     the unix socket, which refuses a user outside the group; a
-#     shared-memory region through the sandbox's /dev/shm;
+#     the unix socket, which refuses a user outside the group; a trainer's
+#     shared-memory region through the sandbox's /dev/shm, refused at mode
+#     0600 and served with CONVGRAD_SHM_GROUP=convgrad;
 #   - `import convgrad` finds libcgclient without CONVGRAD_LIBRARY;
 #   - `systemctl reload` (SIGHUP) keeps it serving, `systemctl stop`
 #     (SIGTERM) ends it with status 0, and every package purges cleanly.
@@ -101,16 +102,24 @@ rc=$?
 set -e
 [ "$rc" = 4 ] || die "a user outside the group convgrad reached the socket (exit $rc): $out"
 log "unix socket, user outsider: refused (exit 4)"
-# A region in /dev/shm, mapped by the sandboxed server (its own user's
-# object: the library creates them with mode 0600).
-out=$(runuser -u convgrad -- convgrad run --target "unix:$sock" --shm \
-  --op ConvolutionBackwardData --in0-shape 2x8x8x4 --in1-shape 3x3x4x4 \
-  --pads-begin 1,1 --pads-end 1,1 --check 2>&1) || die "run --shm: $out"
+# A region in /dev/shm, mapped by the sandboxed server: the library
+# creates its objects with mode 0600, out of the service user's reach,
+# unless CONVGRAD_SHM_GROUP gives them to a group the server is in.
+shm_run=(convgrad run --target "unix:$sock" --shm --op ConvolutionBackwardData
+  --in0-shape 2x8x8x4 --in1-shape 3x3x4x4 --pads-begin 1,1 --pads-end 1,1 --check)
+set +e
+out=$(runuser -u trainer -- "${shm_run[@]}" 2>&1)
+rc=$?
+set -e
+[ "$rc" != 0 ] && [[ "$out" == *PERMISSION_DENIED* ]] ||
+  die "trainer's 0600 region: expected PERMISSION_DENIED, got exit $rc: $out"
+out=$(runuser -u trainer -- env CONVGRAD_SHM_GROUP=convgrad "${shm_run[@]}" 2>&1) ||
+  die "run --shm as trainer with CONVGRAD_SHM_GROUP=convgrad: $out"
 case "$out" in
   *'0 bytes up, 0 down'*'check: '*': OK'*) ;;
   *) die "run --shm moved tensor bytes or did not check: $out" ;;
 esac
-log "shared memory: a region's call moved 0 tensor bytes"
+log "shared memory: trainer's region refused at mode 0600; with CONVGRAD_SHM_GROUP=convgrad its call moved 0 tensor bytes"
 
 out=$(convgrad --version --target "unix:$sock")
 case "$out" in

@@ -3,6 +3,7 @@
  * lookup compute.c uses to send tensors in them by reference. */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,44 @@ static int cgc__plain_key(const char *key) {
   return key[0] == '/' && cg_text_plain_name(key + 1, 200);
 }
 
+/* The group $CONVGRAD_SHM_GROUP names (a name or a number) in *gid, or
+ * -1 when it is unset or empty. */
+static int cgc__shm_group(gid_t *gid, char *err, size_t errlen) {
+  const char *name = getenv("CONVGRAD_SHM_GROUP");
+  *gid = (gid_t)-1;
+  if (!name || !*name)
+    return 0;
+  char buf[4096], *end;
+  struct group g, *found = NULL;
+  if (getgrnam_r(name, &g, buf, sizeof buf, &found) == 0 && found) {
+    *gid = found->gr_gid;
+    return 0;
+  }
+  errno = 0;
+  unsigned long n = strtoul(name, &end, 10);
+  if (*name >= '0' && *name <= '9' && !*end && errno == 0 &&
+      n < (unsigned long)(gid_t)-1) {
+    *gid = (gid_t)n;
+    return 0;
+  }
+  return cg_errorf(err, errlen, CG_EINVAL,
+                   "CONVGRAD_SHM_GROUP: no group '%s' (a group name or number)",
+                   name);
+}
+
+/* Gives the object to gid, read-write for the group: a server running as a
+ * user of its own (the Debian package's convgrad) opens it through a group
+ * it shares with the caller. */
+static int cgc__share_with_group(const cgc_region *r, gid_t gid, char *err,
+                                 size_t errlen) {
+  if (fchown(r->fd, (uid_t)-1, gid) != 0 || fchmod(r->fd, 0660) != 0)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "CONVGRAD_SHM_GROUP: cannot give %s to group %ld: %s "
+                     "(the caller must be a member)",
+                     r->key, (long)gid, strerror(errno));
+  return 0;
+}
+
 int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
                       char *err, size_t errlen) {
   static unsigned long counter;
@@ -40,6 +79,10 @@ int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
     return cg_errorf(err, errlen, CG_EINVAL, "bytes: must be > 0");
   if (bytes > (size_t)INT64_MAX)
     return cg_errorf(err, errlen, CG_ERANGE, "bytes: %zu is too large", bytes);
+  gid_t group;
+  int rc = cgc__shm_group(&group, err, errlen);
+  if (rc)
+    return rc;
   cgc_region *r = calloc(1, sizeof *r);
   if (!r)
     return cg_errorf(err, errlen, CG_ENOMEM, "out of memory");
@@ -78,6 +121,13 @@ int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
               "shm_open %s: %s", r->key, strerror(e));
     free(r);
     return e == EEXIST ? CG_EINVAL : CG_EINTERNAL;
+  }
+  if (group != (gid_t)-1 &&
+      (rc = cgc__share_with_group(r, group, err, errlen)) != 0) {
+    shm_unlink(r->key);
+    close(r->fd);
+    free(r);
+    return rc;
   }
   /* The pages are reserved now: on a /dev/shm too small for the object
    * (a container's default is 64 MiB) the creation fails here, instead of

@@ -7,6 +7,7 @@
  * on two channels with regions of their own; a server restarted under a
  * registered region (the library registers it again); the library's own
  * checks of keys, views and registration states. */
+#include <grp.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -385,6 +387,57 @@ static void test_prefix_from_environment(void **state) {
   assert_int_equal(th_server_start(&srv, server_exe, port, plain), 0);
 }
 
+/* The mode and group of r's object in /dev/shm. */
+static void object_mode(const cgc_region *r, mode_t *mode, gid_t *gid) {
+  char path[300];
+  struct stat sb;
+  snprintf(path, sizeof path, "/dev/shm%s", cgc_region_key(r));
+  assert_int_equal(stat(path, &sb), 0);
+  *mode = sb.st_mode & 0777;
+  *gid = sb.st_gid;
+}
+
+/* CONVGRAD_SHM_GROUP, by name or number: the object is the group's, mode
+ * 0660 (a server running as a user in that group opens it), and serves
+ * calls as before; an unknown group is refused before anything is made. */
+static void test_group_from_environment(void **state) {
+  (void)state;
+  /* root may give an object to any group: one it is not in by default */
+  struct group *other = geteuid() == 0 ? getgrnam("nogroup") : NULL;
+  gid_t want = other ? other->gr_gid : getegid();
+  struct group *g = getgrgid(want);
+  assert_non_null(g);
+  char name[256], number[32];
+  snprintf(name, sizeof name, "%s", g->gr_name);
+  snprintf(number, sizeof number, "%ld", (long)want);
+  cgc_channel *ch = channel();
+  const char *groups[] = {name, number};
+  mode_t mode;
+  gid_t gid;
+  for (int i = 0; i < 2; i++) {
+    setenv("CONVGRAD_SHM_GROUP", groups[i], 1);
+    cgc_region *r = region_on(ch);
+    object_mode(r, &mode, &gid);
+    assert_int_equal(mode, 0660);
+    assert_int_equal(gid, want);
+    placement pl = {0, 0, 0};
+    run_ok(ch, r, CG_OP_CONV_BWD_DATA, CG_DTYPE_F32, &pl);
+    cgc_region_free(r);
+  }
+  cgc_region *r;
+  char err[256];
+  setenv("CONVGRAD_SHM_GROUP", "no-such-group-cgtest", 1);
+  assert_int_equal(cgc_region_create(&r, NULL, REGION_BYTES, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "CONVGRAD_SHM_GROUP: no group"));
+  unsetenv("CONVGRAD_SHM_GROUP");
+  r = region_on(ch);
+  object_mode(r, &mode, &gid);
+  assert_int_equal(mode & 0077, 0);
+  cgc_region_free(r);
+  cgc_channel_free(ch);
+}
+
 /* What the library refuses before any call. */
 static void test_local_checks(void **state) {
   (void)state;
@@ -454,6 +507,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_local_checks),
       cmocka_unit_test(test_server_restart),
       cmocka_unit_test(test_prefix_from_environment),
+      cmocka_unit_test(test_group_from_environment),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -398,7 +398,10 @@ typedef struct cgc_region cgc_region;
  * key ("/NAME", NAME of [A-Za-z0-9._-]; NULL: a fresh
  * "/PREFIXPID-N-RANDOM", PREFIX $CONVGRAD_SHM_PREFIX, the variable of the
  * server's --shm-prefix, else "convgrad-"). An existing key is refused
- * (CG_EINVAL).
+ * (CG_EINVAL). With $CONVGRAD_SHM_GROUP set (a group name or number) the
+ * object belongs to that group with mode 0660, for a server running as
+ * another user in that group (the Debian package's convgrad); the caller
+ * must be a member (CG_EINVAL otherwise, and for an unknown group).
  * Returns 0 with *out owned by the caller (cgc_region_free), or a negative
  * code with err filled. */
 CGC_EXPORT int cgc_region_create(cgc_region **out, const char *key,
