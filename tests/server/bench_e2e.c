@@ -514,8 +514,8 @@ static void *stage(cgc_channel *ch, const bench_prob *p, cgc_request *r,
  * answer's start (the server's total_ms would count the answer's batch
  * until the completion-queue thread sees it done, after the client may
  * have it). */
-static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
-                     cgc_channel *tch, const ts_server *srv) {
+static void shm_rows(const char *path, int reps, int threads, int idle_us,
+                     cgc_channel *uch, cgc_channel *tch, const ts_server *srv) {
   FILE *f = fopen(path, "r");
   cg_engine *e = NULL;
   cg_engine_config ecfg = {.threads = threads};
@@ -526,9 +526,10 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
       fclose(f);
     return;
   }
-  printf("\n%-40s %-28s %-4s %8s %8s %8s %8s %8s %9s %9s %6s\n", "problem",
-         "op", "type", "kern ms", "srv cmp", "srv in", "shm ms", "tcp ms",
-         "shm/kern", "tcp/kern", "best");
+  printf("\neach timed run after %d us idle (--idle-us)\n", idle_us);
+  printf("%-40s %-28s %-4s %8s %8s %8s %8s %8s %9s %9s %6s\n", "problem", "op",
+         "type", "kern ms", "srv cmp", "srv in", "shm ms", "tcp ms", "shm/kern",
+         "tcp/kern", "best");
   /* [0]: rows at or above 1 ms of compute, target (c) <= 1.10; [1]: under
    * 1 ms, target (d) <= 1.25 (issue 26). */
   static const double target[2] = {1.10, 1.25};
@@ -558,14 +559,14 @@ static void shm_rows(const char *path, int reps, int threads, cgc_channel *uch,
            bench_call_into(tch, &rt, p.out, p.g.out_bytes, &warm) == 0;
       /* The engine computes on the region's own memory, as the server
        * does, so that both see the same pages; which of the two goes
-       * first alternates, each after a pause longer than either side's
-       * OpenMP threads spin (GOMP_SPINCOUNT=10000: about 0.2 ms here;
-       * a pause of tens of milliseconds made this VM stall the next run
-       * by up to 10 ms at random), and the TCP call, on other memory,
-       * last. */
+       * first alternates, each after idle_us (1 ms by default: longer
+       * than either side's OpenMP threads spin, GOMP_SPINCOUNT=10000,
+       * about 0.2 ms here; a pause of tens of milliseconds made this VM
+       * stall the next run by up to 10 ms at random), and the TCP call,
+       * on other memory, last. */
       for (int i = 0; ok && i < reps; i++) {
         for (int j = 0; ok && j < 2; j++) {
-          usleep(1000);
+          usleep((useconds_t)idle_us);
           if ((i + j) % 2 == 0) {
             double t0 = ts_now_ms();
             ok = cg_engine_run(e, &p.g, rs.inputs[0].data, rs.inputs[1].data,
@@ -686,8 +687,8 @@ static void shm_tiny(const char *sock, grpc_channel *echo, int lat_n) {
 
 /* --shm: the figures of shared-memory regions; echo is the bare server
  * listening on echo_sock (forked before grpc_init). */
-static void shm_section(const char *problems, int reps, int threads, int lat_n,
-                        const char *echo_sock) {
+static void shm_section(const char *problems, int reps, int threads,
+                        int idle_us, int lat_n, const char *echo_sock) {
   char target[160], sock[128], listen[160], tstr[16], err[256];
   snprintf(target, sizeof target, "unix:%s", echo_sock);
   grpc_channel_credentials *cr = grpc_insecure_credentials_create();
@@ -707,7 +708,7 @@ static void shm_section(const char *problems, int reps, int threads, int lat_n,
     if (cgc_channel_new(&uch, target, NULL, err, sizeof err) == 0 &&
         cgc_channel_new(&tch, srv.target, NULL, err, sizeof err) == 0) {
       printf("server: %s", srv.ready);
-      shm_rows(problems, reps, threads, uch, tch, &srv);
+      shm_rows(problems, reps, threads, idle_us, uch, tch, &srv);
     }
     cgc_channel_free(uch);
     cgc_channel_free(tch);
@@ -720,6 +721,7 @@ static void shm_section(const char *problems, int reps, int threads, int lat_n,
 int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
   int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0, shm = 0;
+  int idle_us = 1000;
   static const struct option lo[] = {
       {"problems", required_argument, 0, 'p'},
       {"reps", required_argument, 0, 'r'},
@@ -727,6 +729,7 @@ int main(int argc, char **argv) {
       {"latency-calls", required_argument, 0, 'l'},
       {"tiny-only", no_argument, 0, 's'},
       {"shm", no_argument, 0, 'm'},
+      {"idle-us", required_argument, 0, 'i'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int ch;
@@ -750,13 +753,17 @@ int main(int argc, char **argv) {
     case 'm':
       shm = 1;
       break;
+    case 'i':
+      idle_us = atoi(optarg) > 0 ? atoi(optarg) : 0;
+      break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
-             "[--latency-calls N] [--tiny-only] [--shm]\n"
+             "[--latency-calls N] [--tiny-only] [--shm [--idle-us N]]\n"
              "Prints loopback gRPC bandwidth, per-row e2e vs in-process "
              "kernel times, and the tiny problem's latency and "
              "throughput; with --shm, the same for shared-memory regions "
-             "over a unix socket.\n",
+             "over a unix socket, each timed run of a row after --idle-us "
+             "(default 1000) microseconds idle.\n",
              argv[0]);
       return ch == 'h' ? 0 : 2;
     }
@@ -780,7 +787,8 @@ int main(int argc, char **argv) {
       return 1;
     }
     grpc_init();
-    shm_section(skip_rows ? NULL : problems, reps, threads, lat_n, sock + 5);
+    shm_section(skip_rows ? NULL : problems, reps, threads, idle_us, lat_n,
+                sock + 5);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     unlink(sock + 5);
