@@ -143,6 +143,16 @@ static void echo_serve(grpc_server *srv, grpc_completion_queue *cq) {
   }
 }
 
+int bench_idle_us(const char *arg) {
+  int us = atoi(arg);
+  return us <= 0 ? 0 : us < 1000000 ? us : 999999;
+}
+
+void bench_idle(int us) {
+  if (us > 0)
+    usleep((useconds_t)us);
+}
+
 int bench_last_cpu(void) {
   cpu_set_t set;
   int last = 0;

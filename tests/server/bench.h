@@ -24,6 +24,10 @@ double bench_percentile(double *v, int n, double p);
 gpr_timespec bench_forever(void);
 /* The last core this process may use. */
 int bench_last_cpu(void);
+/* An --idle-us argument: microseconds, 0 to 999,999 (usleep's range). */
+int bench_idle_us(const char *arg);
+/* Sleeps us microseconds (nothing for 0). */
+void bench_idle(int us);
 
 /* Forks the bare echo server (no convgrad code, convgrad-server's malloc
  * settings) listening on addrs, a comma list of "127.0.0.1:0" and

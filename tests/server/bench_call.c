@@ -152,8 +152,7 @@ typedef struct tiny_row {
  * microseconds, negative when it failed. */
 static double one_call(target *t, int x, int v, const tiny_row *row) {
   double ms;
-  if (row->idle_us > 0)
-    usleep((useconds_t)row->idle_us);
+  bench_idle(row->idle_us);
   if (!t->bin)
     return bench_echo_unary_us(t->raw[x], ECHO_BYTES);
   if (v == VIA_LIB)
@@ -415,9 +414,8 @@ int main(int argc, char **argv) {
     case 'o':
       only = optarg;
       break;
-    case 'i': /* at most a second: usleep's range */
-      idle_us = atoi(optarg) > 0 ? atoi(optarg) : 0;
-      idle_us = idle_us < 1000000 ? idle_us : 999999;
+    case 'i':
+      idle_us = bench_idle_us(optarg);
       break;
     case 'p':
       problems = optarg;

@@ -566,7 +566,7 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
        * on other memory, last. */
       for (int i = 0; ok && i < reps; i++) {
         for (int j = 0; ok && j < 2; j++) {
-          usleep((useconds_t)idle_us);
+          bench_idle(idle_us);
           if ((i + j) % 2 == 0) {
             double t0 = ts_now_ms();
             ok = cg_engine_run(e, &p.g, rs.inputs[0].data, rs.inputs[1].data,
@@ -754,7 +754,7 @@ int main(int argc, char **argv) {
       shm = 1;
       break;
     case 'i':
-      idle_us = atoi(optarg) > 0 ? atoi(optarg) : 0;
+      idle_us = bench_idle_us(optarg);
       break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
