@@ -13,7 +13,10 @@
 
 #include "internal.h"
 
-int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len) {
+/* Copies every byte of bb into one malloc'ed buffer (small messages only).
+ * Returns 0, CGC_EPROTO or CG_ENOMEM. */
+static int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out,
+                                    size_t *len) {
   grpc_byte_buffer_reader reader;
   grpc_slice s;
   size_t n = grpc_byte_buffer_length(bb), off = 0;

@@ -1,5 +1,8 @@
-/* internal.h - what the libcgclient sources share: the channel struct, the
- * retry loop and the unary-call helper. Not installed. */
+/* internal.h - what the libcgclient sources share, grouped by the file
+ * that defines it: the channel struct (channel.c), the status helpers
+ * (errors.c), a call's buffers and the unary call (call.c), deadlines and
+ * the retry loop (retry.c), the Compute job (compute.c) and regions
+ * (region.c). Not installed. */
 #ifndef CGC_INTERNAL_H
 #define CGC_INTERNAL_H
 
@@ -48,6 +51,8 @@ struct cgc_channel {
   int ncqs;
 };
 
+/* errors.c: statuses. */
+
 /* Writes code and a printf-style message into st (may be NULL). */
 void cgc__status_set(cgc_status *st, grpc_status_code code, const char *fmt,
                      ...) __attribute__((format(printf, 3, 4)));
@@ -57,6 +62,8 @@ void cgc__status_ok(cgc_status *st);
 /* Copies a gRPC status (details slice) into st. */
 void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
                            grpc_slice details);
+
+/* retry.c: deadlines and the retry loop. */
 
 /* Absolute monotonic deadline deadline_ms from now (0: channel default). */
 gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms);
@@ -94,6 +101,8 @@ typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx, cgc__try *t,
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
                     cgc__attempt_fn attempt, void *ctx, int *attempts,
                     cgc_status *st);
+
+/* call.c: a call's buffers and ops, completion queues, the unary call. */
 
 /* What one call's batches read from and write into. The function that
  * runs the call owns it: cgc__call_io_init, then cgc__call_end, which
@@ -165,6 +174,8 @@ void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]);
 /* Frees j and the outputs it still holds; NULL is accepted. */
 void cgc__job_free(cgc__job *j);
 
+/* region.c: shared-memory regions. */
+
 /* The region registered on ch that holds the n bytes at p, or NULL;
  * *offset gets p's offset in it. */
 const cgc_region *cgc__region_find(cgc_channel *ch, const void *p, size_t n,
@@ -177,9 +188,5 @@ int cgc__region_send_register(cgc_channel *ch, const cgc_region *r,
                               cgc_status *st);
 /* Unregisters every region still registered on ch (cgc_channel_free). */
 void cgc__regions_close(cgc_channel *ch);
-
-/* Copies every byte of bb into one malloc'ed buffer (small messages only).
- * Returns 0 or CG_ENOMEM. */
-int cgc__byte_buffer_flatten(grpc_byte_buffer *bb, void **out, size_t *len);
 
 #endif
