@@ -12,7 +12,9 @@
 #            grpcio/protobuf/h2 (the server's wire tests), yaml (the k8s
 #            manifests check), prometheus-client (the metrics parser),
 #            clang and its runtimes (the libFuzzer target), openssl (test
-#            certificates), systemd (systemd-analyze checks the unit).
+#            certificates), systemd (systemd-analyze checks the unit),
+#            iproute2 and util-linux (ip, tc, nsenter, taskset: the
+#            namespaces and shaped link of tests/net/rig.sh).
 #            torch alone is ~1 GB installed, so the main job does not pull
 #            it in.
 set -euo pipefail
@@ -27,7 +29,7 @@ main_packages=(
 test_packages=(
   python3-torch python3-sklearn python3-grpcio python3-protobuf python3-h2
   python3-yaml python3-prometheus-client clang-format clang-tidy
-  clang libclang-rt-14-dev openssl systemd
+  clang libclang-rt-14-dev openssl systemd iproute2 util-linux
 )
 
 packages=("${main_packages[@]}")

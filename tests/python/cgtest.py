@@ -64,6 +64,42 @@ class Server:
         self.log.close()
 
 
+RIG = os.path.join(HERE, "..", "net", "rig.sh")
+
+
+def rig_enter(prefix, rig_args):
+    """Outside a rig (tests/net/rig.sh): builds one named prefix and this
+    process's pid, runs this script again with the same arguments on its
+    trainer's side (rig.sh run ... rig_args), tears it down and returns
+    the exit status (77, skipped, where no rig can be built). Inside one
+    (CG_RIG set): None."""
+    if os.environ.get("CG_RIG"):
+        return None
+    why = subprocess.run([RIG, "check"], stdout=subprocess.PIPE, text=True)
+    if why.returncode != 0:
+        print(why.stdout.strip(), flush=True)
+        return why.returncode
+    name = "%s%d" % (prefix, os.getpid() % 10 ** (8 - len(prefix)))
+    return subprocess.call([RIG, "run", name] + list(rig_args) +
+                           ["--", sys.executable] + sys.argv)
+
+
+def rig_server_prefix():
+    """Inside a rig: the command prefix that runs a program on the
+    server's side (its namespace, cgroup and cores)."""
+    return [RIG, "exec", os.environ["CG_RIG"], "srv", "--"]
+
+
+def rig_link_bytes():
+    """Inside a rig, on the trainer's side: (tx, rx) bytes of its end of
+    the link so far."""
+    import json
+    out = subprocess.run(["ip", "-j", "-s", "link", "show", "dev", "cgv0"],
+                         check=True, stdout=subprocess.PIPE, text=True)
+    stats = json.loads(out.stdout)[0]["stats64"]
+    return stats["tx"]["bytes"], stats["rx"]["bytes"]
+
+
 def rel_err(got, ref):
     """Largest absolute difference relative to the largest reference
     magnitude, in float64."""
