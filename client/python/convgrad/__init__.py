@@ -8,7 +8,8 @@
 convgrad.torch.offload(model, target) moves the backward of a PyTorch
 model's convolutions to the server. The package is a ctypes binding of
 libcgclient (see README.md for how it is found)."""
-from .client import CallResult, Client, Region
+from ._region import Region
+from .client import CallResult, Client
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss,
                      DeadlineExceeded, Error, FailedPrecondition, Internal,
                      InvalidArgument, NotFound, OutOfRange, PermissionDenied,

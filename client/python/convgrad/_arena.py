@@ -28,6 +28,7 @@ import weakref
 import numpy as np
 
 from . import _lib as L
+from ._region import Region
 
 log = logging.getLogger("convgrad")
 
@@ -189,7 +190,6 @@ class Arena:
         the reason logged at debug level) when the limit, /dev/shm or the
         server refuses. Raises what the first registration raises, for the
         caller to decide about the arena."""
-        from .client import Region
         from .errors import Error
         size = max(_round_up(need, 1 << 20), GROW_BYTES, self.total)
         size = min(size, self.limit - self.total)
