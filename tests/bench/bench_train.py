@@ -32,7 +32,14 @@ torch, and one layer against torch.distributed.rpc (issue 27).
       flock /work/coord/bench.lock /usr/bin/python3 tests/bench/bench_train.py
 
 Starts a convgrad-server of --build (TCP on 127.0.0.1 and a unix socket;
---server-args adds flags). torch runs --threads threads (default: every
+--server-args adds flags). Across a shaped link instead: --rate (and
+--trn-cpus, --trn-quota, --srv-cpus, --srv-quota) builds a rig of two
+network namespaces (tests/net/rig.sh; run as root), runs this script
+again on its trainer's side (local and every offload mode on the
+trainer's cores and quota) with the server on the other side (TCP at
+10.231.0.2 across the veth, the unix socket and regions beside it), and
+tears the rig down; it prints the rig, the rate a plain socket gets
+through it, the machine's load and the ISA. torch runs --threads threads (default: every
 core this process may use, as the server's workers do). Prefix
 GOMP_SPINCOUNT=10000 to measure a trainer whose idle OpenMP threads stop
 spinning soon (client/python/README.md, "When offload pays": local
@@ -170,6 +177,74 @@ def check_gradients(modes, x, y, autocast, tol):
     print("  gradients of one step against local, max relative to each "
           "tensor's largest: %s%s" % (line, "  FAIL" if bad else ""))
     return not bad
+
+
+def rig_args(args):
+    """rig.sh's options for this run, or None to run on this host."""
+    given = [(f, getattr(args, f.replace("-", "_"))) for f in (
+        "rate", "trn-cpus", "trn-quota", "srv-cpus", "srv-quota")]
+    if all(v is None for _, v in given):
+        return None
+    if args.rate is None:
+        sys.exit("bench_train: --trn-*/--srv-* need --rate (a rig)")
+    return [x for f, v in given if v is not None for x in ("--" + f, v)]
+
+
+def link_gbits(rate):
+    """What a plain TCP socket gets through the rig's link, one way, in
+    Gbit/s (about a second's worth at rate, at most 300 MB)."""
+    import subprocess
+    import cgtest
+    probe = os.path.join(ROOT, "tests", "net", "probe.py")
+    mb = 0
+    for unit, bits in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if rate.lower().endswith(unit):
+            mb = int(float(rate[:-len(unit)]) * bits / 8e6)
+    mb = max(1, min(mb or 100, 300))
+    addr = os.environ["CG_RIG_SERVER"]
+    sink = subprocess.Popen(cgtest.rig_server_prefix() + [
+        sys.executable, probe, "sink", addr, "5201"])
+    try:
+        out = subprocess.run([sys.executable, probe, "send", addr, "5201",
+                              str(mb)], stdout=subprocess.PIPE, text=True,
+                             timeout=60)
+    finally:
+        sink.wait(timeout=60)
+    return out.stdout.strip() or "?"
+
+
+def describe_host(args, info):
+    """What this run ran on: the CPU and oneDNN's ISA, the rig (rate,
+    cores, quotas) and the machine's load."""
+    import subprocess
+    import torch
+    model = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    print("host: %s, %d cores, load %s; server isa %s (oneDNN), %d workers "
+          "x %d threads (%s), cpus %s; trainer cpus %s, torch %s, %d "
+          "threads" % (
+              model, os.cpu_count(), " ".join(
+                  "%.2f" % x for x in os.getloadavg()),
+              info["cpu_isa"], info["workers"], info["threads_per_worker"],
+              info["threads_policy"], info["cpus"],
+              sorted(os.sched_getaffinity(0)), torch.__version__,
+              torch.get_num_threads()), flush=True)
+    if os.environ.get("CG_RIG"):
+        import cgtest
+        conf = dict(line.split("=", 1) for line in subprocess.run(
+            [cgtest.RIG, "show", os.environ["CG_RIG"]], check=True,
+            stdout=subprocess.PIPE, text=True).stdout.split())
+        print("rig: rate %s (a plain socket: %s Gbit/s), burst %s, mtu %s; "
+              "trainer cpus %s quota %s; server cpus %s quota %s "
+              "(cgroup %s)" % (
+                  conf["rate"], link_gbits(conf["rate"]), conf["burst"],
+                  conf["mtu"], conf["trn_cpus"], conf.get("trn_quota") or
+                  "none", conf["srv_cpus"], conf.get("srv_quota") or "none",
+                  conf["cgroup"]), flush=True)
 
 
 def bench_train(args, tcp, unix, alt):
@@ -350,21 +425,40 @@ def main():
                     help="flags of a second server, for the alt: modes "
                     "(e.g. '--workers 1 --threads-per-worker 2')")
     ap.add_argument("--only", choices=("train", "layer"))
+    rig = ap.add_argument_group(
+        "a shaped link (tests/net/rig.sh, as root)")
+    rig.add_argument("--rate", help="the link's rate, tc's units (10gbit, "
+                     "1gbit): run across a rig")
+    rig.add_argument("--trn-cpus", help="the trainer's cores (taskset list)")
+    rig.add_argument("--trn-quota", help="the trainer's CPU quota, percent "
+                     "of one core (50: half speed)")
+    rig.add_argument("--srv-cpus", help="the server's cores")
+    rig.add_argument("--srv-quota", help="the server's CPU quota, percent")
     args = ap.parse_args()
+    import cgtest
+    rig = rig_args(args)
+    if rig is not None:
+        rc = cgtest.rig_enter("bt", rig)
+        if rc is not None:
+            return rc
     if args.offload_threads is None:
         args.offload_threads = args.threads
     os.environ.setdefault("CONVGRAD_LIBRARY", os.path.join(
         args.build, "client", "libcgclient.so"))
     import torch
     import convgrad
-    import cgtest
     torch.set_num_threads(args.threads)
     d = tempfile.mkdtemp(prefix="cg-bench-train-")
     sock = os.path.join(d, "server.sock")
+    in_rig = rig is not None
     server = cgtest.Server(os.path.join(args.build, "server",
                                         "convgrad-server"),
-                           listen="127.0.0.1:0,unix:" + sock, workers=None,
-                           extra=args.server_args.split())
+                           listen="%s:0,unix:%s" % (
+                               os.environ["CG_RIG_SERVER"] if in_rig
+                               else "127.0.0.1", sock), workers=None,
+                           extra=args.server_args.split(),
+                           prefix=cgtest.rig_server_prefix() if in_rig
+                           else ())
     alt = None
     if args.alt_server_args is not None:
         alt = cgtest.Server(os.path.join(args.build, "server",
@@ -373,13 +467,7 @@ def main():
                             extra=args.alt_server_args.split())
     ok = True
     try:
-        info = convgrad.Client(server.target).info()
-        print("server: isa %s, %d workers x %d threads (%s), cpus %s; "
-              "client: torch %s, %d threads" % (
-                  info["cpu_isa"], info["workers"],
-                  info["threads_per_worker"], info["threads_policy"],
-                  info["cpus"], torch.__version__, torch.get_num_threads()),
-              flush=True)
+        describe_host(args, convgrad.Client(server.target).info())
         if alt:
             print("alt server: %s" % args.alt_server_args)
         if args.only != "layer":
