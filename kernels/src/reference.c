@@ -20,86 +20,14 @@
 
 #include "cg/dtype.h"
 #include "cg/reference.h"
+#include "plan.h"
 
 typedef enum { REF_TO_LO, REF_TO_HI, REF_TO_W } ref_kind;
-
-/* Geometry of one run, spatial axes padded to 3 at the front (size 1,
- * stride 0) so the loops need no rank cases. */
-typedef struct ref_plan {
-  int64_t mb, groups, lo_cg, hi_cg; /* channels per group of lo / hi */
-  int64_t lo_sp[3], hi_sp[3], k[3], s[3], d[3], pb[3];
-  /* element strides: [n][c][x0][x1][x2] for data, [g][lo][hi][x..] for W */
-  int64_t lo_st[5], hi_st[5], w_st[6];
-} ref_plan;
-
-/* Fills a padded spatial triple from nsp values; missing leading axes get
- * `fill`. */
-static void pad3(int nsp, const int64_t *v, int64_t fill, int64_t out[3]) {
-  for (int a = 0; a < 3; a++) {
-    int src = a - (3 - nsp);
-    out[a] = src >= 0 ? v[src] : fill;
-  }
-}
-
-/* Data strides of a tensor with the given channels/spatial dims in fmt,
- * as [n][c][x0][x1][x2] with zero strides on padded axes. */
-static void data_strides(const cg_geom *g, cg_data_format fmt, int64_t channels,
-                         const int64_t *sp, int64_t out[5]) {
-  int64_t st[CG_MAX_RANK];
-  cg_geom_data_strides(g, fmt, channels, sp, st);
-  out[0] = st[0];
-  out[1] = st[1];
-  for (int a = 0; a < 3; a++) {
-    int src = a - (3 - g->nsp);
-    out[2 + a] = src >= 0 ? st[2 + src] : 0;
-  }
-}
-
-/* Weights strides as [g][lo][hi][x0][x1][x2]. The helper returns
- * [g][o][i][x...] with o/i the forward op's output/input channels per
- * group: for Convolution lo = o, for ConvTranspose lo = i. */
-static void weights_strides(const cg_geom *g, cg_weights_format fmt,
-                            int convtranspose, int64_t out[6]) {
-  int64_t st[CG_MAX_RANK + 1];
-  cg_geom_weights_strides(g, fmt, st);
-  out[0] = st[0];
-  out[1] = convtranspose ? st[2] : st[1];
-  out[2] = convtranspose ? st[1] : st[2];
-  for (int a = 0; a < 3; a++) {
-    int src = a - (3 - g->nsp);
-    out[3 + a] = src >= 0 ? st[3 + src] : 0;
-  }
-}
-
-/* lo_fmt / hi_fmt / w_fmt: layouts of the three tensors for this call. */
-static void plan_init(ref_plan *pl, const cg_geom *g, cg_data_format lo_fmt,
-                      cg_data_format hi_fmt, cg_weights_format w_fmt) {
-  int ct = g->op == CG_OP_DECONV_BWD_DATA || g->op == CG_OP_DECONV_BWD_WEIGHTS;
-  /* Convolution: lo = output side (oc, out_sp); ConvTranspose: lo = input
-   * side (ic, in_sp). */
-  int64_t lo_c = ct ? g->ic : g->oc, hi_c = ct ? g->oc : g->ic;
-  const int64_t *lo_sp = ct ? g->in_sp : g->out_sp;
-  const int64_t *hi_sp = ct ? g->out_sp : g->in_sp;
-
-  pl->mb = g->mb;
-  pl->groups = g->groups;
-  pl->lo_cg = lo_c / g->groups;
-  pl->hi_cg = hi_c / g->groups;
-  pad3(g->nsp, lo_sp, 1, pl->lo_sp);
-  pad3(g->nsp, hi_sp, 1, pl->hi_sp);
-  pad3(g->nsp, g->kernel, 1, pl->k);
-  pad3(g->nsp, g->stride, 1, pl->s);
-  pad3(g->nsp, g->dilation, 1, pl->d);
-  pad3(g->nsp, g->pad_begin, 0, pl->pb);
-  data_strides(g, lo_fmt, lo_c, lo_sp, pl->lo_st);
-  data_strides(g, hi_fmt, hi_c, hi_sp, pl->hi_st);
-  weights_strides(g, w_fmt, ct, pl->w_st);
-}
 
 /* lo, hi, w: element offsets are computed from the plan; `acc` is the
  * double accumulator in the layout of the tensor being produced (same
  * strides as that tensor). in_* are the two inputs, as buffers of dt. */
-static void plan_run(const ref_plan *pl, ref_kind kind, cg_dtype dt,
+static void plan_run(const cg__plan *pl, ref_kind kind, cg_dtype dt,
                      const void *lo, const void *hi, const void *w,
                      double *acc) {
   for (int64_t n = 0; n < pl->mb; n++)
@@ -150,7 +78,7 @@ static void plan_run(const ref_plan *pl, ref_kind kind, cg_dtype dt,
 /* Runs one loop into a fresh double accumulator of n elements (the
  * output's element count; every layout here is dense) and rounds it into
  * out. */
-static int run_plan(const cg_geom *g, const ref_plan *pl, ref_kind kind,
+static int run_plan(const cg_geom *g, const cg__plan *pl, ref_kind kind,
                     const void *lo, const void *hi, const void *w, void *out,
                     size_t n, char *err, size_t errlen) {
   int rc = 0;
@@ -193,7 +121,7 @@ static int check_geom(const cg_geom *g, char *err, size_t errlen) {
 
 int cg_reference_run(const cg_geom *geom, const void *in0, const void *in1,
                      void *out, char *err, size_t errlen) {
-  ref_plan pl;
+  cg__plan pl;
   int rc = check_geom(geom, err, errlen);
   if (rc)
     return rc;
@@ -204,22 +132,22 @@ int cg_reference_run(const cg_geom *geom, const void *in0, const void *in1,
   cg_weights_format wf = geom->weights_format, owf = geom->out_weights_format;
   switch (geom->op) {
   case CG_OP_CONV_BWD_DATA: /* in0 = diff_dst (lo), in1 = W; out = hi */
-    plan_init(&pl, geom, df, odf, wf);
+    cg__plan_init(&pl, geom, df, odf, wf);
     rc = run_plan(geom, &pl, REF_TO_HI, in0, NULL, in1, out, geom->out_elems,
                   err, errlen);
     break;
   case CG_OP_DECONV_BWD_DATA: /* in0 = diff_dst (hi), in1 = W; out = lo */
-    plan_init(&pl, geom, odf, df, wf);
+    cg__plan_init(&pl, geom, odf, df, wf);
     rc = run_plan(geom, &pl, REF_TO_LO, NULL, in0, in1, out, geom->out_elems,
                   err, errlen);
     break;
   case CG_OP_CONV_BWD_WEIGHTS: /* in0 = src (hi), in1 = diff_dst (lo) */
-    plan_init(&pl, geom, df, df, owf);
+    cg__plan_init(&pl, geom, df, df, owf);
     rc = run_plan(geom, &pl, REF_TO_W, in1, in0, NULL, out, geom->out_elems,
                   err, errlen);
     break;
   default: /* DECONV_BWD_WEIGHTS: in0 = src (lo), in1 = diff_dst (hi) */
-    plan_init(&pl, geom, df, df, owf);
+    cg__plan_init(&pl, geom, df, df, owf);
     rc = run_plan(geom, &pl, REF_TO_W, in0, in1, NULL, out, geom->out_elems,
                   err, errlen);
     break;
@@ -278,7 +206,7 @@ int cg_reference_layer(const cg_layer *l, const void *const in[3],
 int cg_reference_forward(const cg_geom *geom, const void *src,
                          const void *weights, void *dst, char *err,
                          size_t errlen) {
-  ref_plan pl;
+  cg__plan pl;
   size_t n = 1;
   int rc = check_geom(geom, err, errlen);
   if (rc)
@@ -299,11 +227,11 @@ int cg_reference_forward(const cg_geom *geom, const void *src,
 
   cg_data_format df = geom->data_format;
   if (geom->op == CG_OP_CONV_BWD_DATA || geom->op == CG_OP_CONV_BWD_WEIGHTS) {
-    plan_init(&pl, geom, df, df, geom->weights_format); /* lo = dst */
+    cg__plan_init(&pl, geom, df, df, geom->weights_format); /* lo = dst */
     rc =
         run_plan(geom, &pl, REF_TO_LO, NULL, src, weights, dst, n, err, errlen);
   } else {
-    plan_init(&pl, geom, df, df, geom->weights_format); /* hi = dst */
+    cg__plan_init(&pl, geom, df, df, geom->weights_format); /* hi = dst */
     rc =
         run_plan(geom, &pl, REF_TO_HI, src, NULL, weights, dst, n, err, errlen);
   }

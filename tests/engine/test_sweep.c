@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "cg/check.h"
 #include "cg/dtype.h"
 #include "cg/engine.h"
 #include "cg/reference.h"
@@ -33,6 +34,7 @@ typedef struct sweep_stats {
   int count, native, convert;
   double worst;     /* largest max_err / tolerance */
   double worst_rel; /* largest max_err / scale */
+  double check;     /* largest |difference| / tolerance of cg_check_run */
 } sweep_stats;
 
 static void sweep(const char *label, uint64_t seed, int count, int wide,
@@ -82,7 +84,23 @@ static void sweep(const char *label, uint64_t seed, int count, int wide,
                "path %d): %s",
                i, d.max_err, tol, d.scale, info.impl, (int)info.path, desc);
 
+    /* The result checks must pass every correct result: no false alarm
+     * on any problem or ISA. */
+    cg_check_result cr;
+    if (cg_check_run(&g, in0, in1, got, (uint64_t)i, 1, &cr, err, sizeof err))
+      fail_msg("case %d: check failed to run: %s (%s)", i, err, desc);
+    if (cr.failed)
+      fail_msg("case %d: false alarm: the check failed %lld of %lld "
+               "comparisons (|diff| %g > tolerance %g at %lld,%lld,%lld; "
+               "impl %s): %s",
+               i, (long long)cr.failed, (long long)cr.compared, cr.worst_diff,
+               cr.worst_tol, (long long)cr.worst_at[0],
+               (long long)cr.worst_at[1], (long long)cr.worst_at[2], info.impl,
+               desc);
+
     sweep_stats *s = &st[dt];
+    if (cr.worst > s->check)
+      s->check = cr.worst;
     s->count++;
     if (info.path == CG_PATH_NATIVE)
       s->native++;
@@ -136,10 +154,11 @@ static void sweep(const char *label, uint64_t seed, int count, int wide,
                 autopad[0], autopad[1], autopad[2], autopad[3], xio_like);
   for (int dt = CG_DTYPE_F32; dt <= CG_DTYPE_F16; dt++)
     print_message("%s %s: %d problems (native %d, via f32 %d), worst "
-                  "error/tolerance %.3g, worst error/scale %.3g\n",
+                  "error/tolerance %.3g, worst error/scale %.3g, worst "
+                  "check |diff|/tolerance %.3g (0 false alarms)\n",
                   label, cg_dtype_name((cg_dtype)dt), st[dt].count,
-                  st[dt].native, st[dt].convert, st[dt].worst,
-                  st[dt].worst_rel);
+                  st[dt].native, st[dt].convert, st[dt].worst, st[dt].worst_rel,
+                  st[dt].check);
   for (int k = 0; k < nimpl; k++)
     print_message("%s impl %s: %d\n", label, impls[k], impl_n[k]);
   assert_true(count < 500 ||
