@@ -47,6 +47,7 @@ typedef struct cgs_config {
   char tls_cert[CGS_CONFIG_STR], tls_key[CGS_CONFIG_STR];
   char tls_client_ca[CGS_CONFIG_STR];
   char auth_tokens[CGS_CONFIG_STR];    /* token file; "" = no authentication */
+  char warmup[CGS_CONFIG_STR];         /* shapes to warm; "" = none */
   unsigned auth_health;                /* health needs a token too */
   unsigned allow_insecure_auth;        /* tokens on non-loopback plaintext */
   char metrics_listen[CGS_CONFIG_STR]; /* HOST:PORT of GET /metrics; "" =

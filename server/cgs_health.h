@@ -1,5 +1,6 @@
 /* cgs_health.h - grpc.health.v1.Health: Check and Watch for "" (the whole
- * server) and "convgrad.v1.ConvGrad". SERVING until the server drains,
+ * server) and "convgrad.v1.ConvGrad". NOT_SERVING until the workers
+ * have warmed up (cgs_server's ready), SERVING until the server drains,
  * NOT_SERVING afterwards; Watch streams every change. Loop thread only. */
 #ifndef CGS_HEALTH_H
 #define CGS_HEALTH_H
@@ -8,7 +9,7 @@
 
 #include "cgs_server.h"
 
-/* Returns 0 or CG_ENOMEM. */
+/* NOT_SERVING until cgs_health_set_serving. Returns 0 or CG_ENOMEM. */
 int cgs_health_new(cgs_health **out, cgs_server *s);
 /* Frees h; every watcher must have ended. NULL is fine. */
 void cgs_health_free(cgs_health *h);

@@ -57,13 +57,31 @@ typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
 /* cgs_job.worker of a job the completion-queue thread ran itself. */
 #define CGS_POOL_CQ UINT_MAX
 
+/* Layers whose primitives every worker builds before it takes its first
+ * job (--warmup), and who hears when all have. */
+typedef struct cgs_pool_warm {
+  const cg_layer *layers; /* borrowed until done runs */
+  size_t n;
+  /* Runs once, on the last worker to finish its warm-up (at once on that
+   * thread when n is 0); may be NULL. */
+  void (*done)(void *arg);
+  void *arg;
+} cgs_pool_warm;
+
 /* Starts cfg->workers threads, each pinned, named "cg-worker-N", with its
- * engine created in the thread itself. Returns 0, or CG_ENOMEM / CG_EBACKEND
- * (engine creation failed) / CG_EINTERNAL (thread or handle setup failed)
- * with err filled; nothing is left running on failure. */
+ * engine created in the thread itself. With warm (may be NULL), each
+ * worker then runs every layer of warm->layers on zeroed inputs with the
+ * thread counts a job of it would get on an idle pool (its own cores, and
+ * under the adaptive policy every core when the layer is large enough to
+ * borrow), so that its engine holds the primitives (oneDNN's JIT compile,
+ * 0.2 ms to tens of ms each) and buffers before the first call; jobs
+ * submitted meanwhile wait in the queue. A layer that fails to run is
+ * logged and skipped. Returns 0, or CG_ENOMEM / CG_EBACKEND (engine
+ * creation failed) / CG_EINTERNAL (thread or handle setup failed) with err
+ * filled; nothing is left running on failure. */
 int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
-                 cgs_pool_done_cb done_cb, void *data, char *err,
-                 size_t errlen);
+                 const cgs_pool_warm *warm, cgs_pool_done_cb done_cb,
+                 void *data, char *err, size_t errlen);
 /* Holds a place for a job to come: at most workers + queue_depth places
  * are held at once, so that a request is refused when it arrives rather
  * than after its upload. Returns 0, or CG_ELIMIT when every place is

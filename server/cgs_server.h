@@ -9,7 +9,9 @@
  * thread-safe, inflight_bytes and stopped_accepting (atomic) and auth
  * (under auth_mu). Compute runs in the cgs_pool workers.
  *
- * Life cycle: cgs_server_start() -> serving -> cgs_server_drain() (on
+ * Life cycle: cgs_server_start() -> warm-up (calls are accepted and
+ * queue; health NOT_SERVING) -> ready (on_ready: SERVING) -> serving ->
+ * cgs_server_drain() (on
  * SIGTERM/SIGINT): stop accepting, health NOT_SERVING, in-flight calls
  * finish within cfg->grace_ms, then everything is torn down on the loop and
  * on_stopped runs; after that uv_run() returns once main closes its own
@@ -33,6 +35,7 @@
 #include "cgs_peers.h"
 #include "cgs_pool.h"
 #include "cgs_region.h"
+#include "cgs_warmup.h"
 
 typedef struct cgs_call cgs_call;
 typedef struct cgs_health cgs_health;
@@ -79,6 +82,12 @@ struct cgs_server {
                there is none */
 
   cgs_pool *pool;
+  cgs_warmup warmup; /* --warmup's layers, which the pool borrows */
+  /* Sent by the last worker to finish its warm-up: health turns SERVING
+   * and on_ready runs, unless the server drains by then. */
+  uv_async_t warm_async;
+  int ready;
+  void (*on_ready)(cgs_server *s);
   cgs_health *health;
   cgs_peers *peers; /* calls receiving, turns and log budgets per peer */
   cgs_calls calls;  /* the live Compute calls */
@@ -109,11 +118,13 @@ struct cgs_server {
   void (*on_stopped)(cgs_server *s);
 };
 
-/* Creates the grpc server, binds cfg->listen, starts the cq thread and the
- * worker pool and posts the first call requests. s is owned by the caller
- * and must outlive the loop run. Returns 0 or a negative CG_E* code with
- * err filled (nothing left running then). */
+/* Loads --warmup, creates the grpc server, binds cfg->listen, starts the
+ * cq thread and the worker pool (which warms up) and posts the first call
+ * requests; on_ready runs on the loop once the workers are warm. s is owned by
+ * the caller and must outlive the loop run. Returns 0 or a negative CG_E* code
+ * with err filled (nothing left running then). */
 int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
+                     void (*on_ready)(cgs_server *s),
                      void (*on_stopped)(cgs_server *s), char *err,
                      size_t errlen);
 /* Begins graceful shutdown; idempotent. */

@@ -83,6 +83,11 @@ int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
                      size_t msglen);
 /* 1 while resolving must wait for the bytes of a shape tensor. */
 int cgs_upload_needs_shape(const cgs_upload *u);
+/* The checks a resolved layer passes before it may run on this server:
+ * the spatial limits, --max-request-flops and --max-tensor-elements of
+ * each output. Returns 0, or -1 with code and msg (naming the flag). */
+int cgs_upload_check_layer(const cg_layer *l, const cgs_config *cfg,
+                           grpc_status_code *code, char *msg, size_t msglen);
 /* Resolves the layer (with the shape tensor's values, if any), checks it
  * against --max-request-flops and --max-tensor-elements, finds the output
  * regions and frees the header message. Returns 0, or -1 with *code and

@@ -71,6 +71,12 @@ static const opt_def opt_table[] = {
      "followed by a label): Compute and GetServerInfo then need "
      "'authorization: Bearer TOKEN' metadata, else UNAUTHENTICATED; "
      "SIGHUP reloads it"},
+    {"warmup", OPT_STRING, offsetof(cgs_config, warmup), "", 0, 0,
+     "file of shapes to build kernels for before serving, one a line: a "
+     "benchdnn descriptor, then optionally op=, dtype=, data_format=, "
+     "weights_format= (default: the layer op, every output, f32); health "
+     "says NOT_SERVING and the readiness line waits until every worker "
+     "has run them"},
     {"auth-health", OPT_FLAG, offsetof(cgs_config, auth_health), "0", 0, 1,
      "with --auth-tokens, health checks need a token too (by default they "
      "stay open for probes)"},

@@ -52,7 +52,6 @@ int cgs_health_new(cgs_health **out, cgs_server *s) {
   if (!h)
     return CG_ENOMEM;
   h->s = s;
-  h->serving = 1;
   return 0;
 }
 

@@ -158,6 +158,14 @@ static void print_ready(const app *a, char *line, size_t cap) {
   fflush(stdout);
 }
 
+/* The workers are warm: the readiness line, and systemd's READY=1. */
+static void on_server_ready(cgs_server *s) {
+  app *a = cgs_container_of(s, app, server);
+  char ready[4096];
+  print_ready(a, ready, sizeof ready);
+  cgs_notify_ready(&a->notify, &a->loop, ready);
+}
+
 /* --version: what an ops engineer or a bug report needs to know about
  * this binary on this machine. The ISA is the one oneDNN dispatches to
  * here (DNNL_MAX_CPU_ISA caps it). */
@@ -221,8 +229,8 @@ int main(int argc, char **argv) {
   uv_loop_init(&a.loop);
   cgs_log_capture_grpc();
   grpc_init();
-  rc = cgs_server_start(&a.server, &a.loop, &a.cfg, on_server_stopped, err,
-                        sizeof err);
+  rc = cgs_server_start(&a.server, &a.loop, &a.cfg, on_server_ready,
+                        on_server_stopped, err, sizeof err);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     cgs_error("cannot start: %s", err);
@@ -236,9 +244,10 @@ int main(int argc, char **argv) {
     uv_signal_start(&a.sigterm, on_signal, SIGTERM);
     uv_signal_start(&a.sigint, on_signal, SIGINT);
     uv_signal_start(&a.sighup, on_sighup, SIGHUP);
-    char ready[4096];
-    print_ready(&a, ready, sizeof ready);
-    cgs_notify_ready(&a.notify, &a.loop, ready);
+    if (a.cfg.warmup[0])
+      cgs_info("warming up: %zu shapes from %s; health NOT_SERVING until "
+               "done",
+               a.server.warmup.n, a.cfg.warmup);
   }
   /* Runs until every handle is closed: after a drain, or at once after a
    * failed start (only close callbacks are left then). */

@@ -65,6 +65,9 @@ struct cgs_pool {
    * they missed the cq engine's cache, by the hash's low bits. */
   uint64_t worker_built[WORKER_BUILT_SLOTS];
   uint64_t inline_jobs; /* under mu: jobs the cq thread ran */
+
+  cgs_pool_warm warm;   /* empty without --warmup */
+  unsigned warm_active; /* under mu: workers still warming up */
 };
 
 static void pin_and_name(worker *w) {
@@ -279,6 +282,93 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   cgs_crash_job_end(w->index);
 }
 
+/* Runs the outputs of job on team (n cores, pinned) once; 0 or the
+ * failure's code with job->err filled. */
+static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n) {
+  int rc = pin_team(w, engine, n, job->err, sizeof job->err);
+  return rc ? rc : run_outputs(engine, job, (unsigned)n);
+}
+
+/* Runs layer l once on zeroed inputs (its own allocations, freed here)
+ * with each thread count a job of l gets on an idle pool: w's own cores,
+ * and every core when borrow() would lend them. Returns 0 or a CG_E*
+ * code with job->err filled. */
+static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
+                      cgs_job *job) {
+  cgs_pool *p = w->pool;
+  void *bufs[3 + CG_GRAD_COUNT] = {0};
+  int rc = 0, nb = 0;
+  memset(job, 0, sizeof *job);
+  job->layer = l;
+  atomic_init(&job->discard, 0);
+  for (int i = 0; i < l->ninputs && i < 3; i++, nb++)
+    if (!(bufs[nb] = calloc(1, l->in_bytes[i] ? l->in_bytes[i] : 1)))
+      rc = CG_ENOMEM;
+    else
+      job->in[i] = bufs[nb];
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (l->grads & CG_GRAD_BIT(g)) {
+      if (!(bufs[nb] = malloc(l->out_bytes[g] ? l->out_bytes[g] : 1)))
+        rc = CG_ENOMEM;
+      job->out[g] = bufs[nb++];
+    }
+  if (rc)
+    snprintf(job->err, sizeof job->err, "out of memory for its tensors");
+  unsigned tpw = p->cfg->threads_per_worker;
+  int n = 0;
+  for (unsigned k = 0; k < tpw; k++)
+    w->team[n++] = own_core(p, w->index, k);
+  if (!rc)
+    rc = warm_run(w, engine, job, n);
+  if (!rc && p->cfg->threads_policy == CGS_THREADS_ADAPTIVE &&
+      p->nworkers > 1 && job_flops(job) >= BORROW_MIN_FLOPS) {
+    for (unsigned i = 0; i < p->nworkers; i++)
+      for (unsigned k = 0; i != w->index && k < tpw; k++)
+        w->team[n++] = own_core(p, i, k);
+    rc = warm_run(w, engine, job, n);
+  }
+  for (int i = 0; i < nb; i++)
+    free(bufs[i]);
+  return rc;
+}
+
+/* Builds every warm-up layer on w's engine before w takes a job, then
+ * tells the pool's warm.done if w was the last. A tiny layer is also
+ * marked built for the completion-queue thread, which then builds it from
+ * oneDNN's global cache on its first call rather than sending it to a
+ * worker. */
+static void warm_up(worker *w, cg_engine *engine) {
+  cgs_pool *p = w->pool;
+  cgs_job job;
+  uint64_t t0 = uv_hrtime();
+  for (size_t i = 0; i < p->warm.n; i++) {
+    const cg_layer *l = &p->warm.layers[i];
+    pthread_mutex_lock(&p->mu);
+    int stop = p->stop;
+    pthread_mutex_unlock(&p->mu);
+    if (stop)
+      break;
+    if (warm_layer(w, engine, l, &job) != 0) {
+      cgs_warn("%s: warm-up layer %zu (%s): %s; skipped", w->name, i + 1,
+               cg_op_name(l->op), job.err);
+      continue;
+    }
+    uint64_t key = cg_layer_primitives_hash(l);
+    pthread_mutex_lock(&p->mu);
+    p->worker_built[key % WORKER_BUILT_SLOTS] = key;
+    pthread_mutex_unlock(&p->mu);
+  }
+  if (p->warm.n)
+    cgs_info("%s: warmed up %zu layers in %.1f ms, %zu cached", w->name,
+             p->warm.n, (double)(uv_hrtime() - t0) / 1e6,
+             cg_engine_cache_size(engine));
+  pthread_mutex_lock(&p->mu);
+  int last = --p->warm_active == 0;
+  pthread_mutex_unlock(&p->mu);
+  if (last && p->warm.done)
+    p->warm.done(p->warm.arg);
+}
+
 /* With p->mu held: takes job, which is queued, off the queue. */
 static void unlink_job(cgs_pool *p, cgs_job *job) {
   if (job->prev)
@@ -319,8 +409,10 @@ static void *worker_main(void *arg) {
   pthread_mutex_unlock(&p->mu);
   if (rc != 0)
     return NULL;
+  warm_up(w, engine);
 
-  int holding = 0; /* the engine keeps buffers from the last job */
+  int holding = p->warm.n > 0; /* the engine keeps buffers from the last
+                                  job */
   for (;;) {
     pthread_mutex_lock(&p->mu);
     while (!p->stop && (!p->head || w->lent_to)) {
@@ -404,8 +496,8 @@ static void stop_and_join(cgs_pool *p) {
 }
 
 int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
-                 cgs_pool_done_cb done_cb, void *data, char *err,
-                 size_t errlen) {
+                 const cgs_pool_warm *warm, cgs_pool_done_cb done_cb,
+                 void *data, char *err, size_t errlen) {
   int rc = 0;
   *out = NULL;
   cgs_pool *p = calloc(1, sizeof *p);
@@ -415,6 +507,9 @@ int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
   p->done_cb = done_cb;
   p->data = data;
   p->nworkers = cfg->workers;
+  if (warm)
+    p->warm = *warm;
+  p->warm_active = p->nworkers;
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->ready_cv, NULL);
   p->workers = calloc(p->nworkers, sizeof *p->workers);

@@ -265,6 +265,7 @@ void cgs_server_close(cgs_server *s) {
   s->auth = NULL;
   pthread_mutex_destroy(&s->auth_mu);
   cgs_listen_remove(&s->listeners);
+  cgs_warmup_free(&s->warmup);
 }
 
 void cgs_server_drain(cgs_server *s) {
@@ -316,6 +317,7 @@ static void teardown(cgs_cq *cq) {
   s->pool = NULL;
   cgs_health_free(s->health);
   s->health = NULL;
+  uv_close((uv_handle_t *)&s->warm_async, on_handle_closed);
   uv_close((uv_handle_t *)&s->grace_timer, on_handle_closed);
   uv_close((uv_handle_t *)&s->housekeeping_timer, on_handle_closed);
   uv_close((uv_handle_t *)&s->calls_timer, on_handle_closed);
@@ -324,6 +326,23 @@ static void teardown(cgs_cq *cq) {
 }
 
 /* ---- start ----------------------------------------------------------- */
+
+/* The last worker to warm up; any thread. */
+static void on_warm(void *data) {
+  cgs_server *s = data;
+  uv_async_send(&s->warm_async);
+}
+
+/* The loop, once the workers are warm. */
+static void on_warm_async(uv_async_t *h) {
+  cgs_server *s = h->data;
+  if (s->ready || s->draining)
+    return;
+  s->ready = 1;
+  cgs_health_set_serving(s->health, 1);
+  if (s->on_ready)
+    s->on_ready(s);
+}
 
 /* The cq thread, idle after a tiny job ran there (cgs_cq.h). */
 static void on_cq_idle(void *pool) {
@@ -524,15 +543,20 @@ static void destroy_unstarted(cgs_server *s) {
 }
 
 int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
+                     void (*on_ready)(cgs_server *s),
                      void (*on_stopped)(cgs_server *s), char *err,
                      size_t errlen) {
   int rc = 0;
   memset(s, 0, sizeof *s);
   s->cfg = cfg;
   s->loop = loop;
+  s->on_ready = on_ready;
   s->on_stopped = on_stopped;
   s->shutdown_tag.cb = on_shutdown_notified;
   pthread_mutex_init(&s->auth_mu, NULL);
+  if (cfg->warmup[0] &&
+      (rc = cgs_warmup_load(&s->warmup, cfg->warmup, cfg, err, errlen)) != 0)
+    return rc;
   if (cgs_cq_init(&s->cq) != 0)
     return cg_errorf(err, errlen, CG_EINTERNAL,
                      "cannot create the completion queue");
@@ -552,8 +576,12 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     cg_errorf(err, errlen, rc, "health: out of memory");
     goto fail_grpc;
   }
-  if ((rc = cgs_pool_new(&s->pool, cfg, cgs_call_job_done, s, err, errlen)) !=
-      0)
+  uv_async_init(loop, &s->warm_async, on_warm_async);
+  s->warm_async.data = s;
+  cgs_pool_warm warm = {
+      .layers = s->warmup.layers, .n = s->warmup.n, .done = on_warm, .arg = s};
+  if ((rc = cgs_pool_new(&s->pool, cfg, &warm, cgs_call_job_done, s, err,
+                         errlen)) != 0)
     goto fail_health;
   if (cgs_calls_init(&s->calls, loop, on_calls_idle) != 0) {
     rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the calls' list");
@@ -594,6 +622,7 @@ fail_pool:
 fail_calls:
   cgs_pool_close(s->pool);
 fail_health:
+  uv_close((uv_handle_t *)&s->warm_async, on_handle_closed);
   cgs_health_free(s->health);
 fail_grpc:
   cgs_regions_free(s->regions);

@@ -220,6 +220,44 @@ static int acquire_outputs(cgs_upload *u, grpc_status_code *code, char *msg,
   return 0;
 }
 
+int cgs_upload_check_layer(const cg_layer *l, const cgs_config *cfg,
+                           grpc_status_code *code, char *msg, size_t msglen) {
+  /* What the shapes make of the attributes: computed pads, effective and
+   * padded extents. */
+  char err[512];
+  cg_limits lim;
+  cg_limit which;
+  cgs_config_limits(cfg, &lim);
+  if (cg_layer_check_limits(l, &lim, &which, err, sizeof err) != 0) {
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, msglen, "%s (%s)", err, cgs_config_limit_flag(which));
+    return -1;
+  }
+  /* A running oneDNN primitive cannot be interrupted: this bounds how
+   * long one request can hold a worker, stride and pad sweeps included. */
+  uint64_t flops = cg_layer_work(l);
+  if (cfg->max_request_flops && flops > cfg->max_request_flops) {
+    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, msglen,
+             "request: needs %" PRIu64 " flops, more than --max-request-flops "
+             "%" PRIu64 "; it cannot run on this server",
+             flops, cfg->max_request_flops);
+    return -1;
+  }
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((l->grads & CG_GRAD_BIT(g)) &&
+        l->out_elems[g] > cfg->max_tensor_elements) {
+      *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+      snprintf(msg, msglen,
+               "%s: %zu elements exceed the limit %" PRIu64
+               " (--max-tensor-elements); it cannot run on this server",
+               cg_grad_name((cg_grad)g), l->out_elems[g],
+               cfg->max_tensor_elements);
+      return -1;
+    }
+  return 0;
+}
+
 int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
                        grpc_status_code *code, char *msg, size_t msglen) {
   if (has_shape_tensor(u)) {
@@ -246,16 +284,8 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
     snprintf(msg, msglen, "%s", err);
     return -1;
   }
-  /* What the shapes make of the attributes: computed pads, effective and
-   * padded extents. */
-  cg_limits lim;
-  cg_limit which;
-  cgs_config_limits(cfg, &lim);
-  if (cg_layer_check_limits(l, &lim, &which, err, sizeof err) != 0) {
-    *code = GRPC_STATUS_INVALID_ARGUMENT;
-    snprintf(msg, msglen, "%s (%s)", err, cgs_config_limit_flag(which));
+  if (cgs_upload_check_layer(l, cfg, code, msg, msglen) != 0)
     return -1;
-  }
   if (acquire_outputs(u, code, msg, msglen) != 0)
     return -1;
   protobuf_c_message_free_unpacked(&u->req->base, NULL);
@@ -266,28 +296,6 @@ int cgs_upload_resolve(cgs_upload *u, const cgs_config *cfg,
     if (l->in_bytes[i] != u->in_len[i]) {
       *code = GRPC_STATUS_INTERNAL;
       snprintf(msg, msglen, "input sizes disagree with the geometry");
-      return -1;
-    }
-  /* A running oneDNN primitive cannot be interrupted: this bounds how
-   * long one request can hold a worker, stride and pad sweeps included. */
-  uint64_t flops = cg_layer_work(l);
-  if (cfg->max_request_flops && flops > cfg->max_request_flops) {
-    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-    snprintf(msg, msglen,
-             "request: needs %" PRIu64 " flops, more than --max-request-flops "
-             "%" PRIu64 "; it cannot run on this server",
-             flops, cfg->max_request_flops);
-    return -1;
-  }
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if ((l->grads & CG_GRAD_BIT(g)) &&
-        l->out_elems[g] > cfg->max_tensor_elements) {
-      *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
-      snprintf(msg, msglen,
-               "%s: %zu elements exceed the limit %" PRIu64
-               " (--max-tensor-elements); it cannot run on this server",
-               cg_grad_name((cg_grad)g), l->out_elems[g],
-               cfg->max_tensor_elements);
       return -1;
     }
   u->resolved = 1;

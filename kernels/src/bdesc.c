@@ -252,8 +252,9 @@ int cg_bdesc_problem_init(cg_bdesc_problem *out, const cg_bdesc *d, cg_op op,
                           cg_dtype dtype, cg_data_format data_format,
                           cg_weights_format weights_format, char *err,
                           size_t errlen) {
-  int deconv_op = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS;
-  if (op < 1 || op > CG_OP_COUNT)
+  int deconv_op = op == CG_OP_DECONV_BWD_DATA ||
+                  op == CG_OP_DECONV_BWD_WEIGHTS || op == CG_OP_DECONV_BWD;
+  if (op < 1 || op > CG_OP_ALL_COUNT)
     return cg_errorf(err, errlen, CG_EINVAL, "op: invalid value %d", (int)op);
   if (deconv_op != (d->deconv != 0))
     return cg_errorf(
@@ -290,7 +291,13 @@ int cg_bdesc_problem_init(cg_bdesc_problem *out, const cg_bdesc *d, cg_op op,
   cg__data_dims(df, nsp, d->mb, d->oc, d->out_sp, dst);
   cg__weights_dims(op, weights_format, nsp, d->oc, d->ic, d->g, d->kernel, w);
   size_t bytes = sizeof(int64_t) * (size_t)rank;
-  if (cg_op_outputs_weights(op)) {
+  if (cg_op_is_layer(op)) {
+    /* src, diff_dst and the weights as the third input. */
+    memcpy(out->dims[0], src, bytes);
+    memcpy(out->dims[1], dst, bytes);
+    memcpy(out->shape, w, bytes);
+    p->input_dims[2] = (cg_ints){out->shape, (size_t)rank};
+  } else if (cg_op_outputs_weights(op)) {
     memcpy(out->dims[0], src, bytes);
     memcpy(out->dims[1], dst, bytes);
     memcpy(out->shape, w, bytes);
@@ -307,5 +314,92 @@ int cg_bdesc_problem_init(cg_bdesc_problem *out, const cg_bdesc *d, cg_op op,
   }
   p->input_dims[0] = (cg_ints){out->dims[0], (size_t)rank};
   p->input_dims[1] = (cg_ints){out->dims[1], (size_t)rank};
+  return 0;
+}
+
+/* Where the descriptor of a run line ends: at the first blank-separated
+ * word holding '=' outside quotes (a name n"..." may hold blanks). */
+static size_t descriptor_length(const char *line) {
+  size_t word = 0;
+  int quoted = 0;
+  for (size_t i = 0; !is_end(line[i]); i++) {
+    char c = line[i];
+    if (c == '"')
+      quoted = !quoted;
+    else if (!quoted && (c == ' ' || c == '\t'))
+      word = i + 1;
+    else if (!quoted && c == '=')
+      return word;
+  }
+  return strlen(line);
+}
+
+/* Applies one "key=value" word of a run line to out. */
+static int apply_option(const char *word, size_t n, cg_bdesc_run *out,
+                        char *err, size_t errlen) {
+  char buf[64];
+  if (n >= sizeof(buf))
+    return cg_errorf(err, errlen, CG_EINVAL, "option \"%.20s...\" is too long",
+                     word);
+  memcpy(buf, word, n);
+  buf[n] = '\0';
+  char *value = strchr(buf, '=');
+  if (value == NULL)
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "\"%s\": expected OPTION=VALUE after the descriptor", buf);
+  *value++ = '\0';
+  int rc;
+  if (strcmp(buf, "op") == 0)
+    rc = cg_op_parse(value, &out->op);
+  else if (strcmp(buf, "dtype") == 0)
+    rc = cg_dtype_parse(value, &out->dtype);
+  else if (strcmp(buf, "data_format") == 0)
+    rc = cg_data_format_parse(value, &out->data_format);
+  else if (strcmp(buf, "weights_format") == 0)
+    rc = cg_weights_format_parse(value, &out->weights_format);
+  else
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "unknown option \"%s\" (op, dtype, data_format, "
+                     "weights_format)",
+                     buf);
+  if (rc != 0)
+    return cg_errorf(err, errlen, CG_EINVAL, "%s: invalid value \"%s\"", buf,
+                     value);
+  return 0;
+}
+
+int cg_bdesc_parse_run(const char *line, cg_bdesc_run *out, int *is_problem,
+                       char *err, size_t errlen) {
+  char desc[512];
+  *is_problem = 0;
+  if (line == NULL)
+    return cg_errorf(err, errlen, CG_EINVAL, "descriptor: NULL");
+  size_t n = descriptor_length(line);
+  if (n >= sizeof(desc))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "descriptor: longer than %zu characters",
+                     sizeof(desc) - 1);
+  memcpy(desc, line, n);
+  desc[n] = '\0';
+  int rc = cg_bdesc_parse_line(desc, &out->desc, is_problem, err, errlen);
+  if (rc != 0 || !*is_problem) {
+    if (rc == 0 && !is_end(line[n]) && line[n] != '#')
+      rc = cg_errorf(err, errlen, CG_EINVAL, "options without a descriptor");
+    return rc;
+  }
+  out->op = out->desc.deconv ? CG_OP_DECONV_BWD : CG_OP_CONV_BWD;
+  out->dtype = CG_DTYPE_F32;
+  out->data_format = CG_DATA_DEFAULT;
+  out->weights_format = CG_WEIGHTS_DEFAULT;
+  const char *s = line + n;
+  while (!is_end(*s) && *s != '#') {
+    size_t w = strcspn(s, " \t\r\n#");
+    if (w > 0 && (rc = apply_option(s, w, out, err, errlen)) != 0) {
+      *is_problem = 0;
+      return rc;
+    }
+    s += w;
+    s += strspn(s, " \t");
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include "case_json.h"
 
 #include "cg/bdesc.h"
+#include "cg/layer.h"
 
 static int64_t jint(const cJSON *o, const char *key) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -231,8 +232,74 @@ static void problem_list_lines(void **state) {
   assert_true(g.flops == 2.0 * 8 * 32 * 112 * 112 * 1 * 9);
 }
 
+/* Run lines: the descriptor, then how to run it; the defaults make a
+ * problem list's line a layer call. */
+static void run_lines(void **state) {
+  (void)state;
+  cg_bdesc_run r;
+  cg_bdesc_problem bp;
+  cg_layer l;
+  char err[256];
+  int is = -1;
+  assert_int_equal(cg_bdesc_parse_run("mb8ic64ih56oc64oh56kh3ph1n\"res2a 3x3\"",
+                                      &r, &is, err, sizeof(err)),
+                   0);
+  assert_int_equal(is, 1);
+  assert_int_equal(r.op, CG_OP_CONV_BWD);
+  assert_int_equal(r.dtype, CG_DTYPE_F32);
+  assert_string_equal(r.desc.name, "res2a 3x3");
+  assert_int_equal(cg_bdesc_problem_init(&bp, &r.desc, r.op, r.dtype,
+                                         r.data_format, r.weights_format, err,
+                                         sizeof(err)),
+                   0);
+  assert_int_equal(cg_layer_resolve(&bp.problem, &l, err, sizeof(err)), 0);
+  assert_int_equal(l.ninputs, 3);
+  assert_int_equal(cg_layer_noutputs(&l), 3);
+  kt_dims_eq(l.out_dims[CG_GRAD_DIFF_WEIGHTS], L(3, 3, 64, 64));
+
+  assert_int_equal(
+      cg_bdesc_parse_run("deconv: mb2ic8ih4oc4oh8kh4sh2ph1 n\"up x=1\" "
+                         "dtype=bf16 op=ConvTransposeBackwardData "
+                         "data_format=NCX weights_format=IOX # warm",
+                         &r, &is, err, sizeof(err)),
+      0);
+  assert_int_equal(r.desc.deconv, 1);
+  assert_string_equal(r.desc.name, "up x=1");
+  assert_int_equal(r.op, CG_OP_DECONV_BWD_DATA);
+  assert_int_equal(r.dtype, CG_DTYPE_BF16);
+  assert_int_equal(r.data_format, CG_DATA_NCX);
+  assert_int_equal(r.weights_format, CG_WEIGHTS_IOX);
+  assert_int_equal(cg_bdesc_problem_init(&bp, &r.desc, r.op, r.dtype,
+                                         r.data_format, r.weights_format, err,
+                                         sizeof(err)),
+                   0);
+  cg_geom g = kt_resolve_ok(&bp.problem);
+  kt_dims_eq(g.out_dims, L(2, 8, 4, 4));
+
+  assert_int_equal(
+      cg_bdesc_parse_run("  # only a comment", &r, &is, err, sizeof(err)), 0);
+  assert_int_equal(is, 0);
+  static const struct {
+    const char *text, *msg;
+  } bad[] = {
+      {"ic3oc8ih5kh3 dtype=f64", "dtype: invalid value \"f64\""},
+      {"ic3oc8ih5kh3 op=Conv", "op: invalid value \"Conv\""},
+      {"ic3oc8ih5kh3 layout=NCX", "unknown option \"layout\""},
+      {"dtype=f32", "options without a descriptor"},
+      {"ic3oc8ih5kh3 data_format=NCX extra",
+       "\"extra\": expected OPTION=VALUE"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    int rc = cg_bdesc_parse_run(bad[i].text, &r, &is, err, sizeof(err));
+    if (rc != CG_EINVAL || is != 0 || strstr(err, bad[i].msg) == NULL)
+      fail_msg("\"%s\": got %s \"%s\", want \"%s\"", bad[i].text,
+               cg_err_name(rc), err, bad[i].msg);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(run_lines),
       cmocka_unit_test(every_listed_descriptor),
       cmocka_unit_test(parse_rules),
       cmocka_unit_test(problem_list_lines),

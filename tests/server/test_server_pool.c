@@ -5,7 +5,9 @@
  * come back; a caller's job passes another's waiting line. Under the
  * adaptive policy a lone job runs on every core, one
  * team thread on each; two jobs at once get a core each; a job never
- * starts on a core lent to another. */
+ * starts on a core lent to another. The layers given to warm up are in
+ * every worker's cache before its first job, at the thread counts a job
+ * gets, and the pool says once when all are warm. */
 #include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
@@ -34,6 +36,8 @@ typedef struct fixture {
   ts_problem slow; /* tens of milliseconds (no reference: its result is
                       not checked) */
   cg_layer tp_layer, big_layer, slow_layer;
+  cg_layer warm_layers[2]; /* tp's and big's, warmed up at the start */
+  int warmed;              /* under mu: the pool's warm-up done calls */
   cgs_job jobs[NJOBS];
   void *out[NJOBS];
   pthread_mutex_t mu;
@@ -49,6 +53,15 @@ static void on_done(cgs_job *job, void *data) {
   (void)job;
   pthread_mutex_lock(&f->mu);
   f->done++;
+  pthread_cond_broadcast(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+}
+
+/* On the last worker to warm up. */
+static void on_warm(void *data) {
+  fixture *f = data;
+  pthread_mutex_lock(&f->mu);
+  f->warmed++;
   pthread_cond_broadcast(&f->cv);
   pthread_mutex_unlock(&f->mu);
 }
@@ -139,8 +152,15 @@ static int setup(void **state) {
       return -1;
   pthread_mutex_init(&f.mu, NULL);
   pthread_cond_init(&f.cv, NULL);
-  if (cgs_pool_new(&f.pool, &f.cfg, on_done, &f, err, sizeof err))
+  f.warm_layers[0] = f.tp_layer;
+  f.warm_layers[1] = f.big_layer;
+  cgs_pool_warm warm = {f.warm_layers, 2, on_warm, &f};
+  if (cgs_pool_new(&f.pool, &f.cfg, &warm, on_done, &f, err, sizeof err))
     return -1;
+  pthread_mutex_lock(&f.mu);
+  while (!f.warmed)
+    pthread_cond_wait(&f.cv, &f.mu);
+  pthread_mutex_unlock(&f.mu);
   *state = &f;
   return 0;
 }
@@ -186,6 +206,33 @@ static void test_wakes_the_worker_on_this_core(void **state) {
     assert_int_equal(ts_problem_check(&f->tp, f->out[0]), 0);
   }
   pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);
+}
+
+/* Runs job 0 of layer l on p alone on an idle pool and returns whether
+ * its primitives came from the cache. */
+static int first_run_cached(fixture *f, const cg_layer *l, ts_problem *p) {
+  wait_idle(f);
+  job_set(f, 0, l, p);
+  int done = done_count(f);
+  assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  cgs_pool_submit(f->pool, &f->jobs[0], &f->flow);
+  wait_done(f, done + 1);
+  assert_int_equal(f->jobs[0].rc, 0);
+  return info_of(&f->jobs[0])->cache_hit;
+}
+
+/* Runs first: the warmed layers hit on their first job, on each worker
+ * and at the borrowed team's thread count (big), and a layer not warmed
+ * misses. */
+static void test_warmed_layers_are_cached(void **state) {
+  fixture *f = *state;
+  assert_int_equal(f->warmed, 1);
+  assert_int_equal(first_run_cached(f, &f->big_layer, &f->big), 1);
+  assert_int_equal(info_of(&f->jobs[0])->threads, 2); /* it borrowed */
+  assert_int_equal(ts_problem_check(&f->big, f->out[0]), 0);
+  assert_int_equal(first_run_cached(f, &f->tp_layer, &f->tp), 1);
+  assert_int_equal(ts_problem_check(&f->tp, f->out[0]), 0);
+  assert_int_equal(first_run_cached(f, &f->slow_layer, &f->slow), 0);
 }
 
 static void test_burst_runs_every_job(void **state) {
@@ -395,6 +442,7 @@ static void test_flows_take_turns(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_warmed_layers_are_cached),
       cmocka_unit_test(test_wakes_the_worker_on_this_core),
       cmocka_unit_test(test_burst_runs_every_job),
       cmocka_unit_test(test_lone_job_takes_every_core),

@@ -41,6 +41,26 @@ CG_EXPORT int cg_bdesc_parse(const char *text, int deconv, cg_bdesc *out,
 CG_EXPORT int cg_bdesc_parse_line(const char *line, cg_bdesc *out,
                                   int *is_problem, char *err, size_t errlen);
 
+/* A problem-list line that also names how to run the descriptor:
+ *   [deconv:]DESC [op=NAME] [dtype=DT] [data_format=F] [weights_format=F]
+ * (the words after the descriptor in any order; '#' starts a comment).
+ * Defaults: the layer op of the descriptor's family (ConvolutionBackward
+ * or ConvTransposeBackward, every output), f32, DEFAULT layouts. So every
+ * line of a cg_bdesc_parse_line list is one. */
+typedef struct cg_bdesc_run {
+  cg_bdesc desc;
+  cg_op op;
+  cg_dtype dtype;
+  cg_data_format data_format;
+  cg_weights_format weights_format;
+} cg_bdesc_run;
+
+/* Parses one such line: blank lines and comments set *is_problem = 0.
+ * Returns 0 or CG_EINVAL naming the word or option at fault (op and family
+ * mismatches are left to cg_bdesc_problem_init). */
+CG_EXPORT int cg_bdesc_parse_run(const char *line, cg_bdesc_run *out,
+                                 int *is_problem, char *err, size_t errlen);
+
 /* The storage a cg_problem built from a descriptor points into. */
 typedef struct cg_bdesc_problem {
   cg_problem problem;
@@ -51,7 +71,8 @@ typedef struct cg_bdesc_problem {
 } cg_bdesc_problem;
 
 /* Builds the problem for op (a CONV_* op for a convolution descriptor, a
- * DECONV_* op for a deconvolution one) in dtype and the given layouts
+ * DECONV_* op for a deconvolution one; the layer ops take src, diff_dst
+ * and the weights as their three inputs) in dtype and the given layouts
  * (DEFAULT allowed). The result points into *out, so *out must not move
  * while the problem is used. Returns 0 or CG_EINVAL (op family mismatch). */
 CG_EXPORT int cg_bdesc_problem_init(cg_bdesc_problem *out, const cg_bdesc *d,
