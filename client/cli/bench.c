@@ -1,7 +1,8 @@
 /* bench.c - `convgrad bench`: end-to-end latency percentiles and
  * throughput for a benchdnn-style problem list (cg/bdesc.h) at a given
  * concurrency, as a table or JSON, with the retries the calls needed and
- * the calls that failed. Threads share one channel. */
+ * the calls that failed. One thread keeps the calls in flight on the
+ * channel's engine (cgc_call_start_notify), as a trainer would. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -17,22 +18,24 @@ static const char cgc__bench_help[] =
     "Usage: convgrad bench (--problems FILE | --problem DESC) [flags] "
     "[options]\n"
     "Measures end-to-end latency (p50/p90/p99) and throughput per problem\n"
-    "and op, with N concurrent callers sharing one channel.\n"
+    "and op, with N calls in flight on one channel.\n"
     "  --problems FILE  benchdnn-style list: one descriptor per line,\n"
     "                   'deconv:' marks a deconvolution, '#' comments\n"
     "  --problem DESC   one descriptor (repeatable)\n"
     "  --deconv         --problem descriptors are deconvolutions\n"
     "  --op NAME        only this op (default: both data and weights\n"
-    "                   gradients of each descriptor's family)\n"
+    "                   gradients of each descriptor's family); the layer\n"
+    "                   ops (ConvolutionBackward, ConvTransposeBackward)\n"
+    "                   time a layer's whole backward, all three outputs\n"
     "  --dtype T        f32 (default), bf16, f16\n"
     "  --data-format F --weights-format F   layouts (default NXC, XIO/XOI)\n"
-    "  --concurrency N  concurrent callers (default 1)\n"
+    "  --concurrency N  calls in flight (default 1), from one thread\n"
     "  --requests N     timed requests per row (default 200)\n"
     "  --duration S     end each row's timed part after S seconds, if\n"
     "                   its requests are not all done by then\n"
     "  --warmup N       untimed requests per row first (default 10)\n"
     "  --json           print JSON instead of a table\n"
-    "  --shm            pass tensors in a shared-memory region per caller\n"
+    "  --shm            pass tensors in a shared-memory region per call\n"
     "                   (a server on this host: unix:PATH or loopback)\n"
     "Calls refused with \"retry later\" are retried (--retries); the\n"
     "retries column counts them. A call that still fails is counted in\n"
@@ -43,36 +46,50 @@ static const char cgc__bench_help[] =
 
 typedef struct cgc__bench_row {
   cgc_spec spec;
-  cg_geom geom;
+  cg_layer layer; /* the inputs' and outputs' sizes */
   char name[64];
-  void *in[2];
+  void *in[3];
   /* results */
-  double *lat_ms; /* by request; < 0 for a failed call */
-  atomic_long next;
-  double stop_s;       /* no request starts after this; 0: none */
+  double *lat_ms;      /* by request; < 0 for a failed call */
   long n, errors, ran; /* ran: requests started */
+  double stop_s;       /* no request starts after this; 0: none */
   long retries;
   double compute_ms_sum, queue_ms_sum;
   double wall_s;
   int first_rc;
   cgc_status first_st;
-  pthread_mutex_t mu;
 } cgc__bench_row;
 
-typedef struct cgc__bench_worker {
-  cgc_channel *ch;
-  cgc__bench_row *row;
-  int shm; /* --shm */
-} cgc__bench_worker;
+/* The calls that ended, as the engine's thread tells of them, for the
+ * thread that finishes them and starts the next. */
+typedef struct cgc__bench_ended {
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
+  struct cgc__bench_slot *head;
+} cgc__bench_ended;
 
-/* Keeps a caller's first failure as the row's. */
+/* One call in flight at a time: its request and output buffers, reused
+ * like a trainer's gradient buffers (the figures leave out allocation and
+ * first-touch faults); with --shm they lie in the slot's region, beside the
+ * inputs' copies. */
+typedef struct cgc__bench_slot {
+  cgc_request req;
+  cgc_cli_shm shm;
+  void *into[CG_GRAD_COUNT];
+  size_t cap[CG_GRAD_COUNT];
+  cgc_call *call;
+  long index;       /* the request it runs */
+  double t0, t_end; /* its start, and its end as the engine saw it */
+  cgc__bench_ended *ended;
+  struct cgc__bench_slot *next; /* in ended's list */
+} cgc__bench_slot;
+
+/* Keeps the row's first failure. */
 static void cgc__bench_failed(cgc__bench_row *r, int rc, const cgc_status *st) {
-  pthread_mutex_lock(&r->mu);
   if (!r->first_rc) {
     r->first_rc = rc;
     r->first_st = *st;
   }
-  pthread_mutex_unlock(&r->mu);
 }
 
 static double cgc__now_s(void) {
@@ -81,77 +98,140 @@ static double cgc__now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void *cgc__bench_thread(void *arg) {
-  cgc__bench_worker *w = arg;
-  cgc__bench_row *r = w->row;
-  cgc_request req;
-  cgc_spec_request(&r->spec, r->in[0], r->geom.in_bytes[0], r->in[1],
-                   r->geom.in_bytes[1], &req);
-  double qsum = 0, csum = 0;
-  long errs = 0, retries = 0;
-  /* One result buffer per thread, reused like a trainer's gradient
-   * buffer: the figures leave out allocation and first-touch faults. With
-   * --shm it lies in the thread's region, beside the inputs' copies. */
-  size_t cap = r->geom.out_bytes ? r->geom.out_bytes : 1;
-  cgc_cli_shm m = {0};
-  void *buf = NULL;
-  if (w->shm) {
-    size_t out_bytes[CG_GRAD_COUNT] = {0};
-    int g = cg_op_outputs_weights(r->geom.op) ? CG_GRAD_DIFF_WEIGHTS
-                                              : CG_GRAD_DIFF_SRC;
-    int rc;
-    cgc_status st;
-    out_bytes[g] = cap;
-    if (cgc_cli_shm_stage(&m, w->ch, &req, out_bytes, &rc, &st) != 0) {
-      cgc__bench_failed(r, rc, &st);
-      pthread_mutex_lock(&r->mu);
-      r->errors++;
-      pthread_mutex_unlock(&r->mu);
-      cgc_cli_shm_close(&m);
-      return NULL;
-    }
-    buf = m.into[g];
-  } else {
-    buf = malloc(cap);
-  }
-  for (;;) {
-    double t0 = cgc__now_s();
-    if (r->stop_s > 0 && t0 >= r->stop_s)
-      break;
-    long i = atomic_fetch_add(&r->next, 1);
-    if (i >= r->n)
-      break;
-    cgc_tensor out;
-    cgc_result res = {.attempts = 1};
-    cgc_status st;
+/* cgc_call_end_fn: the call ended, on the engine's thread. */
+static void cgc__bench_call_ended(cgc_call *c, void *arg) {
+  cgc__bench_slot *s = arg;
+  (void)c;
+  s->t_end = cgc__now_s();
+  pthread_mutex_lock(&s->ended->mu);
+  s->next = s->ended->head;
+  s->ended->head = s;
+  pthread_cond_signal(&s->ended->cond);
+  pthread_mutex_unlock(&s->ended->mu);
+}
+
+/* Makes the request and buffers of every slot. Returns 0, or -1 after
+ * counting the failure in r. */
+static int cgc__bench_slots_init(cgc_channel *ch, cgc__bench_row *r,
+                                 cgc__bench_slot *slots, int conc, int shm,
+                                 cgc__bench_ended *ended) {
+  size_t out_bytes[CG_GRAD_COUNT] = {0};
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (r->layer.grads & CG_GRAD_BIT(g))
+      out_bytes[g] = r->layer.out_bytes[g] ? r->layer.out_bytes[g] : 1;
+  for (int k = 0; k < conc; k++) {
+    cgc__bench_slot *s = &slots[k];
     int rc = CG_ENOMEM;
-    if (buf)
-      rc = cgc_compute_into(w->ch, &req, buf, cap, &out, &res, &st);
-    else
-      st = (cgc_status){GRPC_STATUS_RESOURCE_EXHAUSTED,
-                        "out of memory for the result buffer"};
-    r->lat_ms[i] = (cgc__now_s() - t0) * 1e3;
-    retries += res.attempts > 1 ? res.attempts - 1 : 0;
-    if (rc) {
-      r->lat_ms[i] = -1;
-      errs++;
-      cgc__bench_failed(r, rc, &st);
+    cgc_status st = {GRPC_STATUS_RESOURCE_EXHAUSTED,
+                     "out of memory for the result buffers"};
+    s->ended = ended;
+    cgc_spec_request_n(&r->spec, (const void *const *)r->in, r->layer.in_bytes,
+                       &s->req);
+    if (shm) {
+      if (cgc_cli_shm_stage(&s->shm, ch, &s->req, out_bytes, &rc, &st) == 0) {
+        memcpy(s->into, s->shm.into, sizeof s->into);
+        memcpy(s->cap, s->shm.cap, sizeof s->cap);
+        continue;
+      }
     } else {
-      qsum += res.queue_ms;
-      csum += res.compute_ms;
+      int ok = 1;
+      for (int g = 0; g < CG_GRAD_COUNT; g++)
+        if (out_bytes[g]) {
+          s->cap[g] = out_bytes[g];
+          ok &= (s->into[g] = malloc(out_bytes[g])) != NULL;
+        }
+      if (ok)
+        continue;
+    }
+    r->errors++;
+    cgc__bench_failed(r, rc, &st);
+    return -1;
+  }
+  return 0;
+}
+
+static void cgc__bench_slots_free(cgc__bench_slot *slots, int conc, int shm) {
+  for (int k = 0; k < conc; k++) {
+    if (shm)
+      cgc_cli_shm_close(&slots[k].shm);
+    else
+      for (int g = 0; g < CG_GRAD_COUNT; g++)
+        free(slots[k].into[g]);
+  }
+}
+
+/* Starts the next request of r on slot s: returns 1 when it is in flight,
+ * 0 when none is left or the time is up, -1 when it failed to start (its
+ * latency recorded as a failure). */
+static int cgc__bench_start(cgc_channel *ch, cgc__bench_row *r,
+                            cgc__bench_slot *s, long *next) {
+  s->t0 = cgc__now_s();
+  if (*next >= r->n || (r->stop_s > 0 && s->t0 >= r->stop_s))
+    return 0;
+  s->index = (*next)++;
+  cgc_status st;
+  int rc = cgc_call_start_notify(ch, &s->req, s->into, s->cap,
+                                 cgc__bench_call_ended, s, &s->call, &st);
+  if (rc == 0)
+    return 1;
+  r->lat_ms[s->index] = -1;
+  r->errors++;
+  cgc__bench_failed(r, rc, &st);
+  return -1;
+}
+
+/* Finishes the call of slot s and records it. */
+static void cgc__bench_finish(cgc__bench_row *r, cgc__bench_slot *s) {
+  cgc_tensor out[CG_GRAD_COUNT];
+  cgc_result res = {.attempts = 1};
+  cgc_status st;
+  int rc = cgc_call_finish(s->call, out, &res, &st);
+  s->call = NULL;
+  r->retries += res.attempts > 1 ? res.attempts - 1 : 0;
+  if (rc) {
+    r->lat_ms[s->index] = -1;
+    r->errors++;
+    cgc__bench_failed(r, rc, &st);
+    return;
+  }
+  r->lat_ms[s->index] = (s->t_end - s->t0) * 1e3;
+  r->queue_ms_sum += res.queue_ms;
+  r->compute_ms_sum += res.compute_ms;
+}
+
+/* Runs r->n requests of row r with up to conc calls in flight, all from
+ * this thread on the channel's engine: each ended call is finished and
+ * its slot starts the next request. */
+static void cgc__bench_phase(cgc_channel *ch, cgc__bench_row *r,
+                             cgc__bench_slot *slots, int conc,
+                             cgc__bench_ended *ended) {
+  long next = 0;
+  int inflight = 0;
+  for (int k = 0; k < conc; k++) {
+    int started;
+    while ((started = cgc__bench_start(ch, r, &slots[k], &next)) < 0)
+      ;
+    inflight += started;
+  }
+  while (inflight > 0) {
+    pthread_mutex_lock(&ended->mu);
+    while (!ended->head)
+      pthread_cond_wait(&ended->cond, &ended->mu);
+    cgc__bench_slot *list = ended->head;
+    ended->head = NULL;
+    pthread_mutex_unlock(&ended->mu);
+    while (list) {
+      cgc__bench_slot *s = list;
+      list = s->next;
+      cgc__bench_finish(r, s);
+      inflight--;
+      int started;
+      while ((started = cgc__bench_start(ch, r, s, &next)) < 0)
+        ;
+      inflight += started;
     }
   }
-  if (w->shm)
-    cgc_cli_shm_close(&m);
-  else
-    free(buf);
-  pthread_mutex_lock(&r->mu);
-  r->errors += errs;
-  r->retries += retries;
-  r->queue_ms_sum += qsum;
-  r->compute_ms_sum += csum;
-  pthread_mutex_unlock(&r->mu);
-  return NULL;
+  r->ran = next;
 }
 
 static int cgc__cmp_double(const void *a, const void *b) {
@@ -171,38 +251,36 @@ static double cgc__pct(const double *v, long n, double p) {
   return v[k];
 }
 
-/* Runs warmup then n timed requests of row r on `conc` threads, for at
- * most duration_s seconds (0: no bound); r->n becomes the number of
- * successful calls, their latencies sorted first in r->lat_ms. */
+/* Runs warmup requests one at a time, then n timed ones with conc in
+ * flight, for at most duration_s seconds (0: no bound); r->n becomes the
+ * number of successful calls, their latencies sorted first in r->lat_ms. */
 static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
                               long n, double duration_s, int conc, int shm) {
-  pthread_t th[256];
-  cgc__bench_worker w = {ch, r, shm};
+  cgc__bench_ended ended = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                            NULL};
+  cgc__bench_slot *slots = calloc((size_t)conc, sizeof *slots);
   r->lat_ms = calloc((size_t)(n > warmup ? n : warmup) + 1, sizeof(double));
-  if (!r->lat_ms)
+  if (!r->lat_ms || !slots) {
+    free(slots);
     return CGC_EXIT_INTERNAL;
-  pthread_mutex_init(&r->mu, NULL);
-  r->n = warmup;
-  atomic_store(&r->next, 0);
-  cgc__bench_thread(&w);
-  r->errors = r->retries = 0;
-  r->first_rc = 0; /* the warmup's failures are not the row's */
-  r->queue_ms_sum = r->compute_ms_sum = 0;
-  r->n = n;
-  atomic_store(&r->next, 0);
-  double t0 = cgc__now_s();
-  r->stop_s = duration_s > 0 ? t0 + duration_s : 0;
-  int started = 0;
-  for (; started < conc; started++)
-    if (pthread_create(&th[started], NULL, cgc__bench_thread, &w) != 0)
-      break;
-  if (started == 0)
-    cgc__bench_thread(&w);
-  for (int i = 0; i < started; i++)
-    pthread_join(th[i], NULL);
-  r->wall_s = cgc__now_s() - t0;
-  long ran = atomic_load(&r->next), ok = 0;
-  r->ran = ran < n ? ran : n;
+  }
+  if (cgc__bench_slots_init(ch, r, slots, conc, shm, &ended) == 0) {
+    r->n = warmup;
+    cgc__bench_phase(ch, r, slots, 1, &ended);
+    r->errors = r->retries = 0;
+    r->first_rc = 0; /* the warmup's failures are not the row's */
+    r->queue_ms_sum = r->compute_ms_sum = 0;
+    r->n = n;
+    double t0 = cgc__now_s();
+    r->stop_s = duration_s > 0 ? t0 + duration_s : 0;
+    cgc__bench_phase(ch, r, slots, conc, &ended);
+    r->wall_s = cgc__now_s() - t0;
+  }
+  cgc__bench_slots_free(slots, conc, shm);
+  free(slots);
+  pthread_cond_destroy(&ended.cond);
+  pthread_mutex_destroy(&ended.mu);
+  long ok = 0;
   for (long i = 0; i < r->ran; i++)
     if (r->lat_ms[i] >= 0)
       r->lat_ms[ok++] = r->lat_ms[i];
@@ -216,19 +294,19 @@ static int cgc__bench_row_run(cgc_channel *ch, cgc__bench_row *r, long warmup,
 static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
                           const char *text, cg_op only, cg_dtype dt,
                           cg_data_format df, cg_weights_format wf) {
-  cg_op ops[2];
-  if (d->deconv) {
-    ops[0] = CG_OP_DECONV_BWD_DATA;
-    ops[1] = CG_OP_DECONV_BWD_WEIGHTS;
-  } else {
-    ops[0] = CG_OP_CONV_BWD_DATA;
-    ops[1] = CG_OP_CONV_BWD_WEIGHTS;
-  }
+  /* The family's two single ops by default; --op one of them, or its
+   * layer op, whose problem is the backward-weights op's with the weights
+   * as the third input. */
+  cg_op ops[2] = {d->deconv ? CG_OP_DECONV_BWD_DATA : CG_OP_CONV_BWD_DATA,
+                  d->deconv ? CG_OP_DECONV_BWD_WEIGHTS
+                            : CG_OP_CONV_BWD_WEIGHTS};
+  cg_op layer = d->deconv ? CG_OP_DECONV_BWD : CG_OP_CONV_BWD;
   for (int i = 0; i < 2; i++) {
     char err[256];
     cg_bdesc_problem bp;
     cg_problem p;
-    if (only && ops[i] != only)
+    int as_layer = only == layer && i == 1;
+    if (only && ops[i] != only && !as_layer)
       continue;
     if (*nrows >= CGC__MAX_PROBLEMS) {
       fprintf(stderr, "convgrad bench: more than %d rows\n", CGC__MAX_PROBLEMS);
@@ -249,11 +327,13 @@ static int cgc__bench_add(cgc__bench_row *rows, int *nrows, const cg_bdesc *d,
         cg_bdesc_problem_init(&bp, d, ops[i], dt, df, wf, err, sizeof err);
     if (!bad) {
       cgc_spec_from_problem(&r->spec, &bp.problem);
+      if (as_layer)
+        cgc_spec_to_layer(&r->spec, layer);
       cgc_spec_problem(&r->spec, &p);
-      bad = cg_problem_resolve(&p, &r->geom, err, sizeof err);
+      bad = cg_layer_resolve(&p, &r->layer, err, sizeof err);
     }
     /* The inputs are allocated before the first call. */
-    for (int k = 0; !bad && k < 2; k++) {
+    for (int k = 0; !bad && k < r->layer.ninputs; k++) {
       size_t nbytes;
       bad = cgc_spec_input_bytes(&r->spec, k, &nbytes, err, sizeof err);
     }
@@ -323,10 +403,12 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
          p99 = cgc__pct(r->lat_ms, r->n, 99);
   double rps = (double)r->n / r->wall_s;
   long ok = r->n ? r->n : 1;
-  double mbs =
-      rps *
-      (double)(r->geom.in_bytes[0] + r->geom.in_bytes[1] + r->geom.out_bytes) /
-      1e6;
+  size_t bytes = 0;
+  for (int k = 0; k < r->layer.ninputs; k++)
+    bytes += r->layer.in_bytes[k];
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    bytes += r->layer.out_bytes[g];
+  double mbs = rps * (double)bytes / 1e6;
   double cms = r->compute_ms_sum / (double)ok;
   if (!jrows) {
     printf("%-*s %-28s %-4s %4lld %6ld %8.3f %8.3f %8.3f %9.1f %9.1f "
@@ -351,7 +433,8 @@ static void cgc__bench_print(const cgc__bench_row *r, int w, long long conc,
   cJSON_AddNumberToObject(o, "server_queue_ms", r->queue_ms_sum / (double)ok);
   cJSON_AddNumberToObject(o, "retries", (double)r->retries);
   cJSON_AddNumberToObject(o, "errors", (double)r->errors);
-  cJSON_AddNumberToObject(o, "gflops", r->geom.flops * rps / 1e9);
+  cJSON_AddNumberToObject(o, "gflops",
+                          (double)cg_layer_flops(&r->layer) * rps / 1e9);
   cJSON_AddItemToArray(jrows, o);
 }
 
@@ -372,13 +455,15 @@ static int cgc__bench_run(cgc_cli *cli, cgc_channel *ch, cgc__bench_row *rows,
            "req/s", "MB/s", "compute ms", "retries", "errors");
   for (int i = 0; i < nrows; i++) {
     cgc__bench_row *r = &rows[i];
-    for (int k = 0; k < 2; k++) {
-      r->in[k] = malloc(r->geom.in_bytes[k] ? r->geom.in_bytes[k] : 1);
+    for (int k = 0; k < r->layer.ninputs; k++) {
+      size_t nbytes = r->layer.in_bytes[k];
+      r->in[k] = malloc(nbytes ? nbytes : 1);
       if (!r->in[k]) {
         fprintf(stderr, "convgrad bench: out of memory\n");
         return CGC_EXIT_INTERNAL;
       }
-      cg_fill_uniform(r->geom.dtype, r->in[k], r->geom.in_elems[k], &seed);
+      cg_fill_uniform(r->layer.dtype, r->in[k],
+                      nbytes / cg_dtype_size(r->layer.dtype), &seed);
     }
     if ((code = cgc__bench_row_run(ch, r, warmup, nreq, duration_s, conc,
                                    shm)) != 0)
@@ -399,10 +484,14 @@ int cgc_cmd_bench(int argc, char **argv) {
   cg_dtype dt = CG_DTYPE_F32;
   cg_data_format df = CG_DATA_DEFAULT;
   cg_weights_format wf = CG_WEIGHTS_DEFAULT;
-  cgc_cli_num conc = {1, 1, 256, "--concurrency must be 1..256"};
-  cgc_cli_num nreq = {200, 1, 10000000, "--requests must be >= 1"};
-  cgc_cli_num warmup = {10, 0, 1000000, "--warmup must be >= 0"};
-  cgc_cli_num duration = {0, 0, 86400, "--duration must be 0..86400 seconds"};
+  cgc_cli_num conc = {1, 1, 256, "--concurrency must be 1..256", NULL};
+  /* Each request's latency is kept (8 bytes). */
+  cgc_cli_num nreq = {200, 1, 10000000, "--requests must be >= 1",
+                      "--requests: too large, at most 10000000"};
+  cgc_cli_num warmup = {10, 0, 1000000, "--warmup must be >= 0",
+                        "--warmup: too large, at most 1000000"};
+  cgc_cli_num duration = {0, 0, 86400, "--duration must be 0..86400 seconds",
+                          NULL};
   const cgc_cli_opt opts[] = {{"problems", CGC_CLI_STR, &file},
                               {"problem", CGC_CLI_STRS, &descs},
                               {"deconv", CGC_CLI_FLAG, &deconv},
@@ -443,11 +532,9 @@ int cgc_cmd_bench(int argc, char **argv) {
     cJSON_Delete(jrows);
   }
   for (int i = 0; i < nrows; i++) {
-    free(rows[i].in[0]);
-    free(rows[i].in[1]);
+    for (int k = 0; k < 3; k++)
+      free(rows[i].in[k]);
     free(rows[i].lat_ms);
-    if (rows[i].lat_ms)
-      pthread_mutex_destroy(&rows[i].mu);
   }
   free(rows);
   cgc_channel_free(ch);

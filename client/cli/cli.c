@@ -70,13 +70,17 @@ void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
 }
 
 /* Integer in [lo, hi]; 0 or -1. */
+/* arg, an integer in lo..hi, into *out: returns 0, 1 for an integer above
+ * hi (strtoll saturates: any longer number too), else -1. */
 static int cgc__cli_int(const char *arg, int64_t lo, int64_t hi, int64_t *out) {
   char *end;
   if (!*arg)
     return -1;
   long long v = strtoll(arg, &end, 10);
-  if (*end || v < lo || v > hi)
+  if (*end || v < lo)
     return -1;
+  if (v > hi)
+    return 1;
   *out = v;
   return 0;
 }
@@ -94,9 +98,10 @@ int cgc_cli_usage(const char *cmd, const char *fmt, ...) {
 int cgc_cli_number(const char *cmd, const char *arg, cgc_cli_num *n) {
   if (!arg)
     return 0;
-  return cgc__cli_int(arg, n->lo, n->hi, &n->v)
-             ? cgc_cli_usage(cmd, "%s", n->bad)
-             : 0;
+  int bad = cgc__cli_int(arg, n->lo, n->hi, &n->v);
+  if (!bad)
+    return 0;
+  return cgc_cli_usage(cmd, "%s", bad > 0 && n->over ? n->over : n->bad);
 }
 
 int cgc_cli_name(const char *cmd, cgc_cli_kind kind, const char *arg,

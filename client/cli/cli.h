@@ -39,10 +39,11 @@ typedef struct cgc_cli_opt {
 } cgc_cli_opt;
 
 /* An integer value with its bounds and the usage message for a value
- * outside them. */
+ * outside them: over (may be NULL: bad) for an integer above hi. */
 typedef struct cgc_cli_num {
   int64_t v, lo, hi;
   const char *bad;
+  const char *over;
 } cgc_cli_num;
 
 #define CGC_CLI_MAX_STRS 64

@@ -203,7 +203,7 @@ static int cgc__run_apply(cgc_spec *s, const char *const *v, int shape_input) {
                            cgc__run_names[lists[i].id], t);
   }
   cgc_cli_num groups = {s->groups, INT64_MIN / 2, INT64_MAX / 2,
-                        "--groups: expected an integer"};
+                        "--groups: expected an integer", NULL};
   if ((code = cgc_cli_number("run", v[R_GROUPS], &groups)))
     return code;
   s->groups = groups.v;
@@ -552,8 +552,8 @@ int cgc_cmd_run(int argc, char **argv) {
   cgc_tensor placed[CG_GRAD_COUNT];
   int code = 0, shape_input = 0, check = 0, shm = 0;
   cgc_cli_num seed = {1, 0, INT64_MAX,
-                      "--seed: expected a non-negative integer"};
-  cgc_cli_num graph_op = {0, 0, 1000, "--graph-op: expected an index"};
+                      "--seed: expected a non-negative integer", NULL};
+  cgc_cli_num graph_op = {0, 0, 1000, "--graph-op: expected an index", NULL};
   cgc_cli_opt opts[R_COUNT + 4];
   for (int i = 0; i < R_COUNT; i++)
     opts[i] = (cgc_cli_opt){cgc__run_names[i], CGC_CLI_STR, &v[i]};

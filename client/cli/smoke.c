@@ -302,7 +302,7 @@ static int cgc__smoke_wait(const cgc_cli *cli, cgc_channel *ch, double wait_s) {
 int cgc_cmd_smoke(int argc, char **argv) {
   cgc_cli cli;
   int code, quiet = 0;
-  cgc_cli_num wait_s = {30, 0, 86400, "--wait: expected seconds"};
+  cgc_cli_num wait_s = {30, 0, 86400, "--wait: expected seconds", NULL};
   const cgc_cli_opt opts[] = {{"wait", CGC_CLI_NUM, &wait_s},
                               {"quiet", CGC_CLI_FLAG, &quiet},
                               {NULL, 0, NULL}};

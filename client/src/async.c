@@ -1,9 +1,11 @@
-/* async.c - asynchronous calls: cgc_call_start hands a call to the
- * channel's pool of threads, each of which runs one call at a time the way
- * cgc_compute does (compute.c's cgc__job, retries included); the caller
- * waits for some outputs (cgc_call_wait) or the whole call
- * (cgc_call_finish). Threads start as calls need them, up to
- * CGC__POOL_MAX, and end with the channel. */
+/* async.c - asynchronous calls on the channel's engine: one completion
+ * queue that every asynchronous call of the channel uses, driven by one
+ * thread (started with the first call), which advances each call's state
+ * machine (compute.c's cgc__job: batches, retries, the waits between them)
+ * as its events arrive. Any number of calls in flight cost no thread of
+ * their own. The caller waits for some outputs (cgc_call_wait) or the
+ * whole call (cgc_call_finish), or hears of its end (cgc_call_start_notify).
+ */
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -12,33 +14,79 @@
 
 #include "internal.h"
 
-/* Threads per channel: calls beyond them queue. A trainer keeps about one
- * call per layer in flight; each thread mostly waits on its completion
- * queue. */
-#define CGC__POOL_MAX 64
-
 struct cgc_call {
-  cgc_channel *ch;
   cgc__job *job;
-  gpr_timespec deadline;
-  cgc_call *next; /* in the pool's queue */
+  cgc_call_end_fn notify; /* may be NULL */
+  void *notify_arg;
   pthread_mutex_t mu;
   pthread_cond_t changed; /* an output became whole, or the call ended */
   unsigned whole;         /* outputs whole so far */
-  int ended;              /* rc, res and st are final */
-  int rc;
-  cgc_result res;
-  cgc_status st;
+  int ended;              /* the job's result is final */
 };
 
-void cgc__pool_init(cgc__pool *p) {
-  memset(p, 0, sizeof *p);
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->work, NULL);
-  pthread_cond_init(&p->ended, NULL);
+/* One thread drives the queue: a call's events are handled one at a time
+ * whichever thread runs them (cgc__job's lock), and on the two cores this
+ * service is measured on a second thread only competes with the server;
+ * the CPU a call costs is a few tens of microseconds of event handling. */
+static void *cgc__engine_main(void *arg) {
+  grpc_completion_queue *cq = arg;
+  for (;;) {
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_QUEUE_SHUTDOWN)
+      return NULL;
+    if (ev.type == GRPC_OP_COMPLETE)
+      cgc__tag_run(ev);
+  }
 }
 
-/* Told by the running call of each output that became whole. */
+/* The engine's queue, its thread started on first use. Signals stay with
+ * the caller's threads (a Python trainer's SIGINT goes to its main
+ * thread). NULL after filling st when the thread cannot start. */
+static grpc_completion_queue *cgc__engine_cq(cgc_channel *ch, cgc_status *st) {
+  cgc__engine *e = &ch->engine;
+  pthread_mutex_lock(&e->mu);
+  if (!e->cq) {
+    sigset_t all, old;
+    sigfillset(&all);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&e->thread, NULL, cgc__engine_main, cq);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0) {
+      pthread_setname_np(e->thread, "cgc-engine");
+      e->cq = cq;
+    } else {
+      grpc_completion_queue_shutdown(cq);
+      grpc_completion_queue_destroy(cq);
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "cannot start the channel's engine thread");
+    }
+  }
+  grpc_completion_queue *cq = e->cq;
+  pthread_mutex_unlock(&e->mu);
+  return cq;
+}
+
+void cgc__engine_init(cgc__engine *e) {
+  memset(e, 0, sizeof *e);
+  pthread_mutex_init(&e->mu, NULL);
+}
+
+void cgc__engine_close(cgc__engine *e) {
+  if (e->cq) {
+    /* No call is in flight: the queue is empty, and shutting it down ends
+     * the thread's wait. */
+    grpc_completion_queue_shutdown(e->cq);
+    pthread_join(e->thread, NULL);
+    grpc_completion_queue_destroy(e->cq);
+    e->cq = NULL;
+  }
+  pthread_mutex_destroy(&e->mu);
+}
+
+/* Told by the call, on the engine's thread, of each output that became
+ * whole. */
 static void cgc__call_whole(void *arg, unsigned whole) {
   cgc_call *c = arg;
   pthread_mutex_lock(&c->mu);
@@ -47,82 +95,27 @@ static void cgc__call_whole(void *arg, unsigned whole) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static void cgc__call_run(cgc_call *c) {
-  cgc_result res;
-  cgc_status st;
-  int rc = cgc__job_run(c->job, c->deadline, cgc__call_whole, c, &res, &st);
+static void cgc__call_ended(void *arg) {
+  cgc_call *c = arg;
+  /* Read before the call is marked ended: from then on a waiter may
+   * finish and free it. */
+  cgc_call_end_fn notify = c->notify;
+  void *notify_arg = c->notify_arg;
   pthread_mutex_lock(&c->mu);
-  c->rc = rc;
-  c->res = res;
-  c->st = st;
   c->ended = 1;
   pthread_cond_broadcast(&c->changed);
+  /* Under the lock, so that the call outlives the notification: a
+   * cgc_call_finish waits for the lock before it frees it. */
+  if (notify)
+    notify(c, notify_arg);
   pthread_mutex_unlock(&c->mu);
 }
 
-static void *cgc__pool_main(void *arg) {
-  cgc__pool *p = arg;
-  pthread_mutex_lock(&p->mu);
-  for (;;) {
-    while (!p->head && !p->closing) {
-      p->idle++;
-      pthread_cond_wait(&p->work, &p->mu);
-      p->idle--;
-    }
-    cgc_call *c = p->head;
-    if (!c)
-      break; /* closing, and nothing left */
-    p->head = c->next;
-    if (!p->head)
-      p->tail = NULL;
-    p->queued--;
-    pthread_mutex_unlock(&p->mu);
-    cgc__call_run(c);
-    pthread_mutex_lock(&p->mu);
-  }
-  p->threads--;
-  pthread_cond_broadcast(&p->ended);
-  pthread_mutex_unlock(&p->mu);
-  return NULL;
-}
-
-/* Starts one more thread; p->mu held. Signals stay with the caller's
- * threads (a Python trainer's SIGINT goes to its main thread). Returns 0
- * or -1 (the queued call then waits for a busy thread). */
-static int cgc__pool_grow(cgc__pool *p) {
-  pthread_t t;
-  pthread_attr_t attr;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int rc = pthread_create(&t, &attr, cgc__pool_main, p);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&attr);
-  if (rc != 0)
-    return -1;
-  pthread_setname_np(t, "cgc-call");
-  p->threads++;
-  return 0;
-}
-
-void cgc__pool_close(cgc__pool *p) {
-  pthread_mutex_lock(&p->mu);
-  p->closing = 1;
-  pthread_cond_broadcast(&p->work);
-  while (p->threads > 0)
-    pthread_cond_wait(&p->ended, &p->mu);
-  pthread_mutex_unlock(&p->mu);
-  pthread_cond_destroy(&p->work);
-  pthread_cond_destroy(&p->ended);
-  pthread_mutex_destroy(&p->mu);
-}
-
-int cgc_call_start(cgc_channel *ch, const cgc_request *req,
-                   void *const data[CG_GRAD_COUNT],
-                   const size_t cap[CG_GRAD_COUNT], cgc_call **out,
-                   cgc_status *st) {
+int cgc_call_start_notify(cgc_channel *ch, const cgc_request *req,
+                          void *const data[CG_GRAD_COUNT],
+                          const size_t cap[CG_GRAD_COUNT],
+                          cgc_call_end_fn notify, void *arg, cgc_call **out,
+                          cgc_status *st) {
   cgc__job *job;
   *out = NULL;
   int rc = cgc__job_new(&job, ch, req, data, cap, st);
@@ -137,46 +130,32 @@ int cgc_call_start(cgc_channel *ch, const cgc_request *req,
       cgc__job_free(job);
       return CG_EINVAL;
     }
-  cgc_call *c = calloc(1, sizeof *c);
+  grpc_completion_queue *cq = cgc__engine_cq(ch, st);
+  cgc_call *c = cq ? calloc(1, sizeof *c) : NULL;
   if (!c) {
     cgc__job_free(job);
-    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    if (cq)
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return CG_ENOMEM;
   }
-  c->ch = ch;
   c->job = job;
-  c->deadline = cgc__deadline(ch, req->deadline_ms);
+  c->notify = notify;
+  c->notify_arg = arg;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->changed, NULL);
-
-  cgc__pool *p = &ch->pool;
-  pthread_mutex_lock(&p->mu);
-  if (p->tail)
-    p->tail->next = c;
-  else
-    p->head = c;
-  p->tail = c;
-  p->queued++;
-  /* Each queued call needs a thread of its own, up to the bound. */
-  if (p->queued > p->idle && p->threads < CGC__POOL_MAX &&
-      cgc__pool_grow(p) != 0 && p->threads == 0) {
-    /* No thread, none coming: take the call back. */
-    p->head = p->tail = NULL;
-    p->queued--;
-    pthread_mutex_unlock(&p->mu);
-    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                    "cannot start a thread for the call");
-    pthread_cond_destroy(&c->changed);
-    pthread_mutex_destroy(&c->mu);
-    cgc__job_free(job);
-    free(c);
-    return CG_ENOMEM;
-  }
-  pthread_cond_signal(&p->work);
-  pthread_mutex_unlock(&p->mu);
   *out = c;
   cgc__status_ok(st);
+  /* The call may end, and be told so, before this returns. */
+  cgc__job_start(job, cq, cgc__deadline(ch, req->deadline_ms), cgc__call_whole,
+                 cgc__call_ended, c);
   return 0;
+}
+
+int cgc_call_start(cgc_channel *ch, const cgc_request *req,
+                   void *const data[CG_GRAD_COUNT],
+                   const size_t cap[CG_GRAD_COUNT], cgc_call **out,
+                   cgc_status *st) {
+  return cgc_call_start_notify(ch, req, data, cap, NULL, NULL, out, st);
 }
 
 /* c->mu held: 1 once the outputs in grads are whole or the call ended. */
@@ -206,9 +185,9 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
   if ((c->whole & grads) == grads)
     rc = 0;
   else if (c->ended) {
-    rc = c->rc ? c->rc : CGC_EPROTO; /* ended well without an output */
-    if (st)
-      *st = c->st;
+    rc = cgc__job_result(c->job, NULL, st);
+    if (!rc)
+      rc = CGC_EPROTO; /* ended well without an output */
   } else {
     rc = CGC_ETIMEDOUT;
     cgc__status_set(st, GRPC_STATUS_DEADLINE_EXCEEDED,
@@ -234,11 +213,7 @@ int cgc_call_finish(cgc_call *c, cgc_tensor out[CG_GRAD_COUNT], cgc_result *res,
   while (!c->ended)
     pthread_cond_wait(&c->changed, &c->mu);
   pthread_mutex_unlock(&c->mu);
-  int rc = c->rc;
-  if (res)
-    *res = c->res;
-  if (st)
-    *st = c->st;
+  int rc = cgc__job_result(c->job, res, st);
   memset(out, 0, CG_GRAD_COUNT * sizeof *out);
   if (!rc) {
     cgc__job_take(c->job, outs);

@@ -1,9 +1,10 @@
-/* call.c - what every call of the library shares (its batch buffers and
- * outputs, the opening and status ops, its completion queue, the
- * teardown), and the unary call used by Health/Check and GetServerInfo:
- * one batch of six ops. Each call has a completion queue of its own while
- * it runs, so that calls sharing a channel wait for nothing but their own
- * events; ended calls leave theirs, empty, to the next ones. */
+/* call.c - what every call of the library shares (its batch buffers, the
+ * opening and status ops, the completion queues of blocking calls), and
+ * the unary call used by Health/Check, GetServerInfo and the region calls:
+ * one batch of six ops. A blocking call has a completion queue of its own
+ * while it runs, so that calls sharing a channel wait for nothing but their
+ * own events; ended calls leave theirs, empty, to the next ones. (The
+ * asynchronous calls share the engine's, async.c.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,20 +126,18 @@ void cgc__cqs_close(cgc_channel *ch) {
     cgc__cq_destroy(ch->cqs[--ch->ncqs]);
 }
 
-void cgc__call_end(cgc_channel *ch, grpc_call *call, grpc_completion_queue *cq,
-                   int idle, cgc__call_io *io) {
-  if (call)
-    grpc_call_unref(call);
-  if (idle) {
-    pthread_mutex_lock(&ch->cqs_mu);
-    if (ch->ncqs < CGC__CQ_CACHE) {
-      ch->cqs[ch->ncqs++] = cq;
-      cq = NULL;
-    }
-    pthread_mutex_unlock(&ch->cqs_mu);
+void cgc__cq_give(cgc_channel *ch, grpc_completion_queue *cq) {
+  pthread_mutex_lock(&ch->cqs_mu);
+  if (ch->ncqs < CGC__CQ_CACHE) {
+    ch->cqs[ch->ncqs++] = cq;
+    cq = NULL;
   }
+  pthread_mutex_unlock(&ch->cqs_mu);
   if (cq)
     cgc__cq_destroy(cq);
+}
+
+void cgc__call_io_free(cgc__call_io *io) {
   if (io->send_bb)
     grpc_byte_buffer_destroy(io->send_bb);
   if (io->recv_bb)
@@ -235,6 +234,13 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
     cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot read the response",
                     method);
 out:
-  cgc__call_end(ch, call, cq, idle, &io);
+  if (call)
+    grpc_call_unref(call);
+  /* A queue with an event left in it cannot serve another call. */
+  if (idle)
+    cgc__cq_give(ch, cq);
+  else
+    cgc__cq_destroy(cq);
+  cgc__call_io_free(&io);
   return rc;
 }

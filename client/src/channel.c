@@ -330,7 +330,7 @@ int cgc_channel_new(cgc_channel **out, const char *target,
     return CG_ENOMEM;
   pthread_mutex_init(&ch->regions_mu, NULL);
   pthread_mutex_init(&ch->cqs_mu, NULL);
-  cgc__pool_init(&ch->pool);
+  cgc__engine_init(&ch->engine);
   if (opts)
     ch->opts = *opts;
   else
@@ -416,7 +416,7 @@ fail_grpc:
   grpc_shutdown();
   free(ch->target);
 fail_opts:
-  cgc__pool_close(&ch->pool);
+  cgc__engine_close(&ch->engine);
   pthread_mutex_destroy(&ch->regions_mu);
   pthread_mutex_destroy(&ch->cqs_mu);
   free(ch);
@@ -426,7 +426,7 @@ fail_opts:
 void cgc_channel_free(cgc_channel *ch) {
   if (!ch)
     return;
-  cgc__pool_close(&ch->pool);
+  cgc__engine_close(&ch->engine);
   cgc__regions_close(ch);
   cgc__cqs_close(ch);
   pthread_mutex_destroy(&ch->regions_mu);

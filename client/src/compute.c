@@ -25,7 +25,7 @@
  * transport still holds queued chunks; cgc_compute must not return before
  * gRPC has dropped every reference to the caller's buffers. */
 typedef struct cgc__pin {
-  atomic_long refs; /* 1 for the attempt + 1 per live slice */
+  atomic_long refs; /* 1 for the call + 1 per live slice */
 } cgc__pin;
 
 /* Also gRPC's slice free, on any of its threads. */
@@ -49,8 +49,6 @@ static void cgc__pin_unref(void *p) {
  * onto the stack and decoded there; 4 KiB of each, on the thread running
  * the call. */
 #define CGC__ARENA_BYTES 4096
-
-enum { CGC__TAG_SEND = 1, CGC__TAG_RECV = 2, CGC__TAG_STATUS = 3 };
 
 /* A Compute call across its attempts (cgc__job in internal.h). */
 typedef struct cgc__attempt {
@@ -87,11 +85,6 @@ typedef struct cgc__attempt {
   char perr[256]; /* protocol error found while parsing */
   int in_regions; /* some input or output lies in a registered region */
 } cgc__attempt;
-
-struct cgc__job {
-  cgc__attempt a;
-  cgc_channel *ch;
-};
 
 /* Same numbering on the wire except weights formats, which share the wire
  * Layout enum with the data formats. */
@@ -546,8 +539,9 @@ static int cgc__all_in(const cgc__attempt *a) {
          a->received == a->out[a->out_cur]->nbytes;
 }
 
-static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
-  return grpc_call_start_batch(call, ops, n, (void *)tag, NULL) == GRPC_CALL_OK
+static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, cgc__tag *tag) {
+  return grpc_call_start_batch(call, ops, n, cgc__tag_give(tag), NULL) ==
+                 GRPC_CALL_OK
              ? 0
              : CGC_ERPC;
 }
@@ -555,7 +549,6 @@ static int cgc__start(grpc_call *call, grpc_op *ops, size_t n, intptr_t tag) {
 /* The live state of one attempt's call: its batches in flight and what
  * ended it. */
 typedef struct cgc__flight {
-  grpc_completion_queue *cq;
   grpc_call *call;
   cgc__call_io io;
   grpc_op status_op;
@@ -567,6 +560,33 @@ typedef struct cgc__flight {
   double t0;          /* the call's start */
   double t_all_in;    /* when every output was whole; 0 before */
 } cgc__flight;
+
+/* A Compute call: its attempts one after another on one completion queue,
+ * each a state machine that the queue's events advance (cgc__tag_run), the
+ * waits between them too (cgc__retrier), so that the caller's own thread
+ * (a blocking call) or the channel's engine thread (async.c) drives any
+ * number of calls alike. */
+struct cgc__job {
+  cgc__attempt a;
+  cgc_channel *ch;
+  grpc_completion_queue *cq;
+  /* Held while an event of the call is handled, or the call is started:
+   * the starting thread may still open batches when the first completes on
+   * the engine's thread. */
+  pthread_mutex_t mu;
+  cgc__flight f;
+  cgc__tag send_tag, recv_tag, status_tag, wait_tag;
+  cgc__retrier retry;
+  int registered_again; /* the call's regions were registered anew */
+  cgc__end_fn on_end;   /* told once the call ended */
+  void *end_arg;
+  int ended; /* rc and st are final */
+  int rc;
+  cgc_status st;
+};
+
+#define CGC__JOB_OF(tag, member)                                               \
+  ((cgc__job *)(void *)((char *)(tag)-offsetof(cgc__job, member)))
 
 /* Clears what a previous attempt left (but the outputs already whole). */
 static void cgc__attempt_reset(cgc__attempt *a) {
@@ -580,8 +600,11 @@ static void cgc__attempt_reset(cgc__attempt *a) {
 }
 
 /* Pins the caller's tensors for an upload in chunks, whose slices point
- * into them; a request that fits one message is a copy and pins nothing. */
+ * into them; a request that fits one message is a copy and pins nothing.
+ * One pin serves every attempt of the call. */
 static int cgc__pin_inputs(cgc__attempt *a, cgc_status *st) {
+  if (a->pin)
+    return 0;
   a->pin = calloc(1, sizeof *a->pin);
   if (!a->pin) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
@@ -593,7 +616,9 @@ static int cgc__pin_inputs(cgc__attempt *a, cgc_status *st) {
 
 /* Starts the first batches: the header, and for a long upload the status
  * too. Returns 0, or CGC_ERPC when a batch cannot start. */
-static int cgc__open(cgc__attempt *a, cgc__flight *f) {
+static int cgc__open(cgc__job *j) {
+  cgc__attempt *a = &j->a;
+  cgc__flight *f = &j->f;
   grpc_op ops[5];
   cgc__op_recv_status(&f->status_op, &f->io);
   cgc__ops_one_message(ops, &f->io);
@@ -602,20 +627,20 @@ static int cgc__open(cgc__attempt *a, cgc__flight *f) {
     /* The whole request fits one message: a single batch sends it and
      * waits for the first answer, which keeps small calls to three
      * completions (this, the data, the status). */
-    if (cgc__start(f->call, ops, 5, CGC__TAG_RECV))
+    if (cgc__start(f->call, ops, 5, &j->recv_tag))
       return CGC_ERPC;
     f->recv_busy = 1;
     return 0;
   }
   /* A long upload: ask for the status now so that a rejection stops the
    * upload early. */
-  if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS))
+  if (cgc__start(f->call, &f->status_op, 1, &j->status_tag))
     return CGC_ERPC;
   f->status_busy = f->status_started = 1;
-  if (cgc__start(f->call, ops, 2, CGC__TAG_SEND))
+  if (cgc__start(f->call, ops, 2, &j->send_tag))
     return CGC_ERPC;
   f->send_busy = 1;
-  if (cgc__start(f->call, ops + 3, 2, CGC__TAG_RECV))
+  if (cgc__start(f->call, ops + 3, 2, &j->recv_tag))
     return CGC_ERPC;
   f->recv_busy = 1;
   return 0;
@@ -623,7 +648,9 @@ static int cgc__open(cgc__attempt *a, cgc__flight *f) {
 
 /* A send batch completed: sends the next chunk, the last one with the
  * half-close. */
-static void cgc__on_sent(cgc__attempt *a, cgc__flight *f, int success) {
+static void cgc__on_sent(cgc__job *j, int success) {
+  cgc__attempt *a = &j->a;
+  cgc__flight *f = &j->f;
   f->send_busy = 0;
   grpc_byte_buffer_destroy(f->io.send_bb);
   f->io.send_bb = NULL;
@@ -640,7 +667,7 @@ static void cgc__on_sent(cgc__attempt *a, cgc__flight *f, int success) {
   ops[0].op = GRPC_OP_SEND_MESSAGE;
   ops[0].data.send_message.send_message = f->io.send_bb;
   ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-  if (cgc__start(f->call, ops, f->sending ? 1 : 2, CGC__TAG_SEND) == 0)
+  if (cgc__start(f->call, ops, f->sending ? 1 : 2, &j->send_tag) == 0)
     f->send_busy = 1;
   else
     f->batch_failed = 1;
@@ -649,7 +676,9 @@ static void cgc__on_sent(cgc__attempt *a, cgc__flight *f, int success) {
 /* A receive batch completed: decodes its message, then asks for the next
  * one, and for the status once the stream ended, the response was rejected
  * or all the announced bytes are in. */
-static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
+static void cgc__on_received(cgc__job *j) {
+  cgc__attempt *a = &j->a;
+  cgc__flight *f = &j->f;
   f->recv_busy = 0;
   int ended = !f->io.recv_bb;
   if (!ended) {
@@ -671,65 +700,17 @@ static void cgc__on_received(cgc__attempt *a, cgc__flight *f) {
     memset(&rop, 0, sizeof rop);
     rop.op = GRPC_OP_RECV_MESSAGE;
     rop.data.recv_message.recv_message = &f->io.recv_bb;
-    if (cgc__start(f->call, &rop, 1, CGC__TAG_RECV) == 0)
+    if (cgc__start(f->call, &rop, 1, &j->recv_tag) == 0)
       f->recv_busy = 1;
     else
       f->batch_failed = 1;
   }
   if ((ended || f->local_rc || all_in) && !f->status_started &&
       !f->batch_failed) {
-    if (cgc__start(f->call, &f->status_op, 1, CGC__TAG_STATUS) == 0)
+    if (cgc__start(f->call, &f->status_op, 1, &j->status_tag) == 0)
       f->status_busy = f->status_started = 1;
     else
       f->batch_failed = 1;
-  }
-}
-
-static grpc_event cgc__next(cgc__flight *f) {
-  /* The call's deadline bounds every pending batch. */
-  return grpc_completion_queue_next(f->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC),
-                                    NULL);
-}
-
-/* Drives the call until no batch is pending. */
-static void cgc__drive(cgc__attempt *a, cgc__flight *f) {
-  while (f->send_busy || f->recv_busy || f->status_busy) {
-    grpc_event ev = cgc__next(f);
-    if (ev.type != GRPC_OP_COMPLETE)
-      break;
-    switch ((intptr_t)ev.tag) {
-    case CGC__TAG_SEND:
-      cgc__on_sent(a, f, ev.success);
-      break;
-    case CGC__TAG_RECV:
-      cgc__on_received(a, f);
-      break;
-    case CGC__TAG_STATUS:
-      f->status_busy = 0;
-      break;
-    }
-    if (f->batch_failed) {
-      /* Everything pending completes (as failed) after a cancel. */
-      grpc_call_cancel(f->call, NULL);
-      f->sending = 0;
-    }
-  }
-}
-
-/* After an opening batch failed to start: cancels the call and waits out
- * the batches already started. */
-static void cgc__drain(cgc__flight *f) {
-  grpc_call_cancel(f->call, NULL);
-  while (f->send_busy || f->recv_busy || f->status_busy) {
-    grpc_event ev = cgc__next(f);
-    if (ev.type != GRPC_OP_COMPLETE)
-      break;
-    if ((intptr_t)ev.tag == CGC__TAG_SEND)
-      f->send_busy = 0;
-    else if ((intptr_t)ev.tag == CGC__TAG_RECV)
-      f->recv_busy = 0;
-    else
-      f->status_busy = 0;
   }
 }
 
@@ -773,47 +754,142 @@ static void cgc__unpin(cgc__attempt *a) {
   a->pin = NULL;
 }
 
-/* One Compute call on a completion queue of its own: send batches (one at
- * a time), receive batches (one at a time) and the status batch, driven
- * until none is pending. */
-static int cgc__compute_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
-                                cgc_status *st) {
-  cgc__attempt *a = vctx;
-  cgc__flight f;
-  memset(&f, 0, sizeof f);
-  f.cq = cgc__cq_take(ch);
-  f.t0 = cgc__now_ms();
-  cgc__call_io_init(&f.io, ch, t->retry);
-  int rc = 0;
-  cgc__attempt_reset(a);
-  f.io.send_bb = cgc__encode_header(a);
-  if (cgc__upload_left(a) && (rc = cgc__pin_inputs(a, st)) != 0)
-    goto out;
+static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
+                               cgc_status *st);
+static void cgc__attempt_begin(cgc__job *j);
 
-  f.call = grpc_channel_create_call(
-      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, f.cq,
-      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
-      t->deadline, NULL);
-  if (!f.call) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create the call");
-    rc = CGC_ERPC;
-  } else if (cgc__open(a, &f) != 0) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call batch");
-    rc = CGC_ERPC;
-    cgc__drain(&f);
-  } else {
-    cgc__drive(a, &f);
-    rc = cgc__outcome(a, &f, st);
-    t->retry_after_ms = cgc__call_io_retry_after(&f.io);
-  }
-out:
-  cgc__call_end(ch, f.call, f.cq,
-                !(f.send_busy || f.recv_busy || f.status_busy), &f.io);
-  if (a->pin)
-    cgc__unpin(a);
+/* The call's attempt ended with rc (st filled): retries it after a wait,
+ * or registers the call's regions anew and tries again, or ends the call
+ * (j->ended). */
+static void cgc__attempt_end(cgc__job *j, int rc) {
+  cgc__attempt *a = &j->a;
   if (rc)
     cgc__drop_out(a, ~a->done);
-  return rc;
+  if (cgc__retry_next(&j->retry, rc, &j->st)) {
+    if (cgc__retry_watch(&j->retry, 1, 0, j->cq, &j->wait_tag))
+      cgc__attempt_begin(j);
+    return;
+  }
+  if (rc == CGC_ERPC && j->st.code == GRPC_STATUS_NOT_FOUND && a->in_regions &&
+      !j->registered_again) {
+    /* The server restarted since the regions were registered, or dropped
+     * them unused. This is rare, so its few RegisterRegion round trips
+     * block the thread driving the call (on the engine's, its other calls
+     * wait for them) rather than being one more state machine. */
+    j->registered_again = 1;
+    if (cgc__register_again(a, j->ch, &j->st) == 0) {
+      cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
+                      cgc__retry_attempts(&j->retry));
+      cgc__attempt_begin(j);
+      return;
+    }
+  }
+  a->res.attempts = cgc__retry_attempts(&j->retry);
+  j->rc = rc;
+  j->ended = 1;
+}
+
+/* Ends the attempt once no batch of it is pending. */
+static void cgc__attempt_settle(cgc__job *j) {
+  cgc__flight *f = &j->f;
+  if (f->batch_failed) {
+    /* Everything pending completes (as failed) after a cancel. */
+    grpc_call_cancel(f->call, NULL);
+    f->sending = 0;
+  }
+  if (f->send_busy || f->recv_busy || f->status_busy)
+    return;
+  int rc = cgc__outcome(&j->a, f, &j->st);
+  j->retry.t.retry_after_ms = cgc__call_io_retry_after(&f->io);
+  grpc_call_unref(f->call);
+  f->call = NULL;
+  cgc__call_io_free(&f->io);
+  cgc__attempt_end(j, rc);
+}
+
+/* Starts an attempt of the call (j->retry.t numbers it); it may end at
+ * once (j->ended). */
+static void cgc__attempt_begin(cgc__job *j) {
+  cgc__attempt *a = &j->a;
+  cgc__flight *f = &j->f;
+  memset(f, 0, sizeof *f);
+  f->t0 = cgc__now_ms();
+  cgc__call_io_init(&f->io, j->ch, j->retry.t.retry);
+  cgc__attempt_reset(a);
+  f->io.send_bb = cgc__encode_header(a);
+  int rc = 0;
+  if (cgc__upload_left(a))
+    rc = cgc__pin_inputs(a, &j->st);
+  if (!rc) {
+    f->call = grpc_channel_create_call(
+        j->ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, j->cq,
+        grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Compute"), NULL,
+        j->retry.t.deadline, NULL);
+    if (!f->call) {
+      cgc__status_set(&j->st, GRPC_STATUS_INTERNAL, "cannot create the call");
+      rc = CGC_ERPC;
+    }
+  }
+  if (rc) {
+    cgc__call_io_free(&f->io);
+    cgc__attempt_end(j, rc);
+    return;
+  }
+  if (cgc__open(j) != 0)
+    f->batch_failed = 1;
+  cgc__attempt_settle(j);
+}
+
+/* Runs an event of j's with j->mu held; tells the listener once the call
+ * ended, after the last use of j here (it may free j). */
+static void cgc__job_event(cgc__job *j, void (*handle)(cgc__job *, int),
+                           int success) {
+  pthread_mutex_lock(&j->mu);
+  handle(j, success);
+  int ended = j->ended;
+  cgc__end_fn on_end = j->on_end;
+  void *arg = j->end_arg;
+  pthread_mutex_unlock(&j->mu);
+  if (ended)
+    on_end(arg);
+}
+
+static void cgc__handle_sent(cgc__job *j, int success) {
+  cgc__on_sent(j, success);
+  cgc__attempt_settle(j);
+}
+
+static void cgc__handle_received(cgc__job *j, int success) {
+  (void)success; /* a failed receive leaves recv_bb NULL: the stream ended */
+  cgc__on_received(j);
+  cgc__attempt_settle(j);
+}
+
+static void cgc__handle_status(cgc__job *j, int success) {
+  (void)success; /* the status batch always completes with a status */
+  j->f.status_busy = 0;
+  cgc__attempt_settle(j);
+}
+
+static void cgc__handle_wait(cgc__job *j, int success) {
+  if (cgc__retry_watch(&j->retry, 0, success, j->cq, &j->wait_tag))
+    cgc__attempt_begin(j);
+}
+
+static void cgc__on_send_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, send_tag), cgc__handle_sent, success);
+}
+
+static void cgc__on_recv_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, recv_tag), cgc__handle_received, success);
+}
+
+static void cgc__on_status_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, status_tag), cgc__handle_status, success);
+}
+
+static void cgc__on_wait_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, wait_tag), cgc__handle_wait, success);
 }
 
 void cgc_request_init(cgc_request *r) {
@@ -928,6 +1004,11 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
   }
   cgc__attempt *a = &j->a;
   j->ch = ch;
+  pthread_mutex_init(&j->mu, NULL);
+  j->send_tag.run = cgc__on_send_tag;
+  j->recv_tag.run = cgc__on_recv_tag;
+  j->status_tag.run = cgc__on_status_tag;
+  j->wait_tag.run = cgc__on_wait_tag;
   a->wants_all = wants;
   a->nin = nin;
   a->req = req;
@@ -945,23 +1026,29 @@ unsigned cgc__job_wants(const cgc__job *j) {
   return j->a.wants_all;
 }
 
-int cgc__job_run(cgc__job *j, gpr_timespec deadline, cgc__whole_fn on_whole,
-                 void *arg, cgc_result *res, cgc_status *st) {
-  cgc__attempt *a = &j->a;
-  cgc_channel *ch = j->ch;
-  int attempts = 0;
-  cgc_status local;
-  cgc_status *s = st ? st : &local;
-  a->on_whole = on_whole;
-  a->whole_arg = arg;
-  int rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, a, &attempts, s);
-  if (rc == CGC_ERPC && s->code == GRPC_STATUS_NOT_FOUND && a->in_regions &&
-      cgc__register_again(a, ch, s) == 0)
-    rc = cgc__with_retry(ch, deadline, cgc__compute_attempt, a, &attempts, s);
-  a->res.attempts = attempts;
+void cgc__job_start(cgc__job *j, grpc_completion_queue *cq,
+                    gpr_timespec deadline, cgc__whole_fn on_whole,
+                    cgc__end_fn on_end, void *arg) {
+  pthread_mutex_lock(&j->mu);
+  j->cq = cq;
+  j->a.on_whole = on_whole;
+  j->a.whole_arg = arg;
+  j->on_end = on_end;
+  j->end_arg = arg;
+  cgc__retry_init(&j->retry, j->ch, deadline, 0);
+  cgc__attempt_begin(j);
+  int ended = j->ended;
+  pthread_mutex_unlock(&j->mu);
+  if (ended)
+    on_end(arg);
+}
+
+int cgc__job_result(cgc__job *j, cgc_result *res, cgc_status *st) {
   if (res)
-    *res = a->res;
-  return rc;
+    *res = j->a.res;
+  if (st)
+    *st = j->st;
+  return j->rc;
 }
 
 void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]) {
@@ -974,13 +1061,23 @@ void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]) {
 void cgc__job_free(cgc__job *j) {
   if (!j)
     return;
+  if (j->a.pin)
+    cgc__unpin(&j->a);
   cgc__drop_out(&j->a, ~0u);
+  pthread_mutex_destroy(&j->mu);
   free(j);
+}
+
+/* cgc__job_start's listener for a call this thread drives. */
+static void cgc__set_ended(void *arg) {
+  *(int *)arg = 1;
 }
 
 /* Every cgc_compute* call: output g lands in into[g] when into and
  * into[g] are set, else in a new allocation; out[g] receives each output
- * asked for. */
+ * asked for. The call runs on this thread, on a completion queue of its
+ * own: handing it to the engine's thread and back would cost two thread
+ * wake-ups per call (tests/README.md, "Design figures"). */
 static int cgc__compute(cgc_channel *ch, const cgc_request *req,
                         void *const *into, const size_t *into_cap,
                         cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
@@ -991,8 +1088,19 @@ static int cgc__compute(cgc_channel *ch, const cgc_request *req,
   int rc = cgc__job_new(&j, ch, req, into, into_cap, st);
   if (rc)
     return rc;
-  rc =
-      cgc__job_run(j, cgc__deadline(ch, req->deadline_ms), NULL, NULL, res, st);
+  grpc_completion_queue *cq = cgc__cq_take(ch);
+  int ended = 0;
+  cgc__job_start(j, cq, cgc__deadline(ch, req->deadline_ms), NULL,
+                 cgc__set_ended, &ended);
+  while (!ended) {
+    /* The call's deadline bounds every batch; its waits end by then too. */
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (ev.type == GRPC_OP_COMPLETE)
+      cgc__tag_run(ev);
+  }
+  cgc__cq_give(ch, cq);
+  rc = cgc__job_result(j, res, st);
   if (!rc)
     cgc__job_take(j, out);
   cgc__job_free(j);

@@ -48,7 +48,7 @@ int cgc_health(cgc_channel *ch, const char *service, int64_t deadline_ms,
                cgc_health_status *out, cgc_status *st) {
   cgc__health_ctx ctx = {service ? service : "", CGC_HEALTH_UNKNOWN};
   int rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms),
-                           cgc__health_attempt, &ctx, NULL, st);
+                           cgc__health_attempt, &ctx, st);
   *out = rc ? CGC_HEALTH_UNKNOWN : ctx.status;
   if (!rc && st)
     cgc__status_ok(st);
@@ -155,7 +155,7 @@ int cgc_server_info_get(cgc_channel *ch, int64_t deadline_ms,
                         cgc_server_info **out, cgc_status *st) {
   cgc__info_ctx ctx = {NULL};
   int rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms),
-                           cgc__info_attempt, &ctx, NULL, st);
+                           cgc__info_attempt, &ctx, st);
   *out = ctx.info;
   if (!rc && st)
     cgc__status_ok(st);

@@ -13,20 +13,18 @@
 #include <grpc/support/time.h>
 
 #include "cgc/client.h"
+#include "cgw.h"
 
-/* The threads of a channel that run its asynchronous calls (async.c),
- * started as calls need them. */
-typedef struct cgc__pool {
-  pthread_mutex_t mu;
-  pthread_cond_t work;  /* a call was queued, or the pool closes */
-  pthread_cond_t ended; /* a thread ended */
-  cgc_call *head, *tail;
-  int queued, idle, threads;
-  int closing;
-} cgc__pool;
-void cgc__pool_init(cgc__pool *p);
-/* Ends the pool's threads (no call may be queued or running). */
-void cgc__pool_close(cgc__pool *p);
+/* The engine of a channel's asynchronous calls (async.c): a completion
+ * queue and the thread that drives it, both made with the first call. */
+typedef struct cgc__engine {
+  pthread_mutex_t mu; /* guards starting it */
+  grpc_completion_queue *cq;
+  pthread_t thread;
+} cgc__engine;
+void cgc__engine_init(cgc__engine *e);
+/* Ends the engine's thread and queue (no call may be in flight). */
+void cgc__engine_close(cgc__engine *e);
 
 /* Completion queues kept for reuse: one per call in flight at the
  * channel's busiest, up to this many. */
@@ -42,7 +40,7 @@ struct cgc_channel {
   /* Regions registered through this channel (region.c). */
   pthread_mutex_t regions_mu;
   cgc_region *regions;
-  cgc__pool pool; /* the threads of asynchronous calls */
+  cgc__engine engine; /* runs the asynchronous calls */
   /* The completion queues of ended calls, empty, for the next ones:
    * creating and destroying one per call costs a tiny call (tests/README.md,
    * "Design figures"). */
@@ -86,26 +84,80 @@ typedef struct cgc__try {
   int64_t retry_after_ms;
 } cgc__try;
 
-/* One attempt of a call: returns 0 or a negative code with st filled. */
+/* A completion-queue event's handler: every tag the library hands gRPC on
+ * a queue that cgc__tag_run drives is one of these, embedded in what the
+ * event belongs to (container_of style), so that one loop drives any mix
+ * of calls, waits and batches. */
+typedef struct cgc__tag cgc__tag;
+struct cgc__tag {
+  void (*run)(cgc__tag *tag, int success);
+};
+/* Hands tag to gRPC with an operation: what this thread did before
+ * happens before the handler runs, for ThreadSanitizer, which cannot see
+ * gRPC's own locks (the handler may run on the engine's thread). */
+static inline void *cgc__tag_give(cgc__tag *tag) {
+  cgw_tsan_release(tag);
+  return tag;
+}
+/* Runs the handler of ev (a GRPC_OP_COMPLETE event of a cgc__tag). */
+static inline void cgc__tag_run(grpc_event ev) {
+  cgc__tag *tag = ev.tag;
+  cgw_tsan_acquire(tag);
+  tag->run(tag, ev.success);
+}
+
+/* A call's retries, as steps that an event loop or a blocking loop takes:
+ * after each attempt cgc__retry_next decides; a retry then waits
+ * (cgc__retry_watch) for its time or for the channel to come back. */
+typedef struct cgc__retrier {
+  cgc_channel *ch;
+  cgc__try t;     /* the next attempt's */
+  double backoff; /* the next retry's exponential step, ms */
+  uint64_t seed;  /* jitter: a generator per call needs no lock */
+  /* The "retry later" refusal the attempt now running retries, if any. */
+  cgc_status refusal;
+  int retrying_refusal;
+  /* The wait before the next attempt. */
+  gpr_timespec wake;
+  int was_down; /* the channel was not READY in the wait */
+} cgc__retrier;
+/* attempts: how many attempts of the call were made before (they count as
+ * retries: numbered, and against the channel's retries). */
+void cgc__retry_init(cgc__retrier *r, cgc_channel *ch, gpr_timespec deadline,
+                     int attempts);
+/* An attempt ended with rc and st (filled when rc != 0): returns 1 when it
+ * is to be retried (after the wait cgc__retry_watch runs; r->t numbers the
+ * retry), else 0 with rc final and st its status. Retried: UNAVAILABLE,
+ * and RESOURCE_EXHAUSTED with a retry-after-ms trailer ("retry later"); a
+ * RESOURCE_EXHAUSTED without one is permanent (a size limit); no retry
+ * whose wait would pass the deadline, none past the channel's retries. A
+ * retry of a "retry later" refusal that the deadline overtakes ends the
+ * call with that refusal, noting the cut, not DEADLINE_EXCEEDED. */
+int cgc__retry_next(cgc__retrier *r, int rc, cgc_status *st);
+/* The wait before a retry, one step per event: with first set it starts,
+ * else it takes the event (success) of the watch it started. Returns 1
+ * once the wait is over, else 0 after watching the channel on cq with tag
+ * (one event to come; NULL for a queue this thread drives alone). The wait ends
+ * early once the channel turns READY after being anything else. */
+int cgc__retry_watch(cgc__retrier *r, int first, int success,
+                     grpc_completion_queue *cq, cgc__tag *tag);
+/* How many attempts the call made (cgc_result.attempts) once
+ * cgc__retry_next returned 0. */
+int cgc__retry_attempts(const cgc__retrier *r);
+
+/* One attempt of a blocking call: returns 0 or a negative code with st
+ * filled. */
 typedef int (*cgc__attempt_fn)(cgc_channel *ch, void *ctx, cgc__try *t,
                                cgc_status *st);
-/* Runs attempt until it succeeds, fails for good, runs out of retries or
- * the next wait would pass the deadline. Retried: UNAVAILABLE, and
- * RESOURCE_EXHAUSTED with a retry-after-ms trailer ("retry later"); a
- * RESOURCE_EXHAUSTED without one is permanent (a size limit). A retry of
- * a "retry later" refusal that the deadline overtakes ends the call with
- * that refusal, noting the cut, not DEADLINE_EXCEEDED.
- * *attempts (may be NULL) holds how many attempts of the call were made
- * before (they count as retries: numbered, and against the channel's
- * retries) and receives the total. */
+/* Runs attempt on this thread until cgc__retry_next says it is done,
+ * waiting between attempts on a completion queue of the channel's. */
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
-                    cgc__attempt_fn attempt, void *ctx, int *attempts,
-                    cgc_status *st);
+                    cgc__attempt_fn attempt, void *ctx, cgc_status *st);
 
 /* call.c: a call's buffers and ops, completion queues, the unary call. */
 
 /* What one call's batches read from and write into. The function that
- * runs the call owns it: cgc__call_io_init, then cgc__call_end, which
+ * runs the call owns it: cgc__call_io_init, then cgc__call_io_free, which
  * frees whatever it still holds. */
 typedef struct cgc__call_io {
   /* The request metadata: the channel's token, the retry number. */
@@ -139,23 +191,27 @@ int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                cgc_status *st);
 
 /* A completion queue for one call on ch, owned by the caller until
- * cgc__call_end: an ended call's, else a new one. */
+ * cgc__cq_give: an ended call's, else a new one. */
 grpc_completion_queue *cgc__cq_take(cgc_channel *ch);
+/* Gives back a queue of cgc__cq_take with no event left in it (every
+ * batch and watch started on it completed): kept for the next call, or
+ * destroyed when ch keeps enough. */
+void cgc__cq_give(cgc_channel *ch, grpc_completion_queue *cq);
 /* Destroys the completion queues ch keeps (cgc_channel_free). */
 void cgc__cqs_close(cgc_channel *ch);
-/* Ends a call's life: unrefs call (may be NULL), then gives its
- * completion queue back to ch when idle is set (every batch of the call
- * completed, so no event is left in it), else shuts it down, drains and
- * destroys it; frees what io holds. */
-void cgc__call_end(cgc_channel *ch, grpc_call *call, grpc_completion_queue *cq,
-                   int idle, cgc__call_io *io);
+/* Frees what io holds. */
+void cgc__call_io_free(cgc__call_io *io);
 
-/* One Compute call (compute.c), as cgc_compute* and the asynchronous
- * calls (async.c) run it. */
+/* compute.c: one Compute call, as cgc_compute* and the asynchronous calls
+ * (async.c) run it. */
 typedef struct cgc__job cgc__job;
 /* Hears, on the thread running the call, each time an output has become
  * whole: whole is every output whole so far (CG_GRAD_BIT()s). */
 typedef void (*cgc__whole_fn)(void *arg, unsigned whole);
+/* Hears, once, that the call ended: its code, result and status are
+ * final (cgc__job_result). The call is done with the job before it
+ * tells, so the listener may hand it to another thread to take and free. */
+typedef void (*cgc__end_fn)(void *arg);
 /* Checks req and prepares a call of it on ch: output g lands in into[g]
  * when into and into[g] are set, else in a new allocation. req and what it
  * points to are borrowed until cgc__job_free. Returns 0 with *out, or a
@@ -164,14 +220,23 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
                  void *const *into, const size_t *into_cap, cgc_status *st);
 /* The outputs the call asks for. */
 unsigned cgc__job_wants(const cgc__job *j);
-/* Runs the call to its end, retries included (a retry asks only for the
- * outputs not yet whole); on_whole (may be NULL) is told of outputs as they
- * become whole. Returns 0 or a negative code with st and res filled. */
-int cgc__job_run(cgc__job *j, gpr_timespec deadline, cgc__whole_fn on_whole,
-                 void *arg, cgc_result *res, cgc_status *st);
-/* Hands over the outputs of a run that returned 0 (NULL where not asked). */
+/* Starts the call on cq, retries included (a retry asks only for the
+ * outputs not yet whole), to end by deadline. Whoever drives cq hands its
+ * events to cgc__tag_run; the call is done once on_end is told, on the
+ * thread of its last event (this one, when it could not start). on_whole
+ * (may be NULL) is told of outputs as they become whole; both get arg. */
+void cgc__job_start(cgc__job *j, grpc_completion_queue *cq,
+                    gpr_timespec deadline, cgc__whole_fn on_whole,
+                    cgc__end_fn on_end, void *arg);
+/* An ended call's code (0 or negative), result and status (res and st
+ * may be NULL). */
+int cgc__job_result(cgc__job *j, cgc_result *res, cgc_status *st);
+/* Hands over the outputs of a call that ended with 0 (NULL where not
+ * asked). */
 void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]);
-/* Frees j and the outputs it still holds; NULL is accepted. */
+/* Waits until gRPC holds no slice of the caller's tensors, then frees j and
+ * the outputs it still holds; NULL is accepted. Not on a thread that
+ * drives the call's completion queue. */
 void cgc__job_free(cgc__job *j);
 
 /* region.c: shared-memory regions. */

@@ -2,6 +2,7 @@
  * call of the library goes through (cgc__with_retry), with the wait for a
  * lost channel to come back between attempts. */
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 #include "internal.h"
@@ -17,40 +18,6 @@ double cgc__now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* Waits until wake for the channel to come back: returns early once it
- * turns READY after being anything else. Sleeping instead would leave the
- * channel's reconnect attempts unpolled (gRPC drives their I/O only from
- * threads polling a completion queue, else from its 5 s backup poller), so
- * a restarted server was reached only after the retries ran out. A channel
- * that was READY throughout (the server itself said UNAVAILABLE) waits the
- * whole backoff. The completion queue is this wait's own: threads sharing
- * the channel need no lock. */
-static void cgc__wait_for_channel(cgc_channel *ch, gpr_timespec wake) {
-  grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-  grpc_connectivity_state s =
-      grpc_channel_check_connectivity_state(ch->chan, 1);
-  int was_down = s != GRPC_CHANNEL_READY;
-  while (s != GRPC_CHANNEL_SHUTDOWN) {
-    grpc_channel_watch_connectivity_state(ch->chan, s, wake, cq, NULL);
-    /* One event per watch: a change (success) or wake passing. */
-    grpc_event ev = grpc_completion_queue_next(
-        cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    if (!ev.success)
-      break;
-    /* try_to_connect: an IDLE channel (its connection lost) reconnects. */
-    s = grpc_channel_check_connectivity_state(ch->chan, 1);
-    if (s == GRPC_CHANNEL_READY && was_down)
-      break;
-    was_down |= s != GRPC_CHANNEL_READY;
-  }
-  grpc_completion_queue_shutdown(cq);
-  while (
-      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
-          .type != GRPC_QUEUE_SHUTDOWN)
-    ;
-  grpc_completion_queue_destroy(cq);
 }
 
 /* Next value of a per-call xorshift generator: jitter spreads the retries
@@ -87,57 +54,102 @@ static int64_t cgc__retry_wait(const cgc__try *t, grpc_status_code code,
   if (code != GRPC_STATUS_UNAVAILABLE)
     return -1; /* RESOURCE_EXHAUSTED without a hint is a limit: permanent */
   /* A lost connection: the wait ends as soon as the channel is READY
-   * again (cgc__wait_for_channel), so it keeps the whole step, +-20%. */
+   * again (cgc__retry_watch), so it keeps the whole step, +-20%. */
   double wait = backoff * (0.8 + 0.4 * unit);
   return wait < left_ms ? (int64_t)wait : -1;
 }
 
+void cgc__retry_init(cgc__retrier *r, cgc_channel *ch, gpr_timespec deadline,
+                     int attempts) {
+  memset(r, 0, sizeof *r);
+  r->ch = ch;
+  r->t.deadline = deadline;
+  r->t.retry = attempts;
+  r->t.retry_after_ms = -1;
+  r->backoff = (double)ch->opts.backoff_initial_ms;
+  r->seed = (uint64_t)(cgc__now_ms() * 1e6) ^ (uint64_t)(uintptr_t)r;
+}
+
+int cgc__retry_next(cgc__retrier *r, int rc, cgc_status *st) {
+  const cgc_options *o = &r->ch->opts;
+  if (rc == CGC_ERPC && r->retrying_refusal &&
+      st->code == GRPC_STATUS_DEADLINE_EXCEEDED) {
+    /* The server's refusal is why the call did not finish in time: a bare
+     * DEADLINE_EXCEEDED would hide that it is busy, and whether the retry
+     * was overtaken in flight or in the server's queue is down to
+     * timing. */
+    cgc__status_set(st, r->refusal.code,
+                    "%s (retry %d was cut short by the call's deadline)",
+                    r->refusal.message, r->t.retry);
+    return 0;
+  }
+  if (rc != CGC_ERPC || r->t.retry >= o->retries)
+    return 0;
+  int64_t wait_ms = cgc__retry_wait(&r->t, st->code, r->backoff, &r->seed);
+  if (wait_ms < 0)
+    return 0;
+  r->retrying_refusal = r->t.retry_after_ms >= 0;
+  if (r->retrying_refusal)
+    r->refusal = *st;
+  r->wake = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                         gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
+  r->t.retry++;
+  r->t.retry_after_ms = -1;
+  r->backoff *= o->backoff_multiplier;
+  if (r->backoff > (double)o->backoff_max_ms)
+    r->backoff = (double)o->backoff_max_ms;
+  return 1;
+}
+
+/* The wait watches the channel instead of sleeping: a sleep would leave its
+ * reconnect attempts unpolled (gRPC drives their I/O only from threads
+ * polling a completion queue, else from its 5 s backup poller), so a
+ * restarted server was reached only after the retries ran out. A channel
+ * that was READY throughout (the server itself said UNAVAILABLE) waits the
+ * whole backoff; the watch's deadline is the wait's timer. */
+int cgc__retry_watch(cgc__retrier *r, int first, int success,
+                     grpc_completion_queue *cq, cgc__tag *tag) {
+  grpc_channel *chan = r->ch->chan;
+  if (!first && !success)
+    return 1; /* wake passed */
+  /* try_to_connect: an IDLE channel (its connection lost) reconnects. */
+  grpc_connectivity_state s = grpc_channel_check_connectivity_state(chan, 1);
+  if (first)
+    r->was_down = s != GRPC_CHANNEL_READY;
+  else if (s == GRPC_CHANNEL_READY && r->was_down)
+    return 1;
+  r->was_down |= s != GRPC_CHANNEL_READY;
+  if (s == GRPC_CHANNEL_SHUTDOWN)
+    return 1;
+  grpc_channel_watch_connectivity_state(chan, s, r->wake, cq,
+                                        tag ? cgc__tag_give(tag) : NULL);
+  return 0;
+}
+
+int cgc__retry_attempts(const cgc__retrier *r) {
+  return r->t.retry + 1;
+}
+
 int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
-                    cgc__attempt_fn attempt, void *ctx, int *attempts,
-                    cgc_status *st) {
-  const cgc_options *o = &ch->opts;
-  double backoff = (double)o->backoff_initial_ms;
-  uint64_t seed = (uint64_t)(cgc__now_ms() * 1e6) ^ (uint64_t)(uintptr_t)&seed;
-  int rc;
-  cgc__try t = {deadline, attempts ? *attempts : 0, -1};
-  /* The decision needs the status even when the caller did not ask. */
+                    cgc__attempt_fn attempt, void *ctx, cgc_status *st) {
+  cgc__retrier r;
   cgc_status local;
+  /* The decision needs the status even when the caller did not ask. */
   if (!st)
     st = &local;
-  /* The "retry later" refusal the attempt now running retries, if any. */
-  cgc_status refusal;
-  int retrying_refusal = 0;
+  cgc__retry_init(&r, ch, deadline, 0);
   for (;;) {
-    t.retry_after_ms = -1;
-    rc = attempt(ch, ctx, &t, st);
-    if (rc == CGC_ERPC && retrying_refusal &&
-        st->code == GRPC_STATUS_DEADLINE_EXCEEDED) {
-      /* The server's refusal is why the call did not finish in time: a
-       * bare DEADLINE_EXCEEDED would hide that it is busy, and whether
-       * the retry was overtaken in flight or in the server's queue is
-       * down to timing. */
-      cgc__status_set(st, refusal.code,
-                      "%s (retry %d was cut short by the call's deadline)",
-                      refusal.message, t.retry);
-      break;
-    }
-    if (rc != CGC_ERPC || t.retry >= o->retries)
-      break;
-    int64_t wait_ms = cgc__retry_wait(&t, st->code, backoff, &seed);
-    if (wait_ms < 0)
-      break;
-    retrying_refusal = t.retry_after_ms >= 0;
-    if (retrying_refusal)
-      refusal = *st;
-    cgc__wait_for_channel(
-        ch, gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                         gpr_time_from_millis(wait_ms, GPR_TIMESPAN)));
-    t.retry++;
-    backoff *= o->backoff_multiplier;
-    if (backoff > (double)o->backoff_max_ms)
-      backoff = (double)o->backoff_max_ms;
+    int rc = attempt(ch, ctx, &r.t, st);
+    if (!cgc__retry_next(&r, rc, st))
+      return rc;
+    grpc_completion_queue *cq = cgc__cq_take(ch);
+    int over = cgc__retry_watch(&r, 1, 0, cq, NULL);
+    while (!over)
+      over = cgc__retry_watch(&r, 0,
+                              grpc_completion_queue_next(
+                                  cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)
+                                  .success,
+                              cq, NULL);
+    cgc__cq_give(ch, cq);
   }
-  if (attempts)
-    *attempts = t.retry + 1;
-  return rc;
 }

@@ -551,6 +551,11 @@ static void test_failure_exit_codes(void **state) {
   /* Each subcommand's own option kinds (cli.h), one usage line each. */
   const char *bench_num[] = {cli, "bench", "--concurrency", "0", NULL};
   expect(&r, 2, "--concurrency must be 1..256", bench_num);
+  /* A value too large has a message of its own, not "must be >= 1". */
+  const char *bench_big[] = {cli, "bench", "--requests", "100000000", NULL};
+  expect(&r, 2, "--requests: too large, at most 10000000", bench_big);
+  const char *bench_small[] = {cli, "bench", "--requests", "0", NULL};
+  expect(&r, 2, "--requests must be >= 1", bench_small);
   const char *bench_name[] = {cli, "bench", "--weights-format", "ABC", NULL};
   expect(&r, 2, "--weights-format must be OIX, XIO, IOX or XOI, got 'ABC'",
          bench_name);
@@ -673,6 +678,44 @@ static void test_bench(void **state) {
               cJSON_GetObjectItem(row, "p50_ms")->valuedouble);
   assert_true(cJSON_GetObjectItem(row, "requests_per_s")->valuedouble > 0);
   cJSON_Delete(root);
+  /* The layer ops time a layer's whole backward: one row per descriptor
+   * of their family, three outputs' bytes each. */
+  const char *layer[] = {cli,
+                         "bench",
+                         tflag,
+                         "--problems",
+                         list,
+                         "--op",
+                         "ConvolutionBackward",
+                         "--requests",
+                         "10",
+                         "--concurrency",
+                         "3",
+                         "--json",
+                         NULL};
+  expect(&r, 0, NULL, layer);
+  root = cJSON_Parse(r.out);
+  assert_non_null(root);
+  assert_int_equal(cJSON_GetArraySize(root), 1);
+  row = cJSON_GetArrayItem(root, 0);
+  assert_string_equal(cJSON_GetObjectItem(row, "op")->valuestring,
+                      "ConvolutionBackward");
+  assert_int_equal(cJSON_GetObjectItem(row, "requests")->valueint, 10);
+  assert_int_equal(cJSON_GetObjectItem(row, "errors")->valueint, 0);
+  assert_true(cJSON_GetObjectItem(row, "p50_ms")->valuedouble > 0);
+  cJSON_Delete(root);
+  const char *deconv_layer[] = {cli,
+                                "bench",
+                                tflag,
+                                "--problems",
+                                list,
+                                "--op",
+                                "ConvTransposeBackward",
+                                "--requests",
+                                "5",
+                                NULL};
+  expect(&r, 0, "ConvTransposeBackward ", deconv_layer);
+  assert_int_equal(count_lines(r.out), 2); /* header + the deconv: row */
 }
 
 int main(int argc, char **argv) {

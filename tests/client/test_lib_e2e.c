@@ -2,7 +2,8 @@
  * ephemeral port: every op checked against the reference with tiny upload
  * and download chunks (many messages each way), a multi-MiB tensor with
  * the defaults, results received into caller memory, eight threads sharing
- * one channel, asynchronous calls from one thread, server statuses and
+ * one channel, asynchronous calls from one thread (many in flight on the
+ * channel's engine, with a bounded thread count), server statuses and
  * messages, local argument checks, target rewriting, health and info. */
 #include <pthread.h>
 #include <setjmp.h>
@@ -314,6 +315,94 @@ static void test_async_calls(void **state) {
   for (int k = 0; k < N; k++)
     layer_case_free(&c[k]);
   cgc_channel_free(ch);
+}
+
+/* Threads of this process now. */
+static int count_threads(void) {
+  int n = 0;
+  char line[256];
+  FILE *f = fopen("/proc/self/status", "r");
+  assert_non_null(f);
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1)
+      break;
+  fclose(f);
+  return n;
+}
+
+typedef struct ended_count {
+  pthread_mutex_t mu;
+  int n;
+} ended_count;
+
+static void count_ended(cgc_call *c, void *arg) {
+  ended_count *e = arg;
+  (void)c;
+  pthread_mutex_lock(&e->mu);
+  e->n++;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* Many calls in flight from one thread run on the channel's engine: the
+ * process gains a thread or so (gRPC's own may grow a little under load),
+ * not one per call; every call answers its own problem right, and each is
+ * told of its end once. */
+static void test_many_calls_few_threads(void **state) {
+  (void)state;
+  enum { CASES = 8, N = 160 };
+  cgc_channel *ch;
+  char err[256];
+  assert_int_equal(cgc_channel_new(&ch, target, NULL, err, sizeof err), 0);
+  cgc_health_status hs;
+  cgc_status st;
+  /* gRPC starts its threads with the first call. */
+  assert_int_equal(cgc_health(ch, NULL, 0, &hs, &st), 0);
+  int base = count_threads();
+  layer_case c[CASES];
+  cgc_request req[CASES];
+  for (int k = 0; k < CASES; k++) {
+    layer_case_make(&c[k], k % 2, CG_GRADS_ALL, 1 + k % 3, 300 + (uint64_t)k);
+    cgc_request_init(&req[k]);
+    req[k].op = c[k].p.op;
+    req[k].attrs = c[k].p.attrs;
+    memcpy(req[k].inputs, c[k].v, sizeof c[k].v);
+  }
+  static void *data[N][CG_GRAD_COUNT];
+  static size_t cap[N][CG_GRAD_COUNT];
+  cgc_call *call[N];
+  ended_count ended = {PTHREAD_MUTEX_INITIALIZER, 0};
+  for (int i = 0; i < N; i++) {
+    for (int g = 0; g < CG_GRAD_COUNT; g++) {
+      cap[i][g] = c[i % CASES].l.out_bytes[g];
+      data[i][g] = malloc(cap[i][g]);
+      assert_non_null(data[i][g]);
+    }
+    if (cgc_call_start_notify(ch, &req[i % CASES], data[i], cap[i], count_ended,
+                              &ended, &call[i], &st) != 0)
+      fail_msg("start %d: %s", i, st.message);
+  }
+  int busy = count_threads();
+  if (busy > base + 8)
+    fail_msg("%d threads with %d calls in flight, %d before", busy, N, base);
+  for (int i = 0; i < N; i++) {
+    cgc_tensor out[CG_GRAD_COUNT];
+    cgc_result res;
+    if (cgc_call_finish(call[i], out, &res, &st) != 0)
+      fail_msg("finish %d: %s %s", i, cgc_status_code_name(st.code),
+               st.message);
+    for (int g = 0; g < CG_GRAD_COUNT; g++) {
+      assert_ptr_equal(out[g].data, data[i][g]);
+      layer_case_check(&c[i % CASES], g, data[i][g]);
+      free(data[i][g]);
+    }
+  }
+  pthread_mutex_lock(&ended.mu);
+  assert_int_equal(ended.n, N);
+  pthread_mutex_unlock(&ended.mu);
+  for (int k = 0; k < CASES; k++)
+    layer_case_free(&c[k]);
+  cgc_channel_free(ch);
+  pthread_mutex_destroy(&ended.mu);
 }
 
 static void test_large_tensor_default_chunks(void **state) {
@@ -640,6 +729,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_all_ops_tiny_chunks),
       cmocka_unit_test(test_layer_ops),
       cmocka_unit_test(test_async_calls),
+      cmocka_unit_test(test_many_calls_few_threads),
       cmocka_unit_test(test_large_tensor_default_chunks),
       cmocka_unit_test(test_compute_into),
       cmocka_unit_test(test_shared_channel_threads),

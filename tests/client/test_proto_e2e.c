@@ -10,7 +10,8 @@
  *   channel's retries nor the call's deadline are exceeded; a retry that
  *   the deadline overtakes ends the call with the refusal; a retry of a
  *   layer op asks only for the outputs not yet whole, which stay as they
- *   came (synchronous and asynchronous calls); `convgrad bench` counts
+ *   came (synchronous and asynchronous calls); the channel's engine retries
+ *   asynchronous calls and ends them at their deadline; `convgrad bench` counts
  *   the retries and the calls that failed, and goes on. A timed-out wait
  *   for an asynchronous call leaves it going. */
 #include <setjmp.h>
@@ -341,6 +342,58 @@ static void test_async_wait_timeout(void **state) {
   cgc_channel_free(ch);
 }
 
+/* One asynchronous call of scenario token (deadline_ms: the request's):
+ * rc, *res, *st and its wall time in *ms. */
+static int scenario_async(const char *token, int retries, int64_t deadline_ms,
+                          cgc_result *res, cgc_status *st, double *ms) {
+  cgc_channel *ch = fake_channel(token, retries, 10000);
+  cgc_request req;
+  tiny_request(&req);
+  req.deadline_ms = deadline_ms;
+  uint8_t buf[16] = {0};
+  void *data[CG_GRAD_COUNT] = {buf, NULL, NULL};
+  size_t cap[CG_GRAD_COUNT] = {16, 0, 0};
+  cgc_call *call;
+  cgc_tensor out[CG_GRAD_COUNT];
+  cgc_health_status hs;
+  cgc_health(ch, NULL, 0, &hs, NULL);
+  double t0 = now_ms();
+  assert_int_equal(cgc_call_start(ch, &req, data, cap, &call, st), 0);
+  int rc = cgc_call_finish(call, out, res, st);
+  *ms = now_ms() - t0;
+  if (rc == 0)
+    assert_int_equal(buf[15], 15);
+  cgc_channel_free(ch);
+  return rc;
+}
+
+/* The engine runs an asynchronous call's retries and deadline as the
+ * calling thread runs a synchronous one's: a "retry later" refusal is
+ * retried after its hint, a deadline ends a slow answer on time, and a
+ * retry the deadline overtakes ends with the refusal it retried. */
+static void test_async_retry_and_deadline(void **state) {
+  (void)state;
+  cgc_result res;
+  cgc_status st;
+  double ms;
+  int rc = scenario_async("busy-once-50", 3, 0, &res, &st, &ms);
+  if (rc)
+    fail_msg("rc %d: %s", rc, st.message);
+  assert_int_equal(res.attempts, 2);
+  assert_string_equal(res.worker, "attempt=1");
+  if (ms < 50)
+    fail_msg("retried after %.1f ms, before the 50 ms hint", ms);
+  assert_int_equal(scenario_async("slow-2000", 0, 200, &res, &st, &ms),
+                   CGC_ERPC);
+  assert_int_equal(st.code, GRPC_STATUS_DEADLINE_EXCEEDED);
+  if (ms < 199 || ms > 1900)
+    fail_msg("a 200 ms deadline ended the call after %.1f ms", ms);
+  assert_int_equal(
+      scenario_async("busy-then-slow-5000", 5, 1000, &res, &st, &ms), CGC_ERPC);
+  assert_int_equal(res.attempts, 2);
+  expect_refusal(&st, res.attempts, 1);
+}
+
 /* The value of column col (0-based, blank-separated) of the first line
  * of text that starts with prefix, -1 if none. */
 static long column(const char *text, const char *prefix, int col) {
@@ -423,6 +476,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_retry_cut_by_deadline),
       cmocka_unit_test(test_retry_asks_only_missing_outputs),
       cmocka_unit_test(test_async_wait_timeout),
+      cmocka_unit_test(test_async_retry_and_deadline),
       cmocka_unit_test(test_bench_counts_retries),
   };
   return cmocka_run_group_tests(tests, start_fake, stop_fake);

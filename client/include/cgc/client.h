@@ -344,10 +344,11 @@ CGC_EXPORT int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
 /* A call started by cgc_call_start, until cgc_call_finish. */
 typedef struct cgc_call cgc_call;
 
-/* Starts req on ch and returns at once: a thread of the channel's pool
- * (started on demand, at most 64, shared by all its calls; more calls
- * queue) runs the call, retries included, while the caller goes on, so
- * one thread may keep many calls in flight. The outputs land in the
+/* Starts req on ch and returns at once: the channel's engine (one thread
+ * driving one completion queue, started with the channel's first
+ * asynchronous call) runs the call, retries included, beside any number of
+ * others, while the caller goes on, so one thread may keep many calls in
+ * flight. The outputs land in the
  * caller's memory as with cgc_compute_layer_into: data[g] (cap[g] bytes)
  * for each output asked for (the single ops' one output, the layer ops'
  * grads); in a registered region, the server writes them in place. The
@@ -360,6 +361,19 @@ CGC_EXPORT int cgc_call_start(cgc_channel *ch, const cgc_request *req,
                               void *const data[CG_GRAD_COUNT],
                               const size_t cap[CG_GRAD_COUNT], cgc_call **out,
                               cgc_status *st);
+/* Told that call c has ended (cgc_call_finish will not wait), with the arg
+ * given to cgc_call_start_notify. It runs on the engine's thread, holding
+ * c's lock: it must return quickly, and must not call cgc_call_* on c
+ * (hand c to another thread, which finishes it). */
+typedef void (*cgc_call_end_fn)(cgc_call *c, void *arg);
+/* cgc_call_start, and notify (may be NULL) is told once when the call
+ * ends: a caller with many calls in flight learns which one to finish
+ * without a thread waiting on each. */
+CGC_EXPORT int cgc_call_start_notify(cgc_channel *ch, const cgc_request *req,
+                                     void *const data[CG_GRAD_COUNT],
+                                     const size_t cap[CG_GRAD_COUNT],
+                                     cgc_call_end_fn notify, void *arg,
+                                     cgc_call **out, cgc_status *st);
 /* Waits, up to timeout_ms (negative: without bound), until every output
  * in grads (CG_GRAD_BIT()s; 0: every output the call asks for) is whole.
  * An output is whole once its last byte is in; its data is final from

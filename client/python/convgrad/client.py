@@ -460,11 +460,12 @@ class Client:
     def conv_backward_async(self, src, diff_dst, weights, outputs=None,
                             out=None, **attrs):
         """conv_backward started and not waited for: returns a Future at
-        once, the call running on a thread of libcgclient (cgc_call_start),
-        so one thread may keep many calls in flight. The arrays (and out's)
-        must stay unchanged until the Future is collected. out: a dict of
-        arrays to receive the outputs, else they are allocated (in the
-        arena with shm=True)."""
+        once, the call running on libcgclient's engine (cgc_call_start: one
+        thread per channel drives every call in flight), so one thread may
+        keep many calls in flight. The arrays (and out's) must stay
+        unchanged until the Future is collected. out: a dict of arrays to
+        receive the outputs, else they are allocated (in the arena with
+        shm=True)."""
         return self._start(L.OP_CONV_BWD, [("src", src),
                                            ("diff_dst", diff_dst),
                                            ("weights", weights)],
