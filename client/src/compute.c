@@ -58,7 +58,11 @@ typedef struct cgc__attempt {
   unsigned wants_all; /* CG_GRAD_BIT() of each output the call asks for */
   /* Outputs whole so far, in any attempt: final, never asked again. */
   unsigned done;
-  unsigned wants;         /* this attempt's: wants_all but done */
+  unsigned wants; /* this attempt's: wants_all but done */
+  /* This attempt's answer is one message by the wire contract (one output,
+   * inline or in a region), and the response_chunk_bytes it asks for. */
+  int one_message;
+  uint32_t chunk_ask;
   cgc__whole_fn on_whole; /* told of each output once it is whole */
   void *whole_arg;
   /* upload cursor */
@@ -246,7 +250,7 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
       outputs[hdr.n_outputs++] =
           (Convgrad__V1__Output)(CONVGRAD__V1__OUTPUT__DIFF_SRC + g);
   hdr.outputs = outputs;
-  hdr.response_chunk_bytes = a->opts->download_chunk_bytes;
+  hdr.response_chunk_bytes = a->chunk_ask;
   msg.kind_case = CONVGRAD__V1__COMPUTE_REQUEST__KIND_HEADER;
   msg.header = &hdr;
 
@@ -555,11 +559,67 @@ typedef struct cgc__flight {
   int send_busy, recv_busy, status_busy;
   int sending;        /* upload chunks remain */
   int status_started; /* the status batch was started */
+  int one_batch;      /* ... as part of the only batch (all_tag) */
   int batch_failed;   /* a batch could not be started */
   int local_rc;       /* why this end rejected the response */
   double t0;          /* the call's start */
   double t_all_in;    /* when every output was whole; 0 before */
 } cgc__flight;
+
+/* The product of n dims times es bytes, SIZE_MAX when a dim is negative or
+ * it overflows (the server refuses such a request). */
+static size_t cgc__dims_bytes(const int64_t *v, size_t n, size_t es) {
+  size_t bytes = es;
+  for (size_t i = 0; i < n; i++)
+    if (v[i] < 0 || __builtin_mul_overflow(bytes, (size_t)v[i], &bytes))
+      return SIZE_MAX;
+  return bytes;
+}
+
+/* At least the size of output g where the request states it, else
+ * SIZE_MAX (SEMANTICS.md, "Output shapes"): a layer op's diff_src has
+ * src's shape and diff_weights the weights', and diff_bias [OC] is no
+ * larger than the weights (OC of them per input channel and kernel
+ * point); a single op's shape tensor or dst_shape / weights_shape
+ * attribute gives its output's. A shape the server infers is not
+ * predicted here. */
+static size_t cgc__output_bytes_bound(const cgc__attempt *a, int g) {
+  const cgc_request *r = a->req;
+  size_t es = cg_dtype_size(r->inputs[0].dtype);
+  if (cg_op_is_layer(r->op))
+    return g == CG_GRAD_DIFF_SRC ? r->inputs[0].nbytes : r->inputs[2].nbytes;
+  if (r->has_shape_input)
+    return cgc__dims_bytes(r->shape_input.v, r->shape_input.len, es);
+  const cg_ints *shape = cg_op_outputs_weights(r->op) ? &r->attrs.weights_shape
+                         : r->op == CG_OP_CONV_BWD_DATA ? &r->attrs.dst_shape
+                                                        : NULL;
+  return shape && shape->len ? cgc__dims_bytes(shape->v, shape->len, es)
+                             : SIZE_MAX;
+}
+
+/* Decides whether this attempt's answer is one message, which lets a
+ * request that is one message too run as one batch (cgc__open). By the
+ * wire contract an output comes as one message when it goes to a region,
+ * or is at most 64 KiB and at most response_chunk_bytes: for such an
+ * output the attempt asks for chunks of 64 KiB when the caller left the
+ * size to the server, whose own default may be as low as 1 KiB. */
+static void cgc__plan_answer(cgc__attempt *a) {
+  unsigned w = a->wants;
+  uint32_t chunk = a->opts->download_chunk_bytes;
+  size_t inline_max =
+      chunk && chunk < CGC__MAX_INLINE_BYTES ? chunk : CGC__MAX_INLINE_BYTES;
+  a->chunk_ask = chunk;
+  a->one_message = 0;
+  if (!w || (w & (w - 1)))
+    return; /* several outputs: a header each */
+  int g = __builtin_ctz(w);
+  if (a->out_reg[g]) {
+    a->one_message = 1;
+  } else if (cgc__output_bytes_bound(a, g) <= inline_max) {
+    a->one_message = 1;
+    a->chunk_ask = chunk ? chunk : CGC__MAX_INLINE_BYTES;
+  }
+}
 
 /* A Compute call: its attempts one after another on one completion queue,
  * each a state machine that the queue's events advance (cgc__tag_run), the
@@ -575,7 +635,7 @@ struct cgc__job {
    * the engine's thread. */
   pthread_mutex_t mu;
   cgc__flight f;
-  cgc__tag send_tag, recv_tag, status_tag, wait_tag;
+  cgc__tag send_tag, recv_tag, status_tag, all_tag, wait_tag;
   cgc__retrier retry;
   int registered_again; /* the call's regions were registered anew */
   cgc__end_fn on_end;   /* told once the call ended */
@@ -592,6 +652,7 @@ struct cgc__job {
 static void cgc__attempt_reset(cgc__attempt *a) {
   cgc__drop_out(a, ~a->done);
   a->wants = a->wants_all & ~a->done;
+  cgc__plan_answer(a);
   a->have_header = 0;
   a->got = 0;
   a->received = 0;
@@ -619,10 +680,23 @@ static int cgc__pin_inputs(cgc__attempt *a, cgc_status *st) {
 static int cgc__open(cgc__job *j) {
   cgc__attempt *a = &j->a;
   cgc__flight *f = &j->f;
-  grpc_op ops[5];
+  grpc_op ops[6];
   cgc__op_recv_status(&f->status_op, &f->io);
   cgc__ops_one_message(ops, &f->io);
   f->sending = cgc__upload_left(a);
+  if (!f->sending && a->one_message) {
+    /* One message each way: one batch sends the request and receives the
+     * answer and the status, as a unary call does (three batches cost
+     * the client 10% more instructions per tiny call). The status batch
+     * cannot end while a message is unread, so only an answer that is
+     * one message by contract may go this way: a server that sent more
+     * would hold the call until its deadline. */
+    ops[5] = f->status_op;
+    if (cgc__start(f->call, ops, 6, &j->all_tag))
+      return CGC_ERPC;
+    f->recv_busy = f->status_busy = f->status_started = f->one_batch = 1;
+    return 0;
+  }
   if (!f->sending) {
     /* The whole request fits one message: a single batch sends it and
      * waits for the first answer, which keeps small calls to three
@@ -695,7 +769,7 @@ static void cgc__on_received(cgc__job *j) {
   int all_in = cgc__all_in(a);
   if (all_in && !f->t_all_in)
     f->t_all_in = cgc__now_ms();
-  if (!ended && !f->local_rc) {
+  if (!ended && !f->local_rc && !f->one_batch) {
     grpc_op rop;
     memset(&rop, 0, sizeof rop);
     rop.op = GRPC_OP_RECV_MESSAGE;
@@ -871,6 +945,13 @@ static void cgc__handle_status(cgc__job *j, int success) {
   cgc__attempt_settle(j);
 }
 
+static void cgc__handle_all(cgc__job *j, int success) {
+  (void)success; /* as the receive's and the status's */
+  j->f.status_busy = 0;
+  cgc__on_received(j);
+  cgc__attempt_settle(j);
+}
+
 static void cgc__handle_wait(cgc__job *j, int success) {
   if (cgc__retry_watch(&j->retry, 0, success, j->cq, &j->wait_tag))
     cgc__attempt_begin(j);
@@ -886,6 +967,10 @@ static void cgc__on_recv_tag(cgc__tag *tag, int success) {
 
 static void cgc__on_status_tag(cgc__tag *tag, int success) {
   cgc__job_event(CGC__JOB_OF(tag, status_tag), cgc__handle_status, success);
+}
+
+static void cgc__on_all_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, all_tag), cgc__handle_all, success);
 }
 
 static void cgc__on_wait_tag(cgc__tag *tag, int success) {
@@ -1008,6 +1093,7 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
   j->send_tag.run = cgc__on_send_tag;
   j->recv_tag.run = cgc__on_recv_tag;
   j->status_tag.run = cgc__on_status_tag;
+  j->all_tag.run = cgc__on_all_tag;
   j->wait_tag.run = cgc__on_wait_tag;
   a->wants_all = wants;
   a->nin = nin;

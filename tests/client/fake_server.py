@@ -25,6 +25,7 @@ answered by it instead, for the client's retry tests:
   busy-then-slow-MS  the first attempt refused as busy-always-5 is, a
                   retry answered as slow-MS is (a retry the client's
                   deadline overtakes while the server holds it);
+  row-I           answered with SCRIPT[I], whatever the call count;
   partial         a layer op's first attempt gets its first output
                   (bytes 0..15) and then "retry later"; a retry gets each
                   output its header names (output g: bytes 16g..16g+15) and
@@ -141,6 +142,8 @@ def scenario(name, attempt, first, context):
     kind, _, ms = name.rpartition("-")
     if kind == "busy-then-slow":
         kind, ms = ("busy-always", "5") if attempt is None else ("slow", ms)
+    if kind == "row":
+        return SCRIPT[int(ms)], None
     if kind == "slow":
         # In steps, so that a call the client gave up frees the thread.
         end = time.monotonic() + int(ms) / 1000

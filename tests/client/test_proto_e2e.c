@@ -31,28 +31,30 @@
 static const char *fake_exe, *cli_exe;
 
 typedef struct expect_row {
+  int messages; /* in the answer */
   int rc;
   const char *needle;
 } expect_row;
 
 /* In fake_server.py's SCRIPT order. */
 static const expect_row rows[] = {
-    {CGC_EPROTO, "data chunk before the ResultHeader"},
-    {CGC_EPROTO, "total_bytes disagrees"},
-    {CGC_EPROTO, "more data than"},
-    {CGC_EPROTO, "ended before all data"},
-    {CGC_EPROTO, "shape overflows"},
-    {CG_ELIMIT, "exceeds max_output_bytes"},
-    {CGC_EPROTO, "truncated field tag"},
-    {CGC_EPROTO, "unsupported wire type"},
-    {CGC_EPROTO, "a ResultHeader before the last output was whole"},
-    {CGC_EPROTO, "more outputs than were asked for"},
-    {CGC_EPROTO, "dtype"},
-    {CGC_EPROTO, "data is not the whole result"},
-    {CGC_EPROTO, "more data than"},
-    {0, NULL},
-    {0, NULL},
+    {1, CGC_EPROTO, "data chunk before the ResultHeader"},
+    {1, CGC_EPROTO, "total_bytes disagrees"},
+    {2, CGC_EPROTO, "more data than"},
+    {2, CGC_EPROTO, "ended before all data"},
+    {1, CGC_EPROTO, "shape overflows"},
+    {1, CG_ELIMIT, "exceeds max_output_bytes"},
+    {1, CGC_EPROTO, "truncated field tag"},
+    {1, CGC_EPROTO, "unsupported wire type"},
+    {2, CGC_EPROTO, "a ResultHeader before the last output was whole"},
+    {2, CGC_EPROTO, "more outputs than were asked for"},
+    {1, CGC_EPROTO, "dtype"},
+    {1, CGC_EPROTO, "data is not the whole result"},
+    {2, CGC_EPROTO, "more data than"},
+    {3, 0, NULL},
+    {1, 0, NULL},
 };
+#define NROWS (sizeof rows / sizeof rows[0])
 
 /* The fake server lives in the group's setup and teardown, so that a
  * failing check does not leave it running. */
@@ -234,38 +236,84 @@ static void test_retry_cut_by_deadline(void **state) {
     fail_msg("the retry was cut after %.1f ms, under a 1 s deadline", ms);
 }
 
+/* Checks how the call of req on ch answered with rows[i] ended. */
+static void call_row(cgc_channel *ch, const cgc_request *req, size_t i) {
+  cgc_tensor *out = NULL;
+  cgc_result res;
+  cgc_status st;
+  int rc = cgc_compute(ch, req, &out, &res, &st);
+  if (rc != rows[i].rc)
+    fail_msg("answer %zu: rc %d (%s), expected %d", i, rc, st.message,
+             rows[i].rc);
+  if (rows[i].rc) {
+    assert_null(out);
+    assert_int_not_equal(st.code, GRPC_STATUS_OK);
+    if (!strstr(st.message, rows[i].needle))
+      fail_msg("answer %zu: message '%s' lacks '%s'", i, st.message,
+               rows[i].needle);
+  } else {
+    uint8_t want[16];
+    for (int k = 0; k < 16; k++)
+      want[k] = (uint8_t)k;
+    assert_non_null(out);
+    assert_int_equal(out->nbytes, 16);
+    assert_int_equal(out->rank, 2);
+    assert_memory_equal(out->data, want, 16);
+    assert_string_equal(res.worker, "fake-0");
+    cgc_tensor_free(out);
+  }
+}
+
+/* tiny_request with the output's shape given (dst_shape 1x1x2x2, 16
+ * bytes): its answer is one message by contract, so the call is one
+ * batch. */
+static int64_t tiny_dst_shape[4] = {1, 1, 2, 2};
+static void tiny_request_one_batch(cgc_request *req) {
+  tiny_request(req);
+  req->attrs.dst_shape = (cg_ints){tiny_dst_shape, 4};
+}
+
+/* Every scripted answer, on the path of a request whose answer size the
+ * server decides (one batch per message), in script order. */
 static void test_malformed_responses(void **state) {
   (void)state;
-  /* One call per scripted answer. */
   cgc_channel *ch = fake_channel(NULL, 0, 60000);
   cgc_request req;
   tiny_request(&req);
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-    cgc_tensor *out = NULL;
-    cgc_result res;
-    cgc_status st;
-    int rc = cgc_compute(ch, &req, &out, &res, &st);
-    if (rc != rows[i].rc)
-      fail_msg("answer %zu: rc %d (%s), expected %d", i, rc, st.message,
-               rows[i].rc);
-    if (rows[i].rc) {
-      assert_null(out);
-      assert_int_not_equal(st.code, GRPC_STATUS_OK);
-      if (!strstr(st.message, rows[i].needle))
-        fail_msg("answer %zu: message '%s' lacks '%s'", i, st.message,
-                 rows[i].needle);
-    } else {
-      uint8_t want[16];
-      for (int k = 0; k < 16; k++)
-        want[k] = (uint8_t)k;
-      assert_non_null(out);
-      assert_int_equal(out->nbytes, 16);
-      assert_int_equal(out->rank, 2);
-      assert_memory_equal(out->data, want, 16);
-      assert_string_equal(res.worker, "fake-0");
-      cgc_tensor_free(out);
-    }
+  for (size_t i = 0; i < NROWS; i++)
+    call_row(ch, &req, i);
+  cgc_channel_free(ch);
+}
+
+/* The scripted answers of one message each, to a request that runs as one
+ * batch: the same ends. An answer of two messages breaks the contract
+ * this batch relies on and holds the call until its deadline (the status
+ * cannot arrive while a message is unread): DEADLINE_EXCEEDED, never a
+ * crash or a result. */
+static void test_malformed_responses_one_batch(void **state) {
+  (void)state;
+  cgc_request req;
+  tiny_request_one_batch(&req);
+  for (size_t i = 0; i < NROWS; i++) {
+    char token[16];
+    snprintf(token, sizeof token, "row-%zu", i);
+    if (rows[i].messages != 1)
+      continue;
+    cgc_channel *ch = fake_channel(token, 0, 60000);
+    call_row(ch, &req, i);
+    cgc_channel_free(ch);
   }
+  cgc_channel *ch = fake_channel("row-9", 0, 300);
+  cgc_tensor *out = NULL;
+  cgc_result res;
+  cgc_status st;
+  double t0 = now_ms();
+  assert_int_equal(cgc_compute(ch, &req, &out, &res, &st), CGC_ERPC);
+  double ms = now_ms() - t0;
+  assert_null(out);
+  assert_int_equal(st.code, GRPC_STATUS_DEADLINE_EXCEEDED);
+  if (ms < 299)
+    fail_msg("two messages ended a one-batch call after %.1f ms", ms);
   cgc_channel_free(ch);
 }
 
@@ -469,6 +517,7 @@ int main(int argc, char **argv) {
   cli_exe = argv[2];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_malformed_responses),
+      cmocka_unit_test(test_malformed_responses_one_batch),
       cmocka_unit_test(test_retry_after_hint),
       cmocka_unit_test(test_refusal_without_hint_not_retried),
       cmocka_unit_test(test_retries_bounded_and_numbered),

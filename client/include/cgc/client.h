@@ -84,7 +84,9 @@ typedef struct cgc_options {
    * a few KiB of framing. */
   size_t upload_chunk_bytes; /* default 1 MiB; 0 = default */
   /* Largest response chunk asked of the server; 0 = server default,
-   * else at least 1024. */
+   * else at least 1024. With 0, a call whose one output the request says
+   * is at most 64 KiB asks for 64 KiB, so that the output comes whole in
+   * one message whatever the server's default (see cgc_compute). */
   uint32_t download_chunk_bytes;
   /* Largest result this client accepts (checked before allocating). */
   uint64_t max_output_bytes; /* default 4 GiB */
@@ -260,7 +262,15 @@ CGC_EXPORT void cgc_request_init(cgc_request *r);
  * server broke the wire contract), CG_EINVAL (the request is malformed
  * locally, e.g. nbytes disagrees with dims), CG_ERANGE or CG_ENOMEM.
  * Thread-safe (concurrent calls on one channel are fine). Blocks until the
- * call ends or its deadline passes. */
+ * call ends or its deadline passes.
+ * A call whose request fits one message (upload_chunk_bytes) and whose
+ * answer is one message by the wire contract (one output, in a registered
+ * region or of at most 64 KiB by the shape the request gives it: a
+ * dst_shape, weights_shape or shape tensor, or a layer op's inputs) runs
+ * as one gRPC batch, as a unary call does. Such a call cannot read on
+ * past the first message: a server that broke the contract by sending
+ * more would hold it until its deadline (DEADLINE_EXCEEDED); others read
+ * every message and name what was wrong (CGC_EPROTO). */
 CGC_EXPORT int cgc_compute(cgc_channel *ch, const cgc_request *req,
                            cgc_tensor **out, cgc_result *res, cgc_status *st);
 
