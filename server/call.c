@@ -144,18 +144,36 @@ static double ms_between(uint64_t from, uint64_t to) {
   return from && to > from ? (double)(to - from) / 1e6 : 0.0;
 }
 
-/* 1 when the call's job ran to the end (a call can still have failed
- * after it, a cancel while sending, say: its figures are true). */
-static int computed(const cgs_call *c) {
-  return c->job_picked && c->job.rc == 0;
-}
+/* A call's figures, taken once when it ends: its log line and its
+ * metrics read the same times and bytes. */
+typedef struct call_record {
+  int computed; /* the job ran to the end (the call can still have failed
+                   after it, a cancel while sending, say: its figures are
+                   true) */
+  cg_compute_path path; /* f32_convert if any output took it */
+  double recv_ms;       /* arrival -> the job's submission */
+  double queue_ms;      /* submitted -> picked up; 0 if never picked */
+  double compute_ms;    /* the job's run over every output; 0 without one */
+  double send_ms;       /* the result header -> the last result batch */
+  double total_ms;      /* arrival -> end */
+  uint64_t bytes_in, bytes_out;
+} call_record;
 
-/* The job's time over every output it computed; 0 without one. */
-static double compute_ms(const cgs_call *c) {
-  double ms = 0;
-  for (int g = 0; computed(c) && g < CG_GRAD_COUNT; g++)
-    ms += c->job.info[g].compute_ms;
-  return ms;
+static void call_record_fill(const cgs_call *c, call_record *r) {
+  memset(r, 0, sizeof *r);
+  r->computed = c->job_picked && c->job.rc == 0;
+  r->path = CG_PATH_NATIVE;
+  for (int g = 0; r->computed && g < CG_GRAD_COUNT; g++) {
+    r->compute_ms += c->job.info[g].compute_ms;
+    if (c->job.info[g].path != CG_PATH_NATIVE)
+      r->path = c->job.info[g].path;
+  }
+  r->recv_ms = ms_between(c->t_start, c->job.t_submit);
+  r->queue_ms = c->job_picked ? c->job.queue_ms : 0.0;
+  r->send_ms = ms_between(c->t_send, c->t_sent);
+  r->total_ms = ms_between(c->t_start, uv_hrtime());
+  r->bytes_in = c->up.bytes_in;
+  r->bytes_out = c->sent_all;
 }
 
 /* " key=" and ms with three decimals. */
@@ -164,7 +182,7 @@ static void append_ms(cg_text *t, const char *key, double ms) {
   cg_text_fixed3(t, ms);
 }
 
-static void log_call(cgs_call *c) {
+static void log_call(cgs_call *c, const call_record *r) {
   /* A flood of failing calls (resets, refusals) must not flood the log:
    * a peer's failure lines are rate-limited, and the sweep reports how
    * many were left out. */
@@ -176,13 +194,8 @@ static void log_call(cgs_call *c) {
       c->status == GRPC_STATUS_INTERNAL ? CGS_LOG_WARN : CGS_LOG_INFO;
   if (!cgs_log_enabled(level))
     return;
-  double total_ms = ms_between(c->t_start, uv_hrtime());
   char line[2048], peer[128], client[2 * sizeof c->client],
       msg[2 * sizeof c->msg];
-  cg_compute_path path = CG_PATH_NATIVE;
-  for (int g = 0; computed(c) && g < CG_GRAD_COUNT; g++)
-    if (c->job.info[g].path != CG_PATH_NATIVE)
-      path = c->job.info[g].path;
   /* Built without printf, which cost more than the tiny row's kernel;
    * every client-controlled value goes through cgs_log_value. */
   cg_text t;
@@ -213,17 +226,17 @@ static void log_call(cgs_call *c) {
     cg_text_str(&t, "-");
   }
   cg_text_str(&t, " bytes_in=");
-  cg_text_int(&t, (int64_t)c->up.bytes_in);
+  cg_text_int(&t, (int64_t)r->bytes_in);
   cg_text_str(&t, " bytes_out=");
-  cg_text_int(&t, (int64_t)c->sent_all);
-  append_ms(&t, " recv_ms=", ms_between(c->t_start, c->job.t_submit));
-  append_ms(&t, " queue_ms=", c->job_picked ? c->job.queue_ms : 0.0);
-  append_ms(&t, " compute_ms=", compute_ms(c));
-  append_ms(&t, " send_ms=", ms_between(c->t_send, c->t_sent));
-  append_ms(&t, " total_ms=", total_ms);
+  cg_text_int(&t, (int64_t)r->bytes_out);
+  append_ms(&t, " recv_ms=", r->recv_ms);
+  append_ms(&t, " queue_ms=", r->queue_ms);
+  append_ms(&t, " compute_ms=", r->compute_ms);
+  append_ms(&t, " send_ms=", r->send_ms);
+  append_ms(&t, " total_ms=", r->total_ms);
   cg_text_str(&t, " path=");
-  cg_text_str(&t, computed(c)
-                      ? (path == CG_PATH_NATIVE ? "native" : "f32_convert")
+  cg_text_str(&t, r->computed
+                      ? (r->path == CG_PATH_NATIVE ? "native" : "f32_convert")
                       : "-");
   cg_text_str(&t, " worker=");
   cg_text_str(&t, c->job_picked ? c->worker : "-");
@@ -237,17 +250,17 @@ static void log_call(cgs_call *c) {
   cgs_log_str(level, line);
 }
 
-static void count_call(cgs_call *c) {
+static void count_call(cgs_call *c, const call_record *r) {
   cgs_metrics_call m = {.op = c->up.prob.op,
                         .dtype = c->up.prob.dtype,
                         .code = c->status,
-                        .request_s = ms_between(c->t_start, uv_hrtime()) / 1e3,
+                        .request_s = r->total_ms / 1e3,
                         .queued = c->job_picked,
-                        .queue_s = c->job_picked ? c->job.queue_ms / 1e3 : 0,
-                        .computed = computed(c),
-                        .compute_s = compute_ms(c) / 1e3,
-                        .bytes_in = c->up.bytes_in,
-                        .bytes_out = c->sent_all,
+                        .queue_s = r->queue_ms / 1e3,
+                        .computed = r->computed,
+                        .compute_s = r->compute_ms / 1e3,
+                        .bytes_in = r->bytes_in,
+                        .bytes_out = r->bytes_out,
                         .refused = c->refused,
                         .retry_attempt = c->retry_attempt,
                         .peer_class = c->peer_class};
@@ -266,10 +279,12 @@ static void count_call(cgs_call *c) {
 /* Once nothing holds c any more. */
 static void free_call(cgs_call *c) {
   cgs_server *s = c->s;
-  log_call(c);
+  call_record r;
+  call_record_fill(c, &r);
+  log_call(c, &r);
   atomic_fetch_sub(&s->inflight_bytes, c->reserved);
-  count_call(c); /* after the release: a scrape that sees the call ended
-                    sees its bytes returned */
+  count_call(c, &r); /* after the release: a scrape that sees the call
+                        ended sees its bytes returned */
   cgs_upload_close(&c->up);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (c->out[g])
