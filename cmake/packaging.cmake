@@ -14,22 +14,23 @@
 #   convgrad-cli       the convgrad CLI and its man page
 #   python3-convgrad   the Python package with convgrad.v1
 #
-# Every package carries /usr/share/doc/PACKAGE/copyright; libcgclient-dev
-# the changelog for C callers too. The shlibs file that makes other
-# packages' dpkg-shlibdeps depend on libcgclient0.2 is generated for every
-# package with a shared object (CPack has no per-package switch), so
-# convgrad-server's also names its private libcgkernels, which nothing else
-# links.
+# Every package carries /usr/share/doc/PACKAGE/copyright (Apache-2.0, as
+# LICENSE in the source tree); libcgclient-dev the changelog for C callers
+# too. The shlibs file that makes other packages' dpkg-shlibdeps depend on
+# libcgclient0.2 is generated for every package with a shared object (CPack
+# has no per-package switch), so convgrad-server's also names its private
+# libcgkernels, which nothing else links.
 #
 # Dependencies on Debian's libraries come from dpkg-shlibdeps
 # (CPACK_DEBIAN_PACKAGE_SHLIBDEPS, dpkg-dev and file), those between the
 # packages from the component dependencies, exact versions.
 set(CPACK_PACKAGE_NAME convgrad)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-# The Maintainer field: pass -DCPACK_PACKAGE_CONTACT="Name <address>" for
-# packages that leave this host.
+# The Maintainer field of every package and the signature of its Debian
+# changelog; the project's one contact (a rebuild under another name
+# passes -DCPACK_PACKAGE_CONTACT="Name <address>").
 if(NOT CPACK_PACKAGE_CONTACT)
-  set(CPACK_PACKAGE_CONTACT "convgrad developers <convgrad@localhost>")
+  set(CPACK_PACKAGE_CONTACT "The convgrad developers <maintainers@convgrad.dev>")
 endif()
 set(CPACK_PACKAGE_DIRECTORY ${PROJECT_BINARY_DIR}/packages)
 set(CPACK_GENERATOR DEB)

@@ -53,6 +53,18 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
 log "installed: $(dpkg-query -W -f='${Package} ${Version}, ' convgrad-server \
   libcgclient0.2 libcgclient-dev convgrad-cli python3-convgrad)"
 
+# Every package names a maintainer one can write to, and its copyright
+# file the license of LICENSE.
+for pkg in convgrad-server libcgclient0.2 libcgclient-dev convgrad-cli python3-convgrad; do
+  maintainer=$(dpkg-query -W -f='${Maintainer}' "$pkg")
+  case "$maintainer" in
+    *@localhost* | *@example.* | *@*.invalid* | *'<>'* | '') die "$pkg: placeholder Maintainer '$maintainer'" ;;
+  esac
+  grep -qx 'License: Apache-2.0' "/usr/share/doc/$pkg/copyright" ||
+    die "$pkg: /usr/share/doc/$pkg/copyright declares no Apache-2.0 license"
+done
+log "maintainer: $maintainer; license: Apache-2.0"
+
 # The system user and group of the package's postinst.
 IFS=: read -r _ _ uid gid _ home shell < <(getent passwd convgrad) ||
   die "no user convgrad"
