@@ -35,9 +35,14 @@ do not depend on the kernels), and the test prints the ISAs it
 covered and, for each, the longest compute time of a request whose
 tensors total at most 64 KiB (from the server's log; printed, not
 asserted). Each server must stay SERVING and exit 0 on SIGTERM (under
-ASan/UBSan any report aborts it). Exits 77 (ctest skip) when no stub
+ASan/UBSan any report aborts it).
+
+Last, a server whose JIT kernels cannot be built (Memory-Deny-Write-
+Execute) shows that oneDNN's runtime_error at primitive creation comes
+back as INVALID_ARGUMENT naming the backend (runtime_error_refused). Exits 77 (ctest skip) when no stub
 generator is installed."""
 import concurrent.futures
+import ctypes
 import os
 import re
 import struct
@@ -526,6 +531,63 @@ def serve_and_check(args, grpc, pb, isa, out, make_calls):
             time.time() - t0)
 
 
+# prctl(2): Memory-Deny-Write-Execute, Linux 6.3 and later.
+PR_SET_MDWE, PR_GET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 66, 1
+KERNEL_REFUSED = re.compile(
+    r"attrs: oneDNN \S+ on \S+ cannot build a kernel for this geometry "
+    r"\(primitive creation: runtime_error\)$")
+
+
+def deny_write_execute():
+    """In the server's child before exec: no mapping of it may become
+    executable after it was writable, which every JIT kernel needs."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_MDWE)")
+
+
+def runtime_error_refused(args, grpc, pb, b, out):
+    """oneDNN's runtime_error at primitive creation is INVALID_ARGUMENT
+    naming the backend (engine.c, make_err), not INTERNAL. No request
+    reaches it through the kernels that the engine's catalogue lets run
+    (the issue 25 requests that did are refused by the limits now), so the
+    server runs under Memory-Deny-Write-Execute: oneDNN's JIT code cannot
+    be made executable, Xbyak fails, and dnnl_primitive_create returns
+    runtime_error. The call is made twice (a failure is not cached), and
+    the server must stay SERVING and exit 0. Returns the problems found,
+    or None where the kernel has no MDWE."""
+    if ctypes.CDLL(None).prctl(PR_GET_MDWE, 0, 0, 0, 0) < 0:
+        print("runtime_error: skipped, this kernel has no PR_SET_MDWE")
+        return None
+    log = open(os.path.join(out, "extremes-server-mdwe.log"), "w")
+    proc, port = start_server(args.server, log, preexec_fn=deny_write_execute)
+    bad = []
+    try:
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        compute = ch.stream_stream("/convgrad.v1.ConvGrad/Compute",
+                                   request_serializer=lambda m: m,
+                                   response_deserializer=lambda m: m)
+        h, _ = b.request(pb.CONVOLUTION_BACKWARD_DATA)
+        for attempt in (1, 2):
+            try:
+                list(compute(iter(wire(pb, h)), timeout=60))
+                code, details = "OK", ""
+            except grpc.RpcError as e:
+                code, details = e.code().name, e.details() or ""
+            print("runtime_error, call %d: %s %r" % (attempt, code, details))
+            if code != "INVALID_ARGUMENT" or not KERNEL_REFUSED.match(details):
+                bad.append("runtime_error call %d: %s %r" % (attempt, code,
+                                                             details))
+        if not serving(ch):
+            bad.append("runtime_error: not SERVING after the calls")
+        ch.close()
+    finally:
+        rc = stop_server(proc, log)
+    if rc != 0:
+        bad.append("runtime_error: the server exited with %d" % rc)
+    return bad
+
+
 def main():
     ap = common_args(__doc__)
     ap.add_argument("--threads", type=int, default=4)
@@ -561,7 +623,7 @@ def main():
                                                             KERNEL_VALUES)))
             assert runs[-1][0] == isa, (isa, runs[-1][0])
 
-    bad = []
+    bad = runtime_error_refused(args, grpc, pb, b, out) or []
     for isa, seen, problems, worst, ncalls, secs in runs:
         print("%s: %d calls in %.1f s: %s" % (isa, ncalls, secs, ", ".join(
             "%s %d" % kv for kv in sorted(seen.items()))))

@@ -79,14 +79,15 @@ def prepare_stubs(proto_dir, workdir, prefix):
     return out
 
 
-def start_server(path, log, extra=(), env=None):
+def start_server(path, log, extra=(), env=None, preexec_fn=None):
     """Starts the server on an ephemeral port (extra: more flags, later
-    ones win; env: its environment, else ours); returns the process, its
-    readiness line kept as proc.ready_line, and the port."""
+    ones win; env: its environment, else ours; preexec_fn: run in the
+    child before exec); returns the process, its readiness line kept as
+    proc.ready_line, and the port."""
     proc = subprocess.Popen([path, "--listen", "127.0.0.1:0", "--workers", "2",
                              "--chunk-bytes", "4096"] + list(extra),
                             stdout=subprocess.PIPE, stderr=log, text=True,
-                            env=env)
+                            env=env, preexec_fn=preexec_fn)
     line = proc.stdout.readline()
     m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
     if not m:
