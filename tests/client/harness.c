@@ -1,6 +1,7 @@
 /* harness.c - see harness.h: spawning and stopping servers and CLI runs
  * for the client's end-to-end tests. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -206,4 +208,45 @@ int th_write_file(const char *path, const char *text) {
     return -1;
   int ok = fputs(text, fp) >= 0;
   return fclose(fp) == 0 && ok ? 0 : -1;
+}
+
+/* 1 when name is PREFIX-[word-...]PID[-...], PREFIX convgrad or cgtest:
+ * the keys cgc_region_create and these tests give this process's
+ * objects (tests/shm_leftovers.py reads them the same way). */
+static int th_shm_own(const char *name, const char *pid) {
+  static const char *const prefixes[] = {"convgrad-", "cgtest-"};
+  const char *p = NULL;
+  for (size_t i = 0; !p && i < sizeof prefixes / sizeof prefixes[0]; i++)
+    if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+      p = name + strlen(prefixes[i]);
+  while (p && *p >= 'a' && *p <= 'z') {
+    const char *w = p;
+    while (*w >= 'a' && *w <= 'z')
+      w++;
+    p = *w == '-' ? w + 1 : NULL;
+  }
+  if (!p || strncmp(p, pid, strlen(pid)) != 0)
+    return 0;
+  p += strlen(pid);
+  return *p == '-' || *p == '\0';
+}
+
+static void th_shm_unlink_own(void) {
+  char pid[32], key[300];
+  DIR *d = opendir("/dev/shm");
+  if (!d)
+    return;
+  snprintf(pid, sizeof pid, "%ld", (long)getpid());
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!th_shm_own(e->d_name, pid))
+      continue;
+    snprintf(key, sizeof key, "/%s", e->d_name);
+    if (shm_unlink(key) == 0)
+      fprintf(stderr, "harness: removed %s at exit (no test freed it)\n", key);
+  }
+  closedir(d);
+}
+
+void th_shm_unlink_at_exit(void) {
+  atexit(th_shm_unlink_own);
 }

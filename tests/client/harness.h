@@ -45,4 +45,11 @@ void th_run_cmd(th_run *r, const char *const *argv);
 /* Writes text to path; 0 or -1. */
 int th_write_file(const char *path, const char *text);
 
+/* At exit, unlinks this process's shared-memory objects, the ones
+ * cgc_region_create names (/dev/shm/PREFIX<pid>-..., PREFIX convgrad- or
+ * cgtest-) and the tests' own (/dev/shm/convgrad-WORD-<pid>...): a failed
+ * assertion leaves its test without the cgc_region_free that would have,
+ * and cmocka goes on to the next test and returns. */
+void th_shm_unlink_at_exit(void);
+
 #endif

@@ -499,6 +499,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   server_exe = argv[1];
+  th_shm_unlink_at_exit();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_op_in_regions),
       cmocka_unit_test(test_mixed_requests),
