@@ -174,73 +174,71 @@ void cgc__op_recv_status(grpc_op *op, cgc__call_io *io) {
   op->data.recv_status_on_client.error_string = &io->error_string;
 }
 
+int cgc__unary_start(cgc__unary_call *u, cgc_channel *ch,
+                     grpc_completion_queue *cq, cgc__tag *tag,
+                     const char *method, const void *req, size_t reqlen,
+                     const cgc__try *t, cgc_status *st) {
+  grpc_op ops[6];
+  u->method = method;
+  cgc__call_io_init(&u->io, ch, t->retry);
+  grpc_slice payload = grpc_slice_from_copied_buffer(req, reqlen);
+  u->io.send_bb = grpc_raw_byte_buffer_create(&payload, 1);
+  grpc_slice_unref(payload);
+  u->call = grpc_channel_create_call(ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS,
+                                     cq, grpc_slice_from_static_string(method),
+                                     NULL, t->deadline, NULL);
+  cgc__ops_one_message(ops, &u->io);
+  cgc__op_recv_status(&ops[5], &u->io);
+  if (u->call &&
+      grpc_call_start_batch(u->call, ops, 6, tag ? cgc__tag_give(tag) : NULL,
+                            NULL) == GRPC_CALL_OK)
+    return 0;
+  cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call to %s",
+                  method);
+  if (u->call)
+    grpc_call_unref(u->call);
+  cgc__call_io_free(&u->io);
+  return CGC_ERPC;
+}
+
+int cgc__unary_end(cgc__unary_call *u, cgc__try *t, void **resp,
+                   size_t *resplen, cgc_status *st) {
+  int rc = 0;
+  if (resp) {
+    *resp = NULL;
+    *resplen = 0;
+  }
+  if (u->io.code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, u->io.code, u->io.details);
+    t->retry_after_ms = cgc__call_io_retry_after(&u->io);
+    rc = CGC_ERPC;
+  } else if (!u->io.recv_bb) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: empty response", u->method);
+    rc = CGC_EPROTO;
+  } else if (resp && (rc = cgc__byte_buffer_flatten(u->io.recv_bb, resp,
+                                                    resplen)) != 0) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot read the response",
+                    u->method);
+  }
+  grpc_call_unref(u->call);
+  cgc__call_io_free(&u->io);
+  return rc;
+}
+
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, cgc__try *t, void **resp, size_t *resplen,
                cgc_status *st) {
-  int rc = 0;
-  grpc_completion_queue *cq = NULL;
-  grpc_call *call = NULL;
-  cgc__call_io io;
-  grpc_op ops[6];
-  grpc_event ev;
-  int idle = 1; /* no batch of the call is pending */
-
+  cgc__unary_call u;
   *resp = NULL;
   *resplen = 0;
-  cgc__call_io_init(&io, ch, t->retry);
-
-  grpc_slice payload = grpc_slice_from_copied_buffer(req, reqlen);
-  io.send_bb = grpc_raw_byte_buffer_create(&payload, 1);
-  grpc_slice_unref(payload);
-
-  cq = cgc__cq_take(ch);
-  call = grpc_channel_create_call(ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
-                                  grpc_slice_from_static_string(method), NULL,
-                                  t->deadline, NULL);
-  if (!call) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot create a call to %s",
-                    method);
-    rc = CGC_ERPC;
-    goto out;
+  grpc_completion_queue *cq = cgc__cq_take(ch);
+  int rc = cgc__unary_start(&u, ch, cq, NULL, method, req, reqlen, t, st);
+  if (rc == 0) {
+    /* The call's deadline bounds this wait; its one batch always
+     * completes, with a status. */
+    grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    rc = cgc__unary_end(&u, t, resp, resplen, st);
   }
-  cgc__ops_one_message(ops, &io);
-  cgc__op_recv_status(&ops[5], &io);
-  if (grpc_call_start_batch(call, ops, 6, (void *)1, NULL) != GRPC_CALL_OK) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot start a call to %s",
-                    method);
-    rc = CGC_ERPC;
-    goto out;
-  }
-  /* The call's deadline bounds this wait. */
-  ev =
-      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-  idle = ev.type == GRPC_OP_COMPLETE;
-  if (ev.type != GRPC_OP_COMPLETE || io.code != GRPC_STATUS_OK) {
-    if (ev.type != GRPC_OP_COMPLETE)
-      cgc__status_set(st, GRPC_STATUS_INTERNAL, "completion queue failed");
-    else
-      cgc__status_from_grpc(st, io.code, io.details);
-    t->retry_after_ms = cgc__call_io_retry_after(&io);
-    rc = CGC_ERPC;
-    goto out;
-  }
-  if (!io.recv_bb) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: empty response", method);
-    rc = CGC_EPROTO;
-    goto out;
-  }
-  rc = cgc__byte_buffer_flatten(io.recv_bb, resp, resplen);
-  if (rc)
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "%s: cannot read the response",
-                    method);
-out:
-  if (call)
-    grpc_call_unref(call);
-  /* A queue with an event left in it cannot serve another call. */
-  if (idle)
-    cgc__cq_give(ch, cq);
-  else
-    cgc__cq_destroy(cq);
-  cgc__call_io_free(&io);
+  cgc__cq_give(ch, cq);
   return rc;
 }

@@ -635,10 +635,14 @@ struct cgc__job {
    * the engine's thread. */
   pthread_mutex_t mu;
   cgc__flight f;
-  cgc__tag send_tag, recv_tag, status_tag, all_tag, wait_tag;
+  cgc__tag send_tag, recv_tag, status_tag, all_tag, wait_tag, reg_tag;
   cgc__retrier retry;
   int registered_again; /* the call's regions were registered anew */
-  cgc__end_fn on_end;   /* told once the call ended */
+  /* The registration running: of the region at reg_next (cgc__region_at). */
+  cgc__unary_call reg;
+  cgc__try reg_try;
+  int reg_next;
+  cgc__end_fn on_end; /* told once the call ended */
   void *end_arg;
   int ended; /* rc and st are final */
   int rc;
@@ -828,9 +832,46 @@ static void cgc__unpin(cgc__attempt *a) {
   a->pin = NULL;
 }
 
-static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
-                               cgc_status *st);
 static void cgc__attempt_begin(cgc__job *j);
+
+/* Ends the call with rc (st filled). */
+static void cgc__job_end(cgc__job *j, int rc) {
+  j->a.res.attempts = cgc__retry_attempts(&j->retry);
+  j->rc = rc;
+  j->ended = 1;
+}
+
+/* The region of the call's k-th input (k < 3) or output, NULL when it is
+ * in none or in one an earlier k named. */
+static const cgc_region *cgc__region_at(const cgc__attempt *a, int k) {
+  const cgc_region *r = k < 3 ? a->in_reg[k] : a->out_reg[k - 3];
+  for (int i = 0; r && i < k; i++)
+    if ((i < 3 ? a->in_reg[i] : a->out_reg[i - 3]) == r)
+      return NULL;
+  return r;
+}
+
+/* A call's regions were unknown to the server (it restarted since they
+ * were registered, or dropped them after --region-idle-timeout unused):
+ * registers the next one from j->reg_next again, one RegisterRegion call
+ * after another on the call's queue; once all are, the call starts again
+ * with a fresh backoff. A failure ends the call with the attempt's code
+ * and the registration's status. */
+static void cgc__register_next(cgc__job *j) {
+  while (j->reg_next < 3 + CG_GRAD_COUNT && !cgc__region_at(&j->a, j->reg_next))
+    j->reg_next++;
+  if (j->reg_next == 3 + CG_GRAD_COUNT) {
+    cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
+                    cgc__retry_attempts(&j->retry));
+    cgc__attempt_begin(j);
+    return;
+  }
+  j->reg_try = (cgc__try){cgc__deadline(j->ch, 0), 0, -1};
+  if (cgc__region_register_start(&j->reg, j->ch,
+                                 cgc__region_at(&j->a, j->reg_next), j->cq,
+                                 &j->reg_tag, &j->reg_try, &j->st) != 0)
+    cgc__job_end(j, CGC_ERPC);
+}
 
 /* The call's attempt ended with rc (st filled): retries it after a wait,
  * or registers the call's regions anew and tries again, or ends the call
@@ -846,21 +887,11 @@ static void cgc__attempt_end(cgc__job *j, int rc) {
   }
   if (rc == CGC_ERPC && j->st.code == GRPC_STATUS_NOT_FOUND && a->in_regions &&
       !j->registered_again) {
-    /* The server restarted since the regions were registered, or dropped
-     * them unused. This is rare, so its few RegisterRegion round trips
-     * block the thread driving the call (on the engine's, its other calls
-     * wait for them) rather than being one more state machine. */
     j->registered_again = 1;
-    if (cgc__register_again(a, j->ch, &j->st) == 0) {
-      cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
-                      cgc__retry_attempts(&j->retry));
-      cgc__attempt_begin(j);
-      return;
-    }
+    cgc__register_next(j);
+    return;
   }
-  a->res.attempts = cgc__retry_attempts(&j->retry);
-  j->rc = rc;
-  j->ended = 1;
+  cgc__job_end(j, rc);
 }
 
 /* Ends the attempt once no batch of it is pending. */
@@ -952,6 +983,16 @@ static void cgc__handle_all(cgc__job *j, int success) {
   cgc__attempt_settle(j);
 }
 
+static void cgc__handle_registered(cgc__job *j, int success) {
+  (void)success; /* its one batch ends with a status */
+  if (cgc__unary_end(&j->reg, &j->reg_try, NULL, NULL, &j->st) != 0) {
+    cgc__job_end(j, CGC_ERPC);
+    return;
+  }
+  j->reg_next++;
+  cgc__register_next(j);
+}
+
 static void cgc__handle_wait(cgc__job *j, int success) {
   if (cgc__retry_watch(&j->retry, 0, success, j->cq, &j->wait_tag))
     cgc__attempt_begin(j);
@@ -971,6 +1012,10 @@ static void cgc__on_status_tag(cgc__tag *tag, int success) {
 
 static void cgc__on_all_tag(cgc__tag *tag, int success) {
   cgc__job_event(CGC__JOB_OF(tag, all_tag), cgc__handle_all, success);
+}
+
+static void cgc__on_reg_tag(cgc__tag *tag, int success) {
+  cgc__job_event(CGC__JOB_OF(tag, reg_tag), cgc__handle_registered, success);
 }
 
 static void cgc__on_wait_tag(cgc__tag *tag, int success) {
@@ -1043,27 +1088,6 @@ static int cgc__find_regions(cgc__attempt *a, cgc_channel *ch) {
   return any;
 }
 
-/* A call's regions were unknown to the server (it restarted since they
- * were registered, or dropped them after --region-idle-timeout unused):
- * registers each again. */
-static int cgc__register_again(const cgc__attempt *a, cgc_channel *ch,
-                               cgc_status *st) {
-  const cgc_region *done[3 + CG_GRAD_COUNT];
-  int ndone = 0;
-  for (int k = 0; k < 3 + CG_GRAD_COUNT; k++) {
-    const cgc_region *r = k < 3 ? a->in_reg[k] : a->out_reg[k - 3];
-    int seen = 0;
-    for (int j = 0; j < ndone; j++)
-      seen |= done[j] == r;
-    if (!r || seen)
-      continue;
-    if (cgc__region_send_register(ch, r, st) != 0)
-      return -1;
-    done[ndone++] = r;
-  }
-  return 0;
-}
-
 int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
                  void *const *into, const size_t *into_cap, cgc_status *st) {
   int rc;
@@ -1095,6 +1119,7 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
   j->status_tag.run = cgc__on_status_tag;
   j->all_tag.run = cgc__on_all_tag;
   j->wait_tag.run = cgc__on_wait_tag;
+  j->reg_tag.run = cgc__on_reg_tag;
   a->wants_all = wants;
   a->nin = nin;
   a->req = req;

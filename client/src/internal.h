@@ -183,9 +183,27 @@ int64_t cgc__call_io_retry_after(const cgc__call_io *io);
 void cgc__ops_one_message(grpc_op ops[5], cgc__call_io *io);
 /* Fills *op as GRPC_OP_RECV_STATUS_ON_CLIENT into io. */
 void cgc__op_recv_status(grpc_op *op, cgc__call_io *io);
-/* One unary call of method with the serialized request req, as attempt
- * t (t->retry_after_ms is set). On success *resp holds the serialized
- * response (caller frees). Returns 0, CGC_ERPC or CG_ENOMEM. */
+/* A unary call as two steps, for a caller that drives the completion
+ * queue: one batch of six ops. */
+typedef struct cgc__unary_call {
+  grpc_call *call;
+  cgc__call_io io;
+  const char *method; /* static */
+} cgc__unary_call;
+/* Starts method with the serialized request req as attempt t on cq, its
+ * completion an event of tag (NULL: a queue this thread drives alone).
+ * Returns 0, or CGC_ERPC with st filled and nothing started. */
+int cgc__unary_start(cgc__unary_call *u, cgc_channel *ch,
+                     grpc_completion_queue *cq, cgc__tag *tag,
+                     const char *method, const void *req, size_t reqlen,
+                     const cgc__try *t, cgc_status *st);
+/* After its completion: frees what u holds, sets t->retry_after_ms, and
+ * with resp set hands over the serialized response (caller frees).
+ * Returns 0, CGC_ERPC, CGC_EPROTO or CG_ENOMEM with st filled. */
+int cgc__unary_end(cgc__unary_call *u, cgc__try *t, void **resp,
+                   size_t *resplen, cgc_status *st);
+/* cgc__unary_start and _end on a queue of the channel's, waited for on
+ * this thread. */
 int cgc__unary(cgc_channel *ch, const char *method, const void *req,
                size_t reqlen, cgc__try *t, void **resp, size_t *resplen,
                cgc_status *st);
@@ -247,10 +265,13 @@ const cgc_region *cgc__region_find(cgc_channel *ch, const void *p, size_t n,
                                    uint64_t *offset);
 /* The name r is registered under. */
 const char *cgc__region_name(const cgc_region *r);
-/* RegisterRegion for r again (the server restarted); r stays in its
- * channel's list. Returns like cgc__unary. */
-int cgc__region_send_register(cgc_channel *ch, const cgc_region *r,
-                              cgc_status *st);
+/* RegisterRegion for r, on cq with tag as cgc__unary_start does (the
+ * server restarted, or dropped it unused); r stays in its channel's
+ * list. Returns like cgc__unary_start. */
+int cgc__region_register_start(cgc__unary_call *u, cgc_channel *ch,
+                               const cgc_region *r, grpc_completion_queue *cq,
+                               cgc__tag *tag, const cgc__try *t,
+                               cgc_status *st);
 /* Unregisters every region still registered on ch (cgc_channel_free). */
 void cgc__regions_close(cgc_channel *ch);
 

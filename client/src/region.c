@@ -199,15 +199,26 @@ int cgc_region_view(cgc_region *r, size_t offset, cg_dtype dtype, int rank,
   return 0;
 }
 
+#define CGC__REGION_REQ_MAX 512
+
+/* Packs req into buf (CGC__REGION_REQ_MAX bytes): its length, or 0 after
+ * filling st. */
+static size_t cgc__region_pack(const ProtobufCMessage *req, uint8_t *buf,
+                               cgc_status *st) {
+  if (protobuf_c_message_get_packed_size(req) > CGC__REGION_REQ_MAX) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "request too large");
+    return 0;
+  }
+  return protobuf_c_message_pack(req, buf);
+}
+
 /* One unary region call of method with request req (packed here). */
 static int cgc__region_rpc(cgc_channel *ch, const char *method,
                            const ProtobufCMessage *req, cgc_status *st) {
-  uint8_t buf[512];
-  if (protobuf_c_message_get_packed_size(req) > sizeof buf) {
-    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT, "request too large");
+  uint8_t buf[CGC__REGION_REQ_MAX];
+  size_t len = cgc__region_pack(req, buf, st);
+  if (!len)
     return CG_EINVAL;
-  }
-  size_t len = protobuf_c_message_pack(req, buf);
   void *resp = NULL;
   size_t resplen = 0;
   cgc__try t = {cgc__deadline(ch, 0), 0, -1};
@@ -216,16 +227,32 @@ static int cgc__region_rpc(cgc_channel *ch, const char *method,
   return rc;
 }
 
-int cgc__region_send_register(cgc_channel *ch, const cgc_region *r,
-                              cgc_status *st) {
-  Convgrad__V1__RegisterRegionRequest req =
+static const char cgc__register_method[] =
+    "/convgrad.v1.ConvGrad/RegisterRegion";
+
+/* Fills req, a RegisterRegionRequest for r (pointing into it). */
+static void cgc__register_request(Convgrad__V1__RegisterRegionRequest *req,
+                                  const cgc_region *r) {
+  Convgrad__V1__RegisterRegionRequest init =
       CONVGRAD__V1__REGISTER_REGION_REQUEST__INIT;
-  req.name = (char *)cgc__region_name(r);
-  req.key = (char *)r->key;
-  req.offset = 0;
-  req.byte_size = r->size;
-  return cgc__region_rpc(ch, "/convgrad.v1.ConvGrad/RegisterRegion", &req.base,
-                         st);
+  *req = init;
+  req->name = (char *)cgc__region_name(r);
+  req->key = (char *)r->key;
+  req->offset = 0;
+  req->byte_size = r->size;
+}
+
+int cgc__region_register_start(cgc__unary_call *u, cgc_channel *ch,
+                               const cgc_region *r, grpc_completion_queue *cq,
+                               cgc__tag *tag, const cgc__try *t,
+                               cgc_status *st) {
+  Convgrad__V1__RegisterRegionRequest req;
+  uint8_t buf[CGC__REGION_REQ_MAX];
+  cgc__register_request(&req, r);
+  size_t len = cgc__region_pack(&req.base, buf, st);
+  return len ? cgc__unary_start(u, ch, cq, tag, cgc__register_method, buf, len,
+                                t, st)
+             : CG_EINVAL;
 }
 
 const char *cgc__region_name(const cgc_region *r) {
@@ -244,7 +271,9 @@ int cgc_region_register(cgc_channel *ch, cgc_region *r, cgc_status *st) {
                     "region %s is registered already", r->key);
     return CG_EINVAL;
   }
-  int rc = cgc__region_send_register(ch, r, st);
+  Convgrad__V1__RegisterRegionRequest req;
+  cgc__register_request(&req, r);
+  int rc = cgc__region_rpc(ch, cgc__register_method, &req.base, st);
   if (rc)
     return rc;
   pthread_mutex_lock(&ch->regions_mu);
