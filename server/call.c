@@ -69,9 +69,17 @@ struct cgs_call {
   unsigned retry_attempt;  /* the client's convgrad-retry-attempt, 0 if none */
   cgs_refusal refused;     /* a "retry later" refusal, for the metrics */
   unsigned retry_after_ms; /* its hint, sent as trailing metadata */
-  grpc_metadata trailer;   /* retry-after-ms, while the status goes out */
-  int trailer_set;
-  pthread_mutex_t mu; /* see the top of the file */
+  /* retry-after-ms and convgrad-missing-staged, while the status goes
+   * out */
+  grpc_metadata trailer[2];
+  size_t ntrailer;
+  /* A Stage call (cgs_stage_method) instead of a Compute call: the one
+   * input is the entry's bytes, which go into the store once verified. */
+  int stage;
+  int stage_present;      /* the store held the entry: nothing uploaded */
+  int stage_stored;       /* the bytes went in: answered once no batch is out */
+  grpc_metadata stage_md; /* convgrad-stage, while it goes out */
+  pthread_mutex_t mu;     /* see the top of the file */
   /* One for the call's life, dropped once it is over (release()), and one
    * for each sweep holding it. */
   atomic_uint refs;
@@ -200,7 +208,7 @@ static void log_call(cgs_call *c, const call_record *r) {
    * every client-controlled value goes through cgs_log_value. */
   cg_text t;
   cg_text_init(&t, line, sizeof line);
-  cg_text_str(&t, "compute id=");
+  cg_text_str(&t, c->stage ? "stage id=" : "compute id=");
   cg_text_int(&t, (int64_t)c->id);
   cgs_log_value(peer, sizeof peer, c->peer ? c->peer : "?");
   cg_text_str(&t, " peer=");
@@ -251,6 +259,10 @@ static void log_call(cgs_call *c, const call_record *r) {
 }
 
 static void count_call(cgs_call *c, const call_record *r) {
+  if (c->stage) {
+    cgs_metrics_stage_ended(c->s->metrics, c->status, r->bytes_in);
+    return;
+  }
   cgs_metrics_call m = {.op = c->up.prob.op,
                         .dtype = c->up.prob.dtype,
                         .code = c->status,
@@ -291,9 +303,9 @@ static void free_call(cgs_call *c) {
       outbuf_unref(c->out[g]);
   if (c->status_slice_set)
     grpc_slice_unref(c->status_slice);
-  if (c->trailer_set) {
-    grpc_slice_unref(c->trailer.key);
-    grpc_slice_unref(c->trailer.value);
+  for (size_t i = 0; i < c->ntrailer; i++) {
+    grpc_slice_unref(c->trailer[i].key);
+    grpc_slice_unref(c->trailer[i].value);
   }
   gpr_free(c->peer);
   if (c->flow != c->from)
@@ -407,12 +419,18 @@ static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
   if (c->retry_after_ms) {
     char ms[16];
     snprintf(ms, sizeof ms, "%u", c->retry_after_ms);
-    c->trailer.key = grpc_slice_from_static_string(RETRY_AFTER_KEY);
-    c->trailer.value = grpc_slice_from_copied_string(ms);
-    c->trailer_set = 1;
-    ops[n].data.send_status_from_server.trailing_metadata_count = 1;
-    ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+    c->trailer[c->ntrailer].key =
+        grpc_slice_from_static_string(RETRY_AFTER_KEY);
+    c->trailer[c->ntrailer++].value = grpc_slice_from_copied_string(ms);
   }
+  if (code == GRPC_STATUS_NOT_FOUND && c->up.missing[0]) {
+    c->trailer[c->ntrailer].key =
+        grpc_slice_from_static_string(CGS_MISSING_STAGED_KEY);
+    c->trailer[c->ntrailer++].value =
+        grpc_slice_from_copied_string(c->up.missing);
+  }
+  ops[n].data.send_status_from_server.trailing_metadata_count = c->ntrailer;
+  ops[n].data.send_status_from_server.trailing_metadata = c->trailer;
   n++;
   c->st = ST_DONE;
   c->send_pending = 1;
@@ -678,6 +696,8 @@ static void send_header(cgs_call *c, int out) {
   start_send(c, ops, n);
 }
 
+static void stage_answer(cgs_call *c);
+
 static void on_send(cgs_tag *t, int ok) {
   cgs_call *c = cgs_container_of(t, cgs_call, tag_send);
   pthread_mutex_lock(&c->mu);
@@ -700,7 +720,10 @@ static void on_send(cgs_tag *t, int ok) {
     }
     stop_timer(c);
   } else if (!c->finished) {
-    send_next(c);
+    if (!c->stage)
+      send_next(c);
+    else if (c->stage_stored)
+      stage_answer(c);
   } else {
     stop_timer(c); /* the last batch is out */
     if (c->status == GRPC_STATUS_OK && c->st == ST_DONE)
@@ -822,9 +845,129 @@ static void inputs_complete(cgs_call *c) {
   c->st = ST_QUEUED;
 }
 
+/* ---- Stage ------------------------------------------------------------ */
+
+/* The key of the initial metadata a Stage call's header is answered
+ * with: STAGE_PRESENT (the answer follows) or STAGE_UPLOAD (send the
+ * bytes). */
+#define STAGE_KEY "convgrad-stage"
+#define STAGE_PRESENT "present"
+#define STAGE_UPLOAD "upload"
+
+/* Fills op with the initial metadata of a Stage call's answer, value
+ * STAGE_PRESENT or STAGE_UPLOAD. */
+static void stage_md_op(cgs_call *c, const char *value, grpc_op *op) {
+  c->stage_md.key = grpc_slice_from_static_string(STAGE_KEY);
+  c->stage_md.value = grpc_slice_from_static_string(value);
+  op->op = GRPC_OP_SEND_INITIAL_METADATA;
+  op->data.send_initial_metadata.count = 1;
+  op->data.send_initial_metadata.metadata = &c->stage_md;
+  c->md_sent = 1;
+  c->t_send = uv_hrtime();
+}
+
+/* The StageResponse and OK, with the initial metadata when it has not
+ * gone out yet (an entry the store held). */
+static void stage_answer(cgs_call *c) {
+  Convgrad__V1__StageResponse r = CONVGRAD__V1__STAGE_RESPONSE__INIT;
+  r.sha256.data = c->up.stage_id;
+  r.sha256.len = CGS_STORE_ID_BYTES;
+  r.byte_size = c->up.in_len[0];
+  r.present = c->stage_present;
+  r.ttl_ms = c->s->cfg->store_ttl_ms;
+  c->send_bb = cgw_pack(&r.base);
+  grpc_op ops[3];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (!c->md_sent)
+    stage_md_op(c, STAGE_PRESENT, &ops[n++]);
+  ops[n].op = GRPC_OP_SEND_MESSAGE;
+  ops[n++].data.send_message.send_message = c->send_bb;
+  c->st = ST_SENDING;
+  add_ok_status(c, &ops[n++]);
+  start_send(c, ops, n);
+}
+
+/* The upload is in: its bytes, verified, go into the store. */
+static void stage_complete(cgs_call *c) {
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  unsigned char *data;
+  size_t len;
+  int retry;
+  stop_receiving(c);
+  if (cgs_upload_stage_take(&c->up, &data, &len, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
+    return;
+  }
+  /* The bytes are the store's now, counted in its budget. */
+  drop_upload(c);
+  if (cgs_store_put(c->s->store, c->up.owner, c->flow->addr, c->up.stage_id,
+                    data, len, cgs_store_now_ms(), &retry, &code, msg,
+                    sizeof msg) != 0) {
+    if (retry)
+      refuse(c, CGS_REFUSED_NONE, PEER_RETRY_MS, code, "%s", msg);
+    else
+      finish(c, code, "%s", msg);
+    return;
+  }
+  c->stage_stored = 1;
+  c->st = ST_SENDING;
+  if (!c->send_pending)
+    stage_answer(c); /* else once the metadata is out (on_send) */
+}
+
+static void handle_stage_header(cgs_call *c, grpc_byte_buffer *bb) {
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  cgs_upload *u = &c->up;
+  if (!c->s->store) {
+    finish(c, GRPC_STATUS_FAILED_PRECONDITION,
+           "this server keeps no staged tensors (--store-bytes 0); send the "
+           "bytes with each call");
+    return;
+  }
+  if (cgs_upload_stage_header(u, bb, c->s->cfg, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
+    return;
+  }
+  if (cgs_store_touch(c->s->store, u->owner, u->stage_id, u->in_len[0],
+                      cgs_store_now_ms())) {
+    stop_receiving(c);
+    c->stage_present = 1;
+    stage_answer(c);
+    return;
+  }
+  if (cgs_store_admit(c->s->store, u->in_len[0], &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
+    return;
+  }
+  if (reserve(c, u->in_len[0], "header.byte_size") != 0)
+    return;
+  if (cgs_upload_alloc(u, &code, msg, sizeof msg) != 0) {
+    finish(c, code, "%s", msg);
+    return;
+  }
+  c->st = ST_RECV_DATA;
+  c->rate_from = uv_hrtime();
+  c->rate_bytes = u->bytes_in;
+  if (cgs_upload_complete(u)) {
+    stage_complete(c);
+    return;
+  }
+  grpc_op op;
+  memset(&op, 0, sizeof op);
+  stage_md_op(c, STAGE_UPLOAD, &op);
+  start_send(c, &op, 1);
+}
+
 static void handle_header(cgs_call *c, grpc_byte_buffer *bb) {
   grpc_status_code code;
   char msg[sizeof c->msg];
+  if (c->stage) {
+    handle_stage_header(c, bb);
+    return;
+  }
   if (cgs_upload_header(&c->up, bb, c->s->cfg, &code, msg, sizeof msg) != 0) {
     finish(c, code, "%s", msg);
     return;
@@ -867,7 +1010,7 @@ static void handle_chunk(cgs_call *c, const cgs_chunk_view *v,
     return;
   }
   if (cgs_upload_complete(&c->up))
-    inputs_complete(c);
+    (c->stage ? stage_complete : inputs_complete)(c);
 }
 
 /* ---- receiving -------------------------------------------------------- */
@@ -1246,10 +1389,10 @@ static unsigned retry_attempt(const grpc_metadata_array *md) {
   return 0;
 }
 
-static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
-                  grpc_byte_buffer *payload, const char *client,
-                  const grpc_metadata_array *md) {
-  (void)payload; /* registered without: the call receives its own */
+/* A Compute call, or a Stage call when stage is set. */
+static void start_call(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                       const char *client, const grpc_metadata_array *md,
+                       int stage) {
   cgs_call *c = calloc(1, sizeof *c);
   if (!c) {
     cgs_cq_reply(&s->cq, call, NULL, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -1257,10 +1400,12 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     return;
   }
   init_call(c, s, call, client);
+  c->stage = stage;
   c->retry_attempt = retry_attempt(md);
   const char *no_shm = NULL;
   cgs_regions *rs = cgs_shm_for_peer(s, c->peer, &no_shm);
   cgs_upload_use_regions(&c->up, rs, no_shm, client);
+  cgs_upload_use_store(&c->up, s->store);
   /* The sweep may find it from now on. */
   pthread_mutex_lock(&c->mu);
   if (accept_call(c, deadline) == 0) {
@@ -1268,6 +1413,20 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
     arm_timer(c);
   }
   release(c);
+}
+
+static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                  grpc_byte_buffer *payload, const char *client,
+                  const grpc_metadata_array *md) {
+  (void)payload; /* registered without: the call receives its own */
+  start_call(s, call, deadline, client, md, 0);
+}
+
+static void start_stage(cgs_server *s, grpc_call *call, gpr_timespec deadline,
+                        grpc_byte_buffer *payload, const char *client,
+                        const grpc_metadata_array *md) {
+  (void)payload;
+  start_call(s, call, deadline, client, md, 1);
 }
 
 /* grpc does not read the first message: the call is handed over at its
@@ -1281,4 +1440,14 @@ const cgs_method_def cgs_call_method = {
     .needs_token = 1,
     .on_cq = 1,
     .start = start,
+};
+
+/* A Compute call's upload, the same admission and timeouts. */
+const cgs_method_def cgs_stage_method = {
+    .path = "/convgrad.v1.ConvGrad/Stage",
+    .reads_first = 0,
+    .slots = 8,
+    .needs_token = 1,
+    .on_cq = 1,
+    .start = start_stage,
 };

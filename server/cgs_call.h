@@ -29,6 +29,11 @@
  * handed over at its HTTP/2 headers, before any message, so that the
  * per-peer limit and the idle timeout cover streams that never send one. */
 extern const cgs_method_def cgs_call_method;
+/* /convgrad.v1.ConvGrad/Stage, a client stream: a Compute call's upload
+ * whose one input, once verified against its SHA-256, goes into the
+ * store of staged tensors instead of a job (proto/SEMANTICS.md, "Staged
+ * tensors"); same admission, limits and timeouts. */
+extern const cgs_method_def cgs_stage_method;
 /* Pool completion callback (data = the cgs_server), on the worker. */
 void cgs_call_job_done(cgs_job *job, void *data);
 /* Loop thread, every few tens of milliseconds: ends the calls whose

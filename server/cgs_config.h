@@ -81,10 +81,16 @@ typedef struct cgs_config {
   unsigned max_regions;            /* registered at once */
   uint64_t max_region_bytes;       /* byte_size of one region */
   uint64_t region_idle_timeout_ms; /* unused regions are dropped; 0 = never */
-  unsigned peer_log_rate; /* failure lines/s per client address; 0 = all */
+  uint64_t store_bytes;            /* budget of staged tensors; 0 = no store */
+  uint64_t store_ttl_ms;           /* an unused staged tensor is dropped */
+  unsigned store_peer_pct; /* percent of store_bytes one client may hold */
+  unsigned peer_log_rate;  /* failure lines/s per client address; 0 = all */
   cgs_log_level log_level;
 } cgs_config;
 
+/* The bytes of the store one client may hold: --store-peer-share percent
+ * of --store-bytes. */
+uint64_t cgs_config_store_peer_bytes(const cgs_config *c);
 /* Fills c with the table's defaults. Returns 0 (defaults always parse). */
 int cgs_config_defaults(cgs_config *c, char *err, size_t errlen);
 /* Applies argv (getopt_long) and, for each option no flag sets, its

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "cgs_peers.h"
+#include "cgs_store.h"
 
 typedef struct cgs_metrics cgs_metrics;
 
@@ -55,7 +56,8 @@ typedef struct cgs_metrics_gauges {
   unsigned busy_workers;    /* workers whose cores run a job */
   uint64_t inline_jobs;     /* jobs the completion-queue thread ran */
   unsigned workers;
-  unsigned shm_regions; /* shared-memory regions registered */
+  unsigned shm_regions;  /* shared-memory regions registered */
+  cgs_store_stats store; /* zero without a store */
 } cgs_metrics_gauges;
 
 typedef void (*cgs_metrics_gauges_cb)(void *data, cgs_metrics_gauges *out);
@@ -69,6 +71,8 @@ void cgs_metrics_free(cgs_metrics *m);
 /* Counts one ended call. An op or dtype out of range counts as unknown,
  * a code out of range as UNKNOWN. */
 void cgs_metrics_call_ended(cgs_metrics *m, const cgs_metrics_call *c);
+/* Counts one ended Stage call: its status, and the bytes it uploaded. */
+void cgs_metrics_stage_ended(cgs_metrics *m, int code, uint64_t bytes_in);
 /* The exposition text, from malloc (the caller frees it), with *len set;
  * NULL when out of memory. Matches cgs_httpd_render_cb. */
 char *cgs_metrics_render(void *m, size_t *len);

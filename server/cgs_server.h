@@ -5,7 +5,7 @@
  * Threads: every function here runs on the libuv loop thread, and the loop
  * thread owns every field but those the Compute calls use from the
  * completion-queue thread and the workers (cgs_call.h): cfg (read-only
- * once started), cq, pool, peers, calls, metrics and regions, which are
+ * once started), cq, pool, peers, calls, metrics, regions and store, which are
  * thread-safe, inflight_bytes and stopped_accepting (atomic) and auth
  * (under auth_mu). Compute runs in the cgs_pool workers.
  *
@@ -35,6 +35,7 @@
 #include "cgs_peers.h"
 #include "cgs_pool.h"
 #include "cgs_region.h"
+#include "cgs_store.h"
 #include "cgs_warmup.h"
 
 typedef struct cgs_call cgs_call;
@@ -69,7 +70,7 @@ typedef struct cgs_method_def {
 } cgs_method_def;
 
 /* Room for the registered handles of the server's method table. */
-#define CGS_METHODS_MAX 8
+#define CGS_METHODS_MAX 12
 
 struct cgs_server {
   const cgs_config *cfg;
@@ -99,6 +100,7 @@ struct cgs_server {
   cgs_auth *auth;
   pthread_mutex_t auth_mu;
   cgs_regions *regions; /* shared-memory regions; NULL with --shm off */
+  cgs_store *store;     /* staged tensors; NULL with --store-bytes 0 */
   cgs_metrics *metrics;
   cgs_httpd *metrics_http; /* NULL without --metrics-listen */
   int metrics_port;        /* its bound port; 0 without */

@@ -20,6 +20,7 @@
 #include "cg/layer.h"
 #include "cgs_config.h"
 #include "cgs_region.h"
+#include "cgs_store.h"
 #include "cgs_wire.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 
@@ -54,7 +55,26 @@ typedef struct cgs_upload {
   int nheld;
   cgs_region *in_region[3], *out_region[CG_GRAD_COUNT]; /* in held */
   unsigned char *out_at[CG_GRAD_COUNT];
+
+  /* Staged tensors: the store inputs name entries of (NULL: refused),
+   * in owner's scope. An input found there holds a reference until close
+   * and has in_buf pointing at the entry's bytes. */
+  cgs_store *store;
+  cgs_staged *in_staged[3];
+  /* The hex ids of the staged inputs the store lacked, comma-separated,
+   * for the trailing metadata of the NOT_FOUND (CGS_MISSING_STAGED_KEY). */
+  char missing[3 * (2 * CGS_STORE_ID_BYTES + 1)];
+
+  /* A Stage call's upload (cgs_upload_stage_header): one input, the
+   * entry's bytes, hashed as they arrive. */
+  Convgrad__V1__StageRequest *stage_req; /* the header message until alloc */
+  unsigned char stage_id[CGS_STORE_ID_BYTES];
+  void *stage_sha; /* EVP_MD_CTX, owned */
 } cgs_upload;
+
+/* The trailing metadata key of a Compute call's NOT_FOUND for staged
+ * tensors: the missing ids in hex, comma-separated. */
+#define CGS_MISSING_STAGED_KEY "convgrad-missing-staged"
 
 /* Sets u empty. */
 void cgs_upload_init(cgs_upload *u);
@@ -62,6 +82,9 @@ void cgs_upload_init(cgs_upload *u);
  * refuses them with refused, a static text. Before cgs_upload_header. */
 void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
                             const char *owner);
+/* Lets u's request name staged tensors of st (NULL: refused) in the scope
+ * of the owner given to cgs_upload_use_regions. Before cgs_upload_header. */
+void cgs_upload_use_store(cgs_upload *u, cgs_store *st);
 /* Frees u's buffers and header message; u is empty again. */
 void cgs_upload_close(cgs_upload *u);
 /* Frees the input buffers alone (not those in regions), once no chunk
@@ -73,12 +96,16 @@ void cgs_upload_free_inputs(cgs_upload *u);
 int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
                       const cgs_config *cfg, grpc_status_code *code, char *msg,
                       size_t msglen);
-/* Bytes the server holds for the inputs: those not in regions. */
+/* Bytes the server holds for the inputs: those neither in regions nor
+ * staged. */
 uint64_t cgs_upload_in_bytes(const cgs_upload *u);
 /* Allocates every input and copies the header's inline data into it; an
- * input in a region is found there, complete. Returns 0, or -1 with
- * RESOURCE_EXHAUSTED or a region's refusal (NOT_FOUND, INVALID_ARGUMENT,
- * FAILED_PRECONDITION). */
+ * input in a region or staged is found there, complete. Returns 0, or -1
+ * with RESOURCE_EXHAUSTED, a region's refusal (NOT_FOUND,
+ * INVALID_ARGUMENT, FAILED_PRECONDITION), or NOT_FOUND naming every staged
+ * input the store lacks (their ids in missing), INVALID_ARGUMENT for an
+ * entry of another size, FAILED_PRECONDITION without a store. A Stage
+ * upload: its buffer, with the header's data. */
 int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
                      size_t msglen);
 /* 1 while resolving must wait for the bytes of a shape tensor. */
@@ -108,6 +135,19 @@ int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
 size_t cgs_upload_missing(const cgs_upload *u);
 /* 1 once every input is full. */
 int cgs_upload_complete(const cgs_upload *u);
+/* A Stage call's first message: decodes and checks the StageHeader
+ * (sha256 of 32 bytes, 1 <= byte_size <= --max-request-bytes, data within
+ * it) and makes u a one-input upload of byte_size bytes. Returns 0, or -1
+ * with *code and msg naming the field. */
+int cgs_upload_stage_header(cgs_upload *u, grpc_byte_buffer *bb,
+                            const cgs_config *cfg, grpc_status_code *code,
+                            char *msg, size_t msglen);
+/* Once a Stage upload is complete: 0 when its bytes hash to the id, with
+ * *data the buffer (now the caller's, cgs_buf_alloc'd) and *len its size;
+ * else -1 with INVALID_ARGUMENT and msg. */
+int cgs_upload_stage_take(cgs_upload *u, unsigned char **data, size_t *len,
+                          grpc_status_code *code, char *msg, size_t msglen);
+
 /* After the computation: 0 while every region the request used is whole,
  * else -1 with FAILED_PRECONDITION and msg (cgs_region_check). */
 int cgs_upload_regions_check(const cgs_upload *u, grpc_status_code *code,

@@ -138,6 +138,20 @@ static const opt_def opt_table[] = {
      "seconds after which a region no call has used is unregistered (what "
      "a client that died left behind; the client library registers its "
      "regions again when a call finds them gone). 0 = never"},
+    {"store-bytes", OPT_SIZE, offsetof(cgs_config, store_bytes), "1G", 0,
+     64 * TIB,
+     "byte budget of the store of staged tensors (Stage): what trainers "
+     "upload during the forward pass for the backward's calls to name; "
+     "the least recently used entries no call holds make room. 0 = no "
+     "store (Stage is refused with FAILED_PRECONDITION)"},
+    {"store-ttl", OPT_MS, offsetof(cgs_config, store_ttl_ms), "60", 1000,
+     24ull * 3600 * 1000,
+     "seconds a staged tensor lives after its last use (staged or named "
+     "by a call)"},
+    {"store-peer-share", OPT_UINT, offsetof(cgs_config, store_peer_pct), "50",
+     1, 100,
+     "percent of --store-bytes one client (a token's label, else an "
+     "address) may hold; its own oldest idle entries make room first"},
     {"max-tensor-elements", OPT_COUNT,
      offsetof(cgs_config, max_tensor_elements), "1073741824", 1,
      UINT64_C(1) << 48, "largest element count of any input or output tensor"},
@@ -553,6 +567,10 @@ uint64_t cgs_config_cgroup_memory(const char *root, const char *self) {
   }
   fclose(f);
   return best == UINT64_MAX ? 0 : best;
+}
+
+uint64_t cgs_config_store_peer_bytes(const cgs_config *c) {
+  return c->store_bytes / 100 * c->store_peer_pct; /* at most 64 TiB */
 }
 
 int cgs_config_finish(cgs_config *c, char *err, size_t errlen) {

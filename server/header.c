@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cgs_store.h"
+
 /* Where a refusal goes: the status code and the message buffer. */
 typedef struct refusal {
   grpc_status_code *code;
@@ -274,6 +276,26 @@ static int check_input_region(refusal *r, int i, const Convgrad__V1__Tensor *t,
   return check_region_name(r, field, t->region);
 }
 
+/* inputs[i].staged, when set: instead of data or a region, a store
+ * entry's SHA-256. */
+static int check_input_staged(refusal *r, int i,
+                              const Convgrad__V1__Tensor *t) {
+  if (!t->staged)
+    return 0;
+  if (t->data.len || t->region) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d]: staged excludes data and region", i);
+    return -1;
+  }
+  if (t->staged->sha256.len != CGS_STORE_ID_BYTES) {
+    refuse(r, GRPC_STATUS_INVALID_ARGUMENT,
+           "inputs[%d].staged.sha256: %zu bytes, expected %d", i,
+           t->staged->sha256.len, CGS_STORE_ID_BYTES);
+    return -1;
+  }
+  return 0;
+}
+
 /* dtypes, layouts and sizes of the tensors, and their total. */
 static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
                         const cgs_config *cfg, cgs_header_info *info,
@@ -294,7 +316,8 @@ static int check_inputs(refusal *r, const Convgrad__V1__ComputeHeader *h,
     }
     if (tensor_size(r, i, t, esize, cfg->max_tensor_elements,
                     &info->in_len[i]) != 0 ||
-        check_input_region(r, i, t, info->in_len[i]) != 0)
+        check_input_region(r, i, t, info->in_len[i]) != 0 ||
+        check_input_staged(r, i, t) != 0)
       return -1;
     info->in_esize[i] = esize;
     total += info->in_len[i];

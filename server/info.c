@@ -108,6 +108,20 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   limits.max_output_padding = cfg->max_output_padding;
   limits.max_effective_extent = cfg->max_effective_extent;
   limits.max_padded_extent = cfg->max_padded_extent;
+  Convgrad__V1__StoreStats store = CONVGRAD__V1__STORE_STATS__INIT;
+  if (s->store) {
+    cgs_store_stats st;
+    cgs_store_stats_get(s->store, &st);
+    limits.store_bytes = cfg->store_bytes;
+    limits.store_ttl_ms = cfg->store_ttl_ms;
+    limits.store_peer_bytes = cgs_config_store_peer_bytes(cfg);
+    store.bytes = st.bytes;
+    store.entries = st.entries;
+    store.hits = st.hits;
+    store.misses = st.misses;
+    store.evictions = st.evictions;
+    store.expired = st.expired;
+  }
 
   Convgrad__V1__ServerInfo info = CONVGRAD__V1__SERVER_INFO__INIT;
   info.version = (char *)CGS_VERSION;
@@ -126,6 +140,7 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   info.io_cpus = io_cpus;
   info.limits = &limits;
   info.shm = (char *)cgs_shm_policy_name(cfg->shm);
+  info.store = s->store ? &store : NULL;
   cgs_cq_reply(&s->cq, call, cgw_pack(&info.base), GRPC_STATUS_OK, NULL);
 }
 

@@ -54,6 +54,8 @@ typedef struct figures {
   uint64_t refused[CGS_REFUSED_REASONS];
   uint64_t retried;
   uint64_t bytes_in, bytes_out, cache_hits, cache_misses;
+  uint64_t stages[N_CODES]; /* Stage calls by status */
+  uint64_t staged_bytes;    /* bytes they uploaded */
 } figures;
 
 static const char *const refusal_names[CGS_REFUSED_REASONS] = {
@@ -116,6 +118,14 @@ void cgs_metrics_call_ended(cgs_metrics *m, const cgs_metrics_call *c) {
   f->bytes_out += c->bytes_out;
   f->cache_hits += c->cache_hits;
   f->cache_misses += c->cache_misses;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void cgs_metrics_stage_ended(cgs_metrics *m, int code, uint64_t bytes_in) {
+  code = code >= 0 && code < N_CODES ? code : GRPC_STATUS_UNKNOWN;
+  pthread_mutex_lock(&m->mu);
+  m->f.stages[code]++;
+  m->f.staged_bytes += bytes_in;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -256,6 +266,15 @@ static void render_calls(text *t, const figures *f) {
          "oneDNN primitive lookups that created the primitives.");
   put(t, "convgrad_primitive_cache_misses_total %" PRIu64 "\n",
       f->cache_misses);
+  family(t, "convgrad_stage_requests_total", "counter",
+         "Stage calls ended, by gRPC status code.");
+  for (int code = 0; code < N_CODES; code++)
+    if (f->stages[code])
+      put(t, "convgrad_stage_requests_total{code=\"%s\"} %" PRIu64 "\n",
+          cgw_status_name((grpc_status_code)code), f->stages[code]);
+  family(t, "convgrad_staged_received_bytes_total", "counter",
+         "Tensor bytes received in Stage calls.");
+  put(t, "convgrad_staged_received_bytes_total %" PRIu64 "\n", f->staged_bytes);
 }
 
 static void render_gauges(text *t, const cgs_metrics_gauges *g) {
@@ -277,6 +296,27 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   family(t, "convgrad_shm_regions", "gauge",
          "Shared-memory regions registered (RegisterRegion).");
   put(t, "convgrad_shm_regions %u\n", g->shm_regions);
+  const cgs_store_stats *st = &g->store;
+  family(t, "convgrad_store_bytes", "gauge",
+         "Bytes of staged tensors held (--store-bytes), those dropped but "
+         "still used by calls included.");
+  put(t, "convgrad_store_bytes %" PRIu64 "\n", st->bytes);
+  family(t, "convgrad_store_entries", "gauge", "Staged tensors listed.");
+  put(t, "convgrad_store_entries %" PRIu64 "\n", st->entries);
+  family(t, "convgrad_store_hits_total", "counter",
+         "Staged tensors found: named by a call, or staged again.");
+  put(t, "convgrad_store_hits_total %" PRIu64 "\n", st->hits);
+  family(t, "convgrad_store_misses_total", "counter",
+         "Staged tensors not found: the call failed NOT_FOUND, or the Stage "
+         "call uploaded.");
+  put(t, "convgrad_store_misses_total %" PRIu64 "\n", st->misses);
+  family(t, "convgrad_store_evictions_total", "counter",
+         "Staged tensors dropped to make room (--store-bytes, "
+         "--store-peer-share).");
+  put(t, "convgrad_store_evictions_total %" PRIu64 "\n", st->evictions);
+  family(t, "convgrad_store_expired_total", "counter",
+         "Staged tensors dropped after --store-ttl unused.");
+  put(t, "convgrad_store_expired_total %" PRIu64 "\n", st->expired);
 }
 
 /* ---- process_* ----------------------------------------------------------- */

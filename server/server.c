@@ -35,7 +35,7 @@ static const cgs_method_def *const method_table[] = {
     &cgs_call_method,         &cgs_info_method,
     &cgs_health_check_method, &cgs_health_watch_method,
     &cgs_shm_register_method, &cgs_shm_unregister_method,
-    &cgs_shm_list_method};
+    &cgs_shm_list_method,     &cgs_stage_method};
 #define N_METHODS (sizeof method_table / sizeof method_table[0])
 _Static_assert(N_METHODS <= CGS_METHODS_MAX, "CGS_METHODS_MAX too small");
 
@@ -218,6 +218,8 @@ static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
   cgs_shm_sweep(s);
+  if (s->store)
+    cgs_store_expire(s->store, cgs_store_now_ms());
   uint64_t over = cgs_calls_ended(&s->calls);
   int ended = over != s->calls_ended_at_tick;
   s->calls_ended_at_tick = over;
@@ -257,6 +259,8 @@ static void on_shutdown_notified(cgs_tag *t, int ok) {
 void cgs_server_close(cgs_server *s) {
   cgs_regions_free(s->regions);
   s->regions = NULL;
+  cgs_store_free(s->store);
+  s->store = NULL;
   cgs_peers_free(s->peers);
   s->peers = NULL;
   cgs_metrics_free(s->metrics);
@@ -358,6 +362,8 @@ static void read_gauges(void *data, cgs_metrics_gauges *g) {
                 &g->inline_jobs);
   g->workers = s->cfg->workers;
   g->shm_regions = s->regions ? (unsigned)cgs_regions_count(s->regions) : 0;
+  if (s->store)
+    cgs_store_stats_get(s->store, &g->store);
 }
 
 /* The figures always, the endpoint with --metrics-listen. */
@@ -572,6 +578,12 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     rc = CG_EINTERNAL;
     goto fail_grpc;
   }
+  if (cfg->store_bytes &&
+      cgs_store_new(&s->store, cfg->store_bytes, cfg->store_ttl_ms,
+                    cgs_config_store_peer_bytes(cfg), err, errlen) != 0) {
+    rc = CG_ENOMEM;
+    goto fail_grpc;
+  }
   if ((rc = cgs_health_new(&s->health, s)) != 0) {
     cg_errorf(err, errlen, rc, "health: out of memory");
     goto fail_grpc;
@@ -627,6 +639,8 @@ fail_health:
 fail_grpc:
   cgs_regions_free(s->regions);
   s->regions = NULL;
+  cgs_store_free(s->store);
+  s->store = NULL;
   cgs_peers_free(s->peers);
   s->peers = NULL;
   destroy_unstarted(s);

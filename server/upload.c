@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <openssl/evp.h>
+
 #include "cg/text.h"
 #include "cgs_buf.h"
 #include "cgs_header.h"
@@ -23,9 +25,13 @@ void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
   snprintf(u->owner, sizeof u->owner, "%s", owner ? owner : "");
 }
 
+void cgs_upload_use_store(cgs_upload *u, cgs_store *st) {
+  u->store = st;
+}
+
 void cgs_upload_free_inputs(cgs_upload *u) {
   for (int i = 0; i < 3; i++)
-    if (!u->in_region[i]) {
+    if (!u->in_region[i] && !u->in_staged[i]) {
       cgs_buf_free(u->in_buf[i]);
       u->in_buf[i] = NULL;
     }
@@ -35,8 +41,14 @@ void cgs_upload_close(cgs_upload *u) {
   cgs_upload_free_inputs(u);
   for (int k = 0; k < u->nheld; k++)
     cgs_region_release(u->held[k]);
+  for (int i = 0; i < 3; i++)
+    if (u->in_staged[i])
+      cgs_staged_release(u->in_staged[i]);
   if (u->req)
     protobuf_c_message_free_unpacked(&u->req->base, NULL);
+  if (u->stage_req)
+    protobuf_c_message_free_unpacked(&u->stage_req->base, NULL);
+  EVP_MD_CTX_free(u->stage_sha);
   cgs_upload_init(u);
 }
 
@@ -91,13 +103,17 @@ int cgs_upload_header(cgs_upload *u, grpc_byte_buffer *bb,
 }
 
 static const Convgrad__V1__RegionRef *input_ref(const cgs_upload *u, int i) {
-  return u->req->header->inputs[i]->region;
+  return u->req ? u->req->header->inputs[i]->region : NULL;
+}
+
+static const Convgrad__V1__StagedRef *input_staged(const cgs_upload *u, int i) {
+  return u->req ? u->req->header->inputs[i]->staged : NULL;
 }
 
 uint64_t cgs_upload_in_bytes(const cgs_upload *u) {
   uint64_t n = 0;
   for (int i = 0; i < u->ninputs; i++)
-    if (!input_ref(u, i))
+    if (!input_ref(u, i) && !input_staged(u, i))
       n += u->in_len[i];
   return n;
 }
@@ -133,10 +149,92 @@ static void skip_full(cgs_upload *u) {
     u->cur++;
 }
 
+/* The staged inputs: each found in the store, or named in u->missing.
+ * Returns 0, or -1 with *code and msg. */
+static int find_staged(cgs_upload *u, grpc_status_code *code, char *msg,
+                       size_t msglen) {
+  cg_text missing;
+  cg_text_init(&missing, u->missing, sizeof u->missing);
+  int first = -1;
+  uint64_t now_ms = cgs_store_now_ms();
+  for (int i = 0; i < u->ninputs; i++) {
+    const Convgrad__V1__StagedRef *ref = input_staged(u, i);
+    if (!ref)
+      continue;
+    if (!u->store) {
+      *code = GRPC_STATUS_FAILED_PRECONDITION;
+      snprintf(msg, msglen,
+               "inputs[%d].staged: this server keeps no staged tensors "
+               "(--store-bytes 0); send the bytes",
+               i);
+      return -1;
+    }
+    cgs_staged *e = cgs_store_get(u->store, u->owner, ref->sha256.data, now_ms);
+    if (!e) {
+      char hex[2 * CGS_STORE_ID_BYTES + 1];
+      cgs_store_id_hex(ref->sha256.data, hex);
+      if (first >= 0)
+        cg_text_append(&missing, ",", 1);
+      cg_text_str(&missing, hex);
+      if (first < 0)
+        first = i;
+      continue;
+    }
+    u->in_staged[i] = e;
+    u->in_buf[i] = cgs_staged_data(e);
+    u->in_fill[i] = u->in_len[i];
+    if (cgs_staged_len(e) != u->in_len[i]) {
+      *code = GRPC_STATUS_INVALID_ARGUMENT;
+      snprintf(msg, msglen,
+               "inputs[%d].staged: the entry holds %zu bytes, but shape and "
+               "dtype make %zu",
+               i, cgs_staged_len(e), u->in_len[i]);
+      return -1;
+    }
+  }
+  if (first < 0)
+    return 0;
+  *code = GRPC_STATUS_NOT_FOUND;
+  snprintf(msg, msglen,
+           "inputs[%d].staged: not in the store (never staged, evicted, "
+           "expired or lost in a restart): stage it again; missing: %s",
+           first, u->missing);
+  return -1;
+}
+
+/* A Stage upload's buffer, with the header's data, hashed. */
+static int alloc_stage(cgs_upload *u, grpc_status_code *code, char *msg,
+                       size_t msglen) {
+  const ProtobufCBinaryData *d = &u->stage_req->header->data;
+  u->stage_sha = EVP_MD_CTX_new();
+  u->in_buf[0] = cgs_buf_alloc(u->in_len[0]);
+  if (!u->stage_sha || !u->in_buf[0] ||
+      !EVP_DigestInit_ex(u->stage_sha, EVP_sha256(), NULL) ||
+      !EVP_DigestUpdate(u->stage_sha, d->data, d->len)) {
+    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, msglen, "header: cannot allocate %zu bytes", u->in_len[0]);
+    return -1;
+  }
+  if (d->len)
+    memcpy(u->in_buf[0], d->data, d->len);
+  u->in_fill[0] = d->len;
+  u->bytes_in = d->len;
+  protobuf_c_message_free_unpacked(&u->stage_req->base, NULL);
+  u->stage_req = NULL;
+  skip_full(u);
+  return 0;
+}
+
 int cgs_upload_alloc(cgs_upload *u, grpc_status_code *code, char *msg,
                      size_t msglen) {
+  if (u->stage_req)
+    return alloc_stage(u, code, msg, msglen);
   const Convgrad__V1__ComputeHeader *h = u->req->header;
+  if (find_staged(u, code, msg, msglen) != 0)
+    return -1;
   for (int i = 0; i < u->ninputs; i++) {
+    if (u->in_staged[i])
+      continue;
     if (input_ref(u, i)) {
       char field[32];
       snprintf(field, sizeof field, "inputs[%d].region", i);
@@ -334,9 +432,14 @@ int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
              i, v->data_len, left, u->in_len[i]);
     return -1;
   }
-  if (cgw_copy(bb, v->data_off, v->data_len, u->in_buf[i] + u->in_fill[i]) !=
-      0) {
+  unsigned char *at = u->in_buf[i] + u->in_fill[i];
+  if (cgw_copy(bb, v->data_off, v->data_len, at) != 0) {
     snprintf(msg, msglen, "request: malformed ComputeRequest message");
+    return -1;
+  }
+  if (u->stage_sha && !EVP_DigestUpdate(u->stage_sha, at, v->data_len)) {
+    *code = GRPC_STATUS_INTERNAL;
+    snprintf(msg, msglen, "chunk.data: SHA-256 failed");
     return -1;
   }
   u->in_fill[i] += v->data_len;
@@ -361,5 +464,70 @@ int cgs_upload_regions_check(const cgs_upload *u, grpc_status_code *code,
   for (int k = 0; k < u->nheld; k++)
     if (cgs_region_check(u->held[k], code, msg, msglen) != 0)
       return -1;
+  return 0;
+}
+
+int cgs_upload_stage_header(cgs_upload *u, grpc_byte_buffer *bb,
+                            const cgs_config *cfg, grpc_status_code *code,
+                            char *msg, size_t msglen) {
+  u->stage_req = (Convgrad__V1__StageRequest *)cgw_unpack(
+      &convgrad__v1__stage_request__descriptor, bb);
+  *code = GRPC_STATUS_INVALID_ARGUMENT;
+  if (!u->stage_req ||
+      u->stage_req->kind_case != CONVGRAD__V1__STAGE_REQUEST__KIND_HEADER) {
+    snprintf(msg, msglen, "request: malformed StageRequest header message");
+    return -1;
+  }
+  const Convgrad__V1__StageHeader *h = u->stage_req->header;
+  if (h->sha256.len != CGS_STORE_ID_BYTES) {
+    snprintf(msg, msglen, "header.sha256: %zu bytes, expected %d",
+             h->sha256.len, CGS_STORE_ID_BYTES);
+    return -1;
+  }
+  memcpy(u->stage_id, h->sha256.data, CGS_STORE_ID_BYTES);
+  snprintf(u->shapes, sizeof u->shapes, "sha256:");
+  cgs_store_id_hex(u->stage_id, u->shapes + 7);
+  if (h->byte_size == 0) {
+    snprintf(msg, msglen, "header.byte_size: must be > 0");
+    return -1;
+  }
+  if (h->byte_size > cfg->max_request_bytes) {
+    *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+    snprintf(msg, msglen,
+             "header.byte_size: %" PRIu64 " bytes exceed the limit %" PRIu64
+             " (--max-request-bytes); it cannot be staged on this server",
+             h->byte_size, cfg->max_request_bytes);
+    return -1;
+  }
+  if (h->data.len > h->byte_size) {
+    snprintf(msg, msglen,
+             "header.data: %zu bytes, more than byte_size %" PRIu64,
+             h->data.len, h->byte_size);
+    return -1;
+  }
+  u->ninputs = 1;
+  u->in_len[0] = (size_t)h->byte_size; /* <= --max-request-bytes, 64 TiB */
+  u->in_esize[0] = 1;
+  return 0;
+}
+
+int cgs_upload_stage_take(cgs_upload *u, unsigned char **data, size_t *len,
+                          grpc_status_code *code, char *msg, size_t msglen) {
+  unsigned char got[EVP_MAX_MD_SIZE];
+  unsigned n = 0;
+  if (!EVP_DigestFinal_ex(u->stage_sha, got, &n) || n != CGS_STORE_ID_BYTES ||
+      memcmp(got, u->stage_id, CGS_STORE_ID_BYTES) != 0) {
+    char hex[2 * CGS_STORE_ID_BYTES + 1];
+    cgs_store_id_hex(got, hex);
+    *code = GRPC_STATUS_INVALID_ARGUMENT;
+    snprintf(msg, msglen,
+             "header.sha256: the %zu bytes sent hash to %s; nothing was "
+             "staged",
+             u->in_len[0], n == CGS_STORE_ID_BYTES ? hex : "?");
+    return -1;
+  }
+  *data = u->in_buf[0];
+  *len = u->in_len[0];
+  u->in_buf[0] = NULL;
   return 0;
 }

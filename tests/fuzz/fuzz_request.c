@@ -13,7 +13,13 @@
  *
  * Requests may name a shared-memory region "r" of 64 KiB (registered at
  * start on an object of this process): tensors in it are read and outputs
- * written there, as the server does.
+ * written there, as the server does. They may name staged tensors: the
+ * store holds STAGED_BYTES[k] bytes of STAGED_FILL for each k (ids their
+ * SHA-256), staged at start.
+ *
+ * An input whose first byte is 0xff is a Stage stream instead (the
+ * messages follow it): the StageHeader checked, the chunks assembled and
+ * hashed, and the verified bytes put into a store of their own.
  *
  * It aborts (a finding) when a path that must hold does not: a resolved
  * request whose inputs disagree with its geometry (INTERNAL), or the
@@ -29,6 +35,7 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <grpc/slice.h>
+#include <openssl/evp.h>
 
 #include "cg/reference.h"
 #include "cgs_buf.h"
@@ -61,6 +68,11 @@ static void must(int ok, const char *what, const char *msg) {
 }
 
 static cgs_regions *regions;
+/* The store Compute requests name (fixed after start), and the one Stage
+ * streams fill. */
+static cgs_store *store, *stage_store;
+#define STAGED_FILL 0x3c
+static const size_t STAGED_BYTES[] = {128, 216};
 
 /* Region "r": an object made here and unlinked again once mapped. */
 static void register_region(void) {
@@ -79,12 +91,36 @@ static void register_region(void) {
   close(fd);
 }
 
+/* The fixed entries of store. */
+static void stage_fixed(void) {
+  char msg[256];
+  grpc_status_code code;
+  must(cgs_store_new(&store, 1u << 20, UINT64_MAX / 2, 1u << 20, msg,
+                     sizeof msg) == 0 &&
+           cgs_store_new(&stage_store, 1u << 20, 1000, 1u << 19, msg,
+                         sizeof msg) == 0,
+       "store", msg);
+  for (size_t k = 0; k < sizeof STAGED_BYTES / sizeof *STAGED_BYTES; k++) {
+    unsigned char *data = cgs_buf_alloc(STAGED_BYTES[k]), id[32];
+    unsigned n = 0;
+    int retry;
+    must(data != NULL, "cgs_buf_alloc", "staged");
+    memset(data, STAGED_FILL, STAGED_BYTES[k]);
+    must(EVP_Digest(data, STAGED_BYTES[k], id, &n, EVP_sha256(), NULL) == 1,
+         "sha256", "staged");
+    must(cgs_store_put(store, "", "", id, data, STAGED_BYTES[k], 0, &retry,
+                       &code, msg, sizeof msg) == 0,
+         "stage", msg);
+  }
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
   (void)argv;
   grpc_init();
   cgs_buf_init(0);
   register_region();
+  stage_fixed();
   return 0;
 }
 
@@ -124,10 +160,30 @@ static void run(cgs_upload *u) {
     free(own[g]);
 }
 
+/* A Stage stream's upload is whole: its bytes, once they hash to its id,
+ * go into stage_store. */
+static void stage(cgs_upload *u) {
+  grpc_status_code code = GRPC_STATUS_OK;
+  char msg[512] = "";
+  unsigned char *bytes;
+  size_t len;
+  int retry;
+  if (cgs_upload_stage_take(u, &bytes, &len, &code, msg, sizeof msg) != 0 ||
+      cgs_store_put(stage_store, "", "", u->stage_id, bytes, len, 0, &retry,
+                    &code, msg, sizeof msg) != 0)
+    must(code != GRPC_STATUS_INTERNAL, "stage", msg);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cgs_upload u;
   cgs_upload_init(&u);
   cgs_upload_use_regions(&u, regions, NULL, "");
+  cgs_upload_use_store(&u, store);
+  int staging = size && data[0] == 0xff;
+  if (staging) {
+    data++;
+    size--;
+  }
   int header_done = 0;
   while (size >= 2) {
     size_t n = (size_t)data[0] | (size_t)data[1] << 8;
@@ -145,11 +201,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int stop = cgs_wire_scan_request(bb, &kind, &v, msg, sizeof msg) != 0;
     if (!stop && !header_done) {
       header_done = 1;
-      stop = kind != CGS_MSG_HEADER ||
-             cgs_upload_header(&u, bb, &cfg, &code, msg, sizeof msg) != 0 ||
-             cgs_upload_alloc(&u, &code, msg, sizeof msg) != 0 ||
-             (!cgs_upload_needs_shape(&u) &&
-              cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0);
+      stop =
+          kind != CGS_MSG_HEADER ||
+          (staging
+               ? cgs_upload_stage_header(&u, bb, &cfg, &code, msg, sizeof msg)
+               : cgs_upload_header(&u, bb, &cfg, &code, msg, sizeof msg)) !=
+              0 ||
+          cgs_upload_alloc(&u, &code, msg, sizeof msg) != 0 ||
+          (!staging && !cgs_upload_needs_shape(&u) &&
+           cgs_upload_resolve(&u, &cfg, &code, msg, sizeof msg) != 0);
       must(code != GRPC_STATUS_INTERNAL, "header", msg);
     } else if (!stop) {
       stop = kind != CGS_MSG_CHUNK ||
@@ -159,7 +219,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (stop)
       break;
     if (cgs_upload_complete(&u)) {
-      run(&u);
+      (staging ? stage : run)(&u);
       break;
     }
   }

@@ -9,6 +9,7 @@ Usage: /usr/bin/python3 tests/fuzz/make_corpus.py --package build/python --out t
 from proto/; needs python3-protobuf). The files are committed; rerun this
 after changing the schema and commit what changes."""
 import argparse
+import hashlib
 import os
 import struct
 import sys
@@ -22,6 +23,10 @@ def stubs(python_dir):
     use_package_v1(python_dir)
     from convgrad.v1 import convgrad_pb2
     return convgrad_pb2
+
+
+# The bytes of the fuzzer's staged tensors (fuzz_request.c).
+STAGED_FILL = b"\x3c"
 
 
 def frame(msgs):
@@ -48,10 +53,12 @@ def main():
         return n
 
     def request(op, attrs, tensors, chunk=64, inline=(), shared=None,
-                **header):
+                staged=(), **header):
         """tensors: (dtype, shape[, bytes]); inline: indices whose bytes
         ride in the header; shared: index -> offset in the fuzzer's region
-        "r" (no bytes sent). Data bytes are a simple ramp."""
+        "r" (no bytes sent); staged: indices named by the SHA-256 of
+        STAGED_FILL bytes, which the fuzzer's store holds at its sizes
+        (128 and 216 bytes). Data bytes are a simple ramp."""
         shared = shared or {}
         h = pb.ComputeHeader(op=op, attrs=pb.Attributes(**attrs), **header)
         datas = []
@@ -59,7 +66,12 @@ def main():
             dt, shape = t[0], t[1]
             data = t[2] if len(t) > 2 else bytes(
                 (k * 7 + i) & 0x3f for k in range(count(shape) * size[dt]))
-            if i in shared:
+            if i in staged:
+                h.inputs.add(dtype=dt, shape=shape, staged=pb.StagedRef(
+                    sha256=hashlib.sha256(
+                        STAGED_FILL * (count(shape) * size[dt])).digest()))
+                data = b""
+            elif i in shared:
                 h.inputs.add(dtype=dt, shape=shape, region=pb.RegionRef(
                     name="r", offset=shared[i], byte_size=len(data)))
                 data = b""
@@ -141,6 +153,24 @@ def main():
             output_regions=[pb.OutputRegion(
                 region=pb.RegionRef(name="r", offset=30002))]),
     }
+    seeds["conv_bwd_layer_staged"] = request(
+        pb.CONVOLUTION_BACKWARD, nchw,
+        [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
+         (pb.F32, [3, 2, 3, 3])], staged=(0, 2))
+    seeds["refused_staged_missing"] = request(
+        pb.CONVOLUTION_BACKWARD, nchw,
+        [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
+         (pb.F32, [3, 2, 4, 4])], staged=(2,))
+    ramp = bytes(k & 0xff for k in range(300))
+    stage_msgs = [pb.StageRequest(header=pb.StageHeader(
+        sha256=hashlib.sha256(ramp).digest(), byte_size=len(ramp),
+        data=ramp[:100]))] + [
+        pb.StageRequest(chunk=pb.DataChunk(data=ramp[o:o + 64]))
+        for o in range(100, len(ramp), 64)]
+    stages = {"stage_chunks": stage_msgs,
+              "refused_stage_wrong_hash": [pb.StageRequest(
+                  header=pb.StageHeader(sha256=bytes(32), byte_size=300,
+                                        data=ramp))]}
     good = seeds["conv_bwd_data_f32_nchw"]
     seeds["refused_chunk_first"] = good[1:]
     seeds["refused_header_twice"] = [good[0], good[0]] + good[1:]
@@ -150,7 +180,10 @@ def main():
     for name, msgs in sorted(seeds.items()):
         with open(os.path.join(args.out, name), "wb") as f:
             f.write(frame(msgs))
-    print("wrote %d seeds to %s" % (len(seeds), args.out))
+    for name, msgs in sorted(stages.items()):
+        with open(os.path.join(args.out, name), "wb") as f:
+            f.write(b"\xff" + frame(msgs))
+    print("wrote %d seeds to %s" % (len(seeds) + len(stages), args.out))
     return 0
 
 

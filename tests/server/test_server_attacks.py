@@ -652,6 +652,174 @@ def attack_idle_memory(ctx):
     return fig
 
 
+# ---- the store of staged tensors (issue 38) -----------------------------
+
+TOKENS = {"tenant-a": "tok-a-0123456789abcdef", "tenant-b": "tok-b-0123456789abcdef"}
+
+
+class Stager:
+    """A Stage and Compute client over grpcio with a token (or none)."""
+
+    def __init__(self, ctx, port, label=None):
+        self.ctx, self.pb = ctx, ctx.pb
+        self.ch = ctx.grpc.insecure_channel("127.0.0.1:%d" % port)
+        self.md = (("authorization", "Bearer " + TOKENS[label]),) \
+            if label else ()
+        self.stage_rpc = self.ch.stream_unary(
+            "/convgrad.v1.ConvGrad/Stage",
+            request_serializer=self.pb.StageRequest.SerializeToString,
+            response_deserializer=self.pb.StageResponse.FromString)
+        self.compute = self.ch.stream_stream(
+            "/convgrad.v1.ConvGrad/Compute",
+            request_serializer=self.pb.ComputeRequest.SerializeToString,
+            response_deserializer=self.pb.ComputeResponse.FromString)
+
+    def stage(self, data, sha=None, chunk=65536):
+        """Header and every chunk at once (a client that does not wait for
+        the server's answer to its header). Returns the StageResponse."""
+        import hashlib
+        pb = self.pb
+        sha = sha or hashlib.sha256(data).digest()
+        msgs = [pb.StageRequest(header=pb.StageHeader(
+            sha256=sha, byte_size=len(data)))]
+        msgs += [pb.StageRequest(chunk=pb.DataChunk(data=data[i:i + chunk]))
+                 for i in range(0, len(data), chunk)]
+        return self.stage_rpc(iter(msgs), metadata=self.md, timeout=10)
+
+    def code_of(self, fn, *args):
+        try:
+            fn(*args)
+        except self.ctx.grpc.RpcError as e:
+            return e.code(), e.details(), dict(e.trailing_metadata() or ())
+        return self.ctx.grpc.StatusCode.OK, "", {}
+
+    def layer(self, src, dy, w, staged=(), slow_s=0.0):
+        """ConvolutionBackward (3x3, pad 1) of src, dy, w; the inputs whose
+        index is in staged go by their SHA-256, the others as bytes (dy
+        after slow_s seconds). Returns the outputs by name."""
+        import hashlib
+        pb, np = self.pb, __import__("numpy")
+        h = pb.ComputeHeader(op=pb.CONVOLUTION_BACKWARD, attrs=pb.Attributes(
+            pads_begin=[1, 1], pads_end=[1, 1], data_format=pb.NCX,
+            weights_format=pb.OIX))
+        for i, t in enumerate((src, dy, w)):
+            if i in staged:
+                h.inputs.add(dtype=pb.F32, shape=t.shape, staged=pb.StagedRef(
+                    sha256=hashlib.sha256(t.tobytes()).digest()))
+            else:
+                h.inputs.add(dtype=pb.F32, shape=t.shape)
+
+        def messages():
+            yield pb.ComputeRequest(header=h)
+            time.sleep(slow_s)
+            for i, t in enumerate((src, dy, w)):
+                if i not in staged:
+                    yield pb.ComputeRequest(chunk=pb.DataChunk(
+                        input=i, data=t.tobytes()))
+        out, cur = {}, None
+        for r in self.compute(messages(), metadata=self.md, timeout=30):
+            if r.HasField("header"):
+                cur = pb.Output.Name(r.header.output)
+                out[cur] = bytearray(r.header.data)
+            else:
+                out[cur] += r.chunk
+        return {k: np.frombuffer(bytes(v), np.float32) for k, v in out.items()}
+
+    def close(self):
+        self.ch.close()
+
+
+def layer_tensors(seed):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    src = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    dy = rng.standard_normal((2, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    return src, dy, w
+
+
+def attack_store_scopes(ctx):
+    """Ids of other tenants: tenant b names tenant a's staged weights by
+    their hash and gets NOT_FOUND (no existence leak: its own Stage of the
+    same content is an upload, not 'present'); a Stage whose bytes do not
+    hash to its id stores nothing; a tenant filling the store stays within
+    its share and evicts only its own entries."""
+    import hashlib
+    tokens = os.path.join(ctx.workdir, "store-tokens")
+    with open(tokens, "w") as f:
+        for label, tok in TOKENS.items():
+            f.write("%s %s\n" % (tok, label))
+    srv = ctx.server("store_scopes", [
+        "--auth-tokens", tokens, "--store-bytes", "1M",
+        "--store-peer-share", "50"])
+    a = Stager(ctx, srv.port, "tenant-a")
+    b = Stager(ctx, srv.port, "tenant-b")
+    grpc = ctx.grpc
+    try:
+        src, dy, w = layer_tensors(5)
+        assert not a.stage(w.tobytes()).present
+        assert a.stage(w.tobytes()).present
+        ref = a.layer(src, dy, w)
+        got = a.layer(src, dy, w, staged=(2,))
+        for k in ref:
+            assert (ref[k] == got[k]).all(), k
+        code, msg, trailers = b.code_of(b.layer, src, dy, w, (2,))
+        assert code == grpc.StatusCode.NOT_FOUND, (code, msg)
+        assert trailers.get("convgrad-missing-staged") == \
+            hashlib.sha256(w.tobytes()).hexdigest(), trailers
+        assert not b.stage(w.tobytes()).present
+        # A forged id: nothing is listed under it.
+        forged = hashlib.sha256(b"other bytes").digest()
+        code, msg, _ = b.code_of(b.stage, dy.tobytes(), forged)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "hash to" in msg, \
+            (code, msg)
+        assert not b.stage(b"other bytes").present
+        # Filling: b stages 2 MiB in 64 KiB entries against a 512 KiB share.
+        blobs = [os.urandom(65536) for _ in range(32)]
+        for blob in blobs:
+            b.stage(blob)
+        assert a.stage(w.tobytes()).present, "a's entry was evicted"
+        # Its share (1 MiB / 100 * 50 bytes) holds 7 of them: the newest.
+        present = [b.stage(blob).present for blob in reversed(blobs[-8:])]
+        assert present == [True] * 7 + [False], present
+        code, msg, _ = b.code_of(b.stage, os.urandom(600 * 1024))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and \
+            "--store-peer-share" in msg, (code, msg)
+        info = [ln for ln in srv.log_lines() if "stage id=" in ln]
+        assert info, "no stage log lines"
+    finally:
+        a.close()
+        b.close()
+        assert srv.stop() == 0
+    return "other tenant NOT_FOUND, forged id refused, filler kept to its share"
+
+
+def attack_store_expiry(ctx):
+    """Expiry in the middle of a call: a call holding a staged tensor while
+    its diff_dst trickles in past --store-ttl and a sweep computes with the
+    right bytes; the next call naming it gets NOT_FOUND with its id."""
+    import hashlib
+    srv = ctx.server("store_expiry", ["--store-ttl", "1"])
+    st = Stager(ctx, srv.port)
+    try:
+        src, dy, w = layer_tensors(6)
+        ref = st.layer(src, dy, w)
+        st.stage(w.tobytes())
+        st.stage(src.tobytes())
+        got = st.layer(src, dy, w, staged=(0, 2), slow_s=3.5)
+        for k in ref:
+            assert (ref[k] == got[k]).all(), k
+        code, msg, trailers = st.code_of(st.layer, src, dy, w, (0, 2))
+        assert code == ctx.grpc.StatusCode.NOT_FOUND, (code, msg)
+        want = {hashlib.sha256(t.tobytes()).hexdigest() for t in (src, w)}
+        assert set(trailers["convgrad-missing-staged"].split(",")) == want, \
+            trailers
+    finally:
+        st.close()
+        assert srv.stop() == 0
+    return "held entry outlived its expiry; the next call NOT_FOUND with ids"
+
+
 ATTACKS = {
     "shapes": attack_shapes,
     "log_injection": attack_log_injection,
@@ -661,6 +829,8 @@ ATTACKS = {
     "rapid_reset": attack_rapid_reset,
     "gzip_bomb": attack_gzip_bomb,
     "idle_memory": attack_idle_memory,
+    "store_scopes": attack_store_scopes,
+    "store_expiry": attack_store_expiry,
 }
 
 
