@@ -88,7 +88,14 @@ typedef struct cgc__attempt {
   cgc_result res;
   char perr[256]; /* protocol error found while parsing */
   int in_regions; /* some input or output lies in a registered region */
+  /* Staged inputs (views with staged set) the server lacked, by input
+   * (its NOT_FOUND's convgrad-missing-staged), and those that go as
+   * bytes from then on. */
+  unsigned staged_missing, staged_as_bytes;
 } cgc__attempt;
+
+/* The trailing metadata naming the staged ids a Compute call lacked. */
+#define CGC__MISSING_STAGED_KEY "convgrad-missing-staged"
 
 /* Same numbering on the wire except weights formats, which share the wire
  * Layout enum with the data formats. */
@@ -151,6 +158,12 @@ static Convgrad__V1__RegionRef *cgc__ref(Convgrad__V1__RegionRef *ref,
   return ref;
 }
 
+/* 1 when input i goes as a staged id. */
+static int cgc__by_id(const cgc__attempt *a, int i) {
+  return a->req->inputs[i].staged && !a->in_reg[i] &&
+         !(a->staged_as_bytes & (1u << i));
+}
+
 /* Packs the first message: the header, carrying the tensors too when the
  * whole request fits one upload chunk. A bigger request sends the header
  * alone: the server gets the call (and reserves and allocates) while the
@@ -189,11 +202,12 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
   size_t room = a->opts->upload_chunk_bytes;
   int all_inline = 1;
   for (int i = 0; i < a->nin && all_inline; i++) {
-    size_t n = a->in_reg[i] ? 0 : r->inputs[i].nbytes;
+    size_t n = a->in_reg[i] || cgc__by_id(a, i) ? 0 : r->inputs[i].nbytes;
     all_inline = n <= room;
     room -= all_inline ? n : 0;
   }
   Convgrad__V1__RegionRef refs[3 + CG_GRAD_COUNT];
+  Convgrad__V1__StagedRef staged[3];
   a->res.bytes_sent = 0;
   for (int i = 0; i < a->nin; i++) {
     const cgc_tensor_view *v = &r->inputs[i];
@@ -205,6 +219,15 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
     if (a->in_reg[i]) {
       t[i].region = cgc__ref(&refs[i], a->in_reg[i], a->in_off[i], v->nbytes);
       a->inline_len[i] = v->nbytes; /* nothing left to upload */
+      continue;
+    }
+    if (cgc__by_id(a, i)) {
+      Convgrad__V1__StagedRef init = CONVGRAD__V1__STAGED_REF__INIT;
+      staged[i] = init;
+      staged[i].sha256.data = (uint8_t *)v->staged;
+      staged[i].sha256.len = CGC_STAGED_ID_BYTES;
+      t[i].staged = &staged[i];
+      a->inline_len[i] = v->nbytes;
       continue;
     }
     size_t n = all_inline ? v->nbytes : 0;
@@ -873,8 +896,29 @@ static void cgc__register_next(cgc__job *j) {
     cgc__job_end(j, CGC_ERPC);
 }
 
+/* Notes which staged inputs the server named missing in md. */
+static void cgc__find_missing(cgc__attempt *a, const grpc_metadata_array *md) {
+  char hex[2 * CGC_STAGED_ID_BYTES + 1];
+  for (size_t k = 0; k < md->count; k++) {
+    if (grpc_slice_str_cmp(md->metadata[k].key, CGC__MISSING_STAGED_KEY))
+      continue;
+    const char *v = (const char *)GRPC_SLICE_START_PTR(md->metadata[k].value);
+    size_t n = GRPC_SLICE_LENGTH(md->metadata[k].value);
+    for (int i = 0; i < a->nin; i++) {
+      if (!cgc__by_id(a, i))
+        continue;
+      for (size_t b = 0; b < CGC_STAGED_ID_BYTES; b++)
+        snprintf(hex + 2 * b, 3, "%02x", a->req->inputs[i].staged[b]);
+      for (size_t at = 0; at + sizeof hex - 1 <= n; at += sizeof hex)
+        if (memcmp(v + at, hex, sizeof hex - 1) == 0)
+          a->staged_missing |= 1u << i;
+    }
+  }
+}
+
 /* The call's attempt ended with rc (st filled): retries it after a wait,
- * or registers the call's regions anew and tries again, or ends the call
+ * or, for staged inputs the server lost, at once with their bytes, or
+ * registers the call's regions anew and tries again, or ends the call
  * (j->ended). */
 static void cgc__attempt_end(cgc__job *j, int rc) {
   cgc__attempt *a = &j->a;
@@ -883,6 +927,18 @@ static void cgc__attempt_end(cgc__job *j, int rc) {
   if (cgc__retry_next(&j->retry, rc, &j->st)) {
     if (cgc__retry_watch(&j->retry, 1, 0, j->cq, &j->wait_tag))
       cgc__attempt_begin(j);
+    return;
+  }
+  if (rc == CGC_ERPC && j->st.code == GRPC_STATUS_NOT_FOUND &&
+      a->staged_missing) {
+    /* Evicted, expired or lost in a restart: the bytes go with the call
+     * (the caller still has them), so that a retry never waits on the
+     * store again. */
+    a->staged_as_bytes |= a->staged_missing;
+    a->staged_missing = 0;
+    cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
+                    cgc__retry_attempts(&j->retry));
+    cgc__attempt_begin(j);
     return;
   }
   if (rc == CGC_ERPC && j->st.code == GRPC_STATUS_NOT_FOUND && a->in_regions &&
@@ -906,6 +962,8 @@ static void cgc__attempt_settle(cgc__job *j) {
     return;
   int rc = cgc__outcome(&j->a, f, &j->st);
   j->retry.t.retry_after_ms = cgc__call_io_retry_after(&f->io);
+  if (f->io.code == GRPC_STATUS_NOT_FOUND)
+    cgc__find_missing(&j->a, &f->io.trailing_md);
   grpc_call_unref(f->call);
   f->call = NULL;
   cgc__call_io_free(&f->io);

@@ -142,6 +142,17 @@ static int cgc__info_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
     info->max_output_padding = m->limits->max_output_padding;
     info->max_effective_extent = m->limits->max_effective_extent;
     info->max_padded_extent = m->limits->max_padded_extent;
+    info->store_bytes = m->limits->store_bytes;
+    info->store_ttl_ms = m->limits->store_ttl_ms;
+    info->store_peer_bytes = m->limits->store_peer_bytes;
+  }
+  if (m->store) {
+    info->store_held_bytes = m->store->bytes;
+    info->store_entries = m->store->entries;
+    info->store_hits = m->store->hits;
+    info->store_misses = m->store->misses;
+    info->store_evictions = m->store->evictions;
+    info->store_expired = m->store->expired;
   }
   priv->msg = m;
   priv->ops = ops;

@@ -43,10 +43,16 @@ static void tiny_init(tiny *t) {
   cg_fill_uniform(CG_DTYPE_F32, t->dd, 64, &seed);
   cg_fill_uniform(CG_DTYPE_F32, t->w, 144, &seed);
   t->req.op = CG_OP_CONV_BWD_DATA;
-  t->req.inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4,     {1, 4, 4, 4},
-                                       CGC_LAYOUT_DEFAULT, t->dd, sizeof t->dd};
-  t->req.inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4,    {3, 3, 4, 4},
-                                       CGC_LAYOUT_DEFAULT, t->w, sizeof t->w};
+  t->req.inputs[0] = (cgc_tensor_view){.dtype = CG_DTYPE_F32,
+                                       .rank = 4,
+                                       .dims = {1, 4, 4, 4},
+                                       .data = t->dd,
+                                       .nbytes = sizeof t->dd};
+  t->req.inputs[1] = (cgc_tensor_view){.dtype = CG_DTYPE_F32,
+                                       .rank = 4,
+                                       .dims = {3, 3, 4, 4},
+                                       .data = t->w,
+                                       .nbytes = sizeof t->w};
   static const int64_t pads[2] = {1, 1};
   t->req.attrs.pads_begin = (cg_ints){pads, 2};
   t->req.attrs.pads_end = (cg_ints){pads, 2};

@@ -95,10 +95,16 @@ static float tiny_a[4], tiny_b[4];
 static void tiny_request(cgc_request *req) {
   cgc_request_init(req);
   req->op = CG_OP_CONV_BWD_DATA;
-  req->inputs[0] = (cgc_tensor_view){CG_DTYPE_F32,       4,      {1, 1, 2, 2},
-                                     CGC_LAYOUT_DEFAULT, tiny_a, sizeof tiny_a};
-  req->inputs[1] = (cgc_tensor_view){CG_DTYPE_F32,       4,      {1, 1, 2, 2},
-                                     CGC_LAYOUT_DEFAULT, tiny_b, sizeof tiny_b};
+  req->inputs[0] = (cgc_tensor_view){.dtype = CG_DTYPE_F32,
+                                     .rank = 4,
+                                     .dims = {1, 1, 2, 2},
+                                     .data = tiny_a,
+                                     .nbytes = sizeof tiny_a};
+  req->inputs[1] = (cgc_tensor_view){.dtype = CG_DTYPE_F32,
+                                     .rank = 4,
+                                     .dims = {1, 1, 2, 2},
+                                     .data = tiny_b,
+                                     .nbytes = sizeof tiny_b};
 }
 
 static double now_ms(void) {

@@ -179,6 +179,9 @@ typedef enum {
 /* Canonical names ("NCX", ...; "default" for 0, "?" out of range). */
 CGC_EXPORT const char *cgc_layout_name(cgc_layout l);
 
+/* Bytes of a staged tensor's id: the SHA-256 of its bytes. */
+#define CGC_STAGED_ID_BYTES 32
+
 /* A borrowed input tensor: dense little-endian elements of dtype in the
  * named layout, nbytes = product(dims) * cg_dtype_size(dtype). The data is
  * read directly while the call runs (not copied as a whole) and must stay
@@ -190,6 +193,14 @@ typedef struct cgc_tensor_view {
   cgc_layout layout; /* DEFAULT: from the attributes */
   const void *data;
   size_t nbytes;
+  /* NULL, or the id cgc_stage gave for these bytes (CGC_STAGED_ID_BYTES,
+   * borrowed like data, which must still hold them): the call names the
+   * server's staged copy instead of sending them. Should the server have
+   * lost it (evicted, expired, restarted: NOT_FOUND with the ids), the
+   * call is retried at once with these bytes sent, so that it never waits
+   * on the store twice. A view in a registered region goes as a region
+   * reference, never staged. */
+  const unsigned char *staged;
 } cgc_tensor_view;
 
 /* A result tensor owned by the caller; free it with cgc_tensor_free. The
@@ -404,6 +415,33 @@ CGC_EXPORT int cgc_call_finish(cgc_call *c, cgc_tensor out[CG_GRAD_COUNT],
                                cgc_result *res, cgc_status *st);
 
 /* ------------------------------------------------------------------ */
+/* Staged tensors: inputs uploaded ahead of the calls that need them */
+
+/* What one cgc_stage call did. */
+typedef struct cgc_stage_result {
+  int present;         /* the server held the bytes already: none were sent */
+  uint64_t bytes_sent; /* tensor bytes uploaded */
+  uint64_t ttl_ms;     /* the entry lives this long after its last use */
+  double total_ms;     /* wall time, retries included */
+  int attempts;        /* 1 + retries */
+} cgc_stage_result;
+
+/* Stages the nbytes (> 0) at data on the server behind ch (Stage, see
+ * proto/SEMANTICS.md "Staged tensors"): hashes them (SHA-256) into id,
+ * asks whether the server holds that content already, and uploads it only
+ * when not. Views whose staged points at id then send no bytes. With
+ * several servers behind ch each call goes to one of them: staging suits
+ * one server, or ranks sharing one. deadline_ms 0: the channel's default.
+ * Retries like cgc_compute. Returns 0 with id and res (may be NULL)
+ * filled, CGC_ERPC (st: FAILED_PRECONDITION from a server without a
+ * store, RESOURCE_EXHAUSTED over its limits), CG_EINVAL or CG_ENOMEM.
+ * Thread-safe; blocks until done. */
+CGC_EXPORT int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
+                         int64_t deadline_ms,
+                         unsigned char id[CGC_STAGED_ID_BYTES],
+                         cgc_stage_result *res, cgc_status *st);
+
+/* ------------------------------------------------------------------ */
 /* Shared-memory regions: tensors passed by reference on one host */
 
 /* A POSIX shared-memory object this process created and mapped. Once it
@@ -532,6 +570,11 @@ typedef struct cgc_server_info {
    * from older servers. */
   uint64_t max_stride, max_dilation, max_pad, max_output_padding;
   uint64_t max_effective_extent, max_padded_extent;
+  /* The store of staged tensors (Limits.store_*, ServerInfo.store); all
+   * 0 from a server without one. */
+  uint64_t store_bytes, store_ttl_ms, store_peer_bytes;
+  uint64_t store_held_bytes, store_entries, store_hits, store_misses;
+  uint64_t store_evictions, store_expired;
   void *priv_; /* library-owned storage behind the pointers above */
 } cgc_server_info;
 

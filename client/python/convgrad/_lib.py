@@ -50,14 +50,26 @@ class Attrs(C.Structure):
                 ("dst_shape", Ints), ("weights_shape", Ints)]
 
 
+_TENSOR_FIELDS = [("dtype", C.c_int), ("rank", C.c_int),
+                  ("dims", C.c_int64 * MAX_RANK), ("layout", C.c_int),
+                  ("data", C.c_void_p), ("nbytes", C.c_size_t)]
+
+# The SHA-256 of a staged tensor's bytes (cgc_stage).
+STAGED_ID_BYTES = 32
+
+
 class TensorView(C.Structure):
-    _fields_ = [("dtype", C.c_int), ("rank", C.c_int),
-                ("dims", C.c_int64 * MAX_RANK), ("layout", C.c_int),
-                ("data", C.c_void_p), ("nbytes", C.c_size_t)]
+    _fields_ = _TENSOR_FIELDS + [("staged", C.c_void_p)]
 
 
 class Tensor(C.Structure):
-    _fields_ = TensorView._fields_
+    _fields_ = _TENSOR_FIELDS
+
+
+class StageResult(C.Structure):
+    _fields_ = [("present", C.c_int), ("bytes_sent", C.c_uint64),
+                ("ttl_ms", C.c_uint64), ("total_ms", C.c_double),
+                ("attempts", C.c_int)]
 
 
 class Result(C.Structure):
@@ -132,6 +144,13 @@ class ServerInfo(C.Structure):
                 ("max_output_padding", C.c_uint64),
                 ("max_effective_extent", C.c_uint64),
                 ("max_padded_extent", C.c_uint64),
+                ("store_bytes", C.c_uint64), ("store_ttl_ms", C.c_uint64),
+                ("store_peer_bytes", C.c_uint64),
+                ("store_held_bytes", C.c_uint64),
+                ("store_entries", C.c_uint64), ("store_hits", C.c_uint64),
+                ("store_misses", C.c_uint64),
+                ("store_evictions", C.c_uint64),
+                ("store_expired", C.c_uint64),
                 ("priv_", C.c_void_p)]
 
 
@@ -206,6 +225,9 @@ def _declare(lib):
         "cgc_region_unregister": (C.c_int, [C.c_void_p, P(Status)]),
         "cgc_region_unlink": (C.c_int, [C.c_void_p, P(Status)]),
         "cgc_region_free": (None, [C.c_void_p]),
+        "cgc_stage": (C.c_int, [C.c_void_p, C.c_void_p, C.c_size_t,
+                                C.c_int64, C.c_void_p, P(StageResult),
+                                P(Status)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -1,6 +1,7 @@
 """convgrad.Client: the ops (synchronous, and the layer ops as futures),
 health and server info over libcgclient, and shared-memory regions."""
 import atexit
+import concurrent.futures
 import ctypes as C
 import ipaddress
 import logging
@@ -68,6 +69,13 @@ class _Array:
 
     def __init__(self, name, a, writable=False):
         self.name = name
+        self.staged = None  # the id buffer of a Staged, which goes by it
+        if isinstance(a, Staged):
+            if writable:
+                raise InvalidArgument("%s: a staged array cannot receive "
+                                      "an output" % name)
+            self.staged = a._id
+            a = a._x.array
         if _is_torch(a):
             if a.device.type != "cpu":
                 raise InvalidArgument("%s: a %s tensor; only CPU tensors are "
@@ -115,6 +123,32 @@ class _Array:
             v.dims[i] = d
         v.data = self.ptr
         v.nbytes = self.nbytes
+        v.staged = C.addressof(self.staged) if self.staged else None
+
+
+class Staged:
+    """An array staged on a server (Client.stage): pass it to a call in
+    place of the array, and the call names the server's copy instead of
+    sending the bytes (libcgclient stages it again should the server have
+    lost it). Holds the array, which must stay unchanged while in use.
+    id: the SHA-256 of its bytes; present: the server held them already
+    (nothing was sent); bytes_sent."""
+
+    def __init__(self, x, id_buf, res):
+        self._x = x
+        self._id = id_buf
+        self.id = bytes(id_buf)
+        self.present = bool(res.present)
+        self.bytes_sent = int(res.bytes_sent)
+        self.shape = x.shape
+
+    @property
+    def array(self):
+        return self._x.array
+
+    def __repr__(self):
+        return "Staged(%s, %s..., present=%s)" % (
+            self.shape, self.id.hex()[:12], self.present)
 
 
 class _Owned:
@@ -246,7 +280,10 @@ class Client:
         self._lock = threading.Lock()
         self._shm_lock = threading.Lock()
         self._stats = dict(calls=0, bytes_sent=0, bytes_received=0,
-                           compute_ms=0.0, queue_ms=0.0, total_ms=0.0)
+                           compute_ms=0.0, queue_ms=0.0, total_ms=0.0,
+                           staged_bytes=0)
+        self._stager = None  # stage_async's threads, made on first use
+        self._stage_off = ""  # why offload stopped staging, once it did
 
     @property
     def target(self):
@@ -258,6 +295,9 @@ class Client:
         """Closes the channel and the arena (its regions unregistered and
         removed; arrays over them stay valid); calls still running must
         have returned, and futures been collected."""
+        if self._stager is not None:
+            self._stager.shutdown(wait=True)
+            self._stager = None
         if self._arena is not None:
             self._arena.close()
         if self._ch is not None:
@@ -292,7 +332,8 @@ class Client:
 
     def stats(self, reset=False):
         """Totals over the successful op calls of this client: calls,
-        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms; and
+        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms;
+        staged_bytes, what stage() uploaded; and
         arena_bytes, the shared-memory regions its arena holds (0 when
         tensors travel as bytes). reset=True starts new totals after
         reading."""
@@ -436,6 +477,37 @@ class Client:
         return self._op(L.OP_DECONV_BWD_WEIGHTS, [("src", src),
                                                   ("diff_dst", diff_dst)],
                         out, attrs)
+
+    def stage(self, a, deadline=None):
+        """Uploads array a (numpy or CPU tensor) into the server's store
+        of staged tensors ahead of the calls that need it, unless the
+        server holds that content already (by SHA-256: data-parallel ranks
+        upload shared weights once). Returns a Staged to pass to calls in
+        a's place. Blocks (the GIL released): run it on a thread to
+        overlap it with other work. Raises FailedPrecondition from a
+        server without a store."""
+        x = _Array("array", a)
+        id_buf = (C.c_ubyte * L.STAGED_ID_BYTES)()
+        res = L.StageResult()
+        st = L.Status()
+        rc = self._lib.cgc_stage(self._channel(), x.ptr, x.nbytes,
+                                 _ms(deadline), id_buf, C.byref(res),
+                                 C.byref(st))
+        self._check(rc, st)
+        with self._lock:
+            self._stats["staged_bytes"] += res.bytes_sent
+        return Staged(x, id_buf, res)
+
+    def stage_async(self, a, deadline=None):
+        """stage() on one of this client's two staging threads: returns a
+        concurrent.futures.Future of the Staged at once. a must stay
+        unchanged until it is used."""
+        with self._lock:
+            if self._stager is None:
+                self._stager = concurrent.futures.ThreadPoolExecutor(
+                    2, thread_name_prefix="convgrad-stage")
+            stager = self._stager
+        return stager.submit(self.stage, a, deadline)
 
     def conv_backward(self, src, diff_dst, weights, outputs=None, out=None,
                       **attrs):

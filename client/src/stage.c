@@ -1,0 +1,187 @@
+/* stage.c - owns cgc_stage: a tensor's bytes hashed, offered to the
+ * server's store by id, and uploaded only when it lacks them (the Stage
+ * stream; proto/SEMANTICS.md, "Staged tensors"). */
+#include <string.h>
+
+#include <openssl/evp.h>
+
+#include "cgw.h"
+#include "convgrad/v1/convgrad.pb-c.h"
+#include "internal.h"
+
+/* The initial metadata the server answers a Stage header with. */
+#define CGC__STAGE_KEY "convgrad-stage"
+#define CGC__STAGE_UPLOAD "upload"
+
+typedef struct cgc__stage_ctx {
+  const unsigned char *data;
+  size_t nbytes;
+  const unsigned char *id;
+  cgc_stage_result *res; /* never NULL */
+} cgc__stage_ctx;
+
+/* Starts ops as one batch and waits for it (the call's deadline bounds
+ * the wait); returns 1 when it succeeded, 0 when it failed, -1 when it
+ * could not start or the queue gave no event (the batch may be pending). */
+static int cgc__batch(grpc_call *call, grpc_completion_queue *cq,
+                      const grpc_op *ops, size_t n) {
+  if (grpc_call_start_batch(call, ops, n, (void *)1, NULL) != GRPC_CALL_OK)
+    return -1;
+  grpc_event ev =
+      grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+  return ev.type != GRPC_OP_COMPLETE ? -1 : ev.success != 0;
+}
+
+/* 1 when the initial metadata asks for the bytes. */
+static int cgc__wants_upload(const grpc_metadata_array *md) {
+  for (size_t i = 0; i < md->count; i++)
+    if (!grpc_slice_str_cmp(md->metadata[i].key, CGC__STAGE_KEY))
+      return !grpc_slice_str_cmp(md->metadata[i].value, CGC__STAGE_UPLOAD);
+  return 0;
+}
+
+/* Sends the bytes after the header, chunk by chunk, the last with the
+ * half-close; returns 0, or -1 when a batch could not start. A refused
+ * chunk ends the upload: the status says why. */
+static int cgc__stage_upload(grpc_call *call, grpc_completion_queue *cq,
+                             const cgc__stage_ctx *x, size_t chunk) {
+  for (size_t off = 0; off < x->nbytes;) {
+    size_t n = x->nbytes - off < chunk ? x->nbytes - off : chunk;
+    Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
+    dc.data.data = (uint8_t *)x->data + off;
+    dc.data.len = n;
+    Convgrad__V1__StageRequest req = CONVGRAD__V1__STAGE_REQUEST__INIT;
+    req.kind_case = CONVGRAD__V1__STAGE_REQUEST__KIND_CHUNK;
+    req.chunk = &dc;
+    grpc_byte_buffer *bb = cgw_pack(&req.base);
+    off += n;
+    grpc_op ops[2];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_MESSAGE;
+    ops[0].data.send_message.send_message = bb;
+    ops[1].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    int ok = cgc__batch(call, cq, ops, off == x->nbytes ? 2 : 1);
+    grpc_byte_buffer_destroy(bb);
+    if (ok < 0)
+      return -1;
+    x->res->bytes_sent += n;
+    if (!ok)
+      break;
+  }
+  return 0;
+}
+
+/* The StageResponse in io->recv_bb, for the id sent. */
+static int cgc__stage_answer(const cgc__stage_ctx *x, cgc__call_io *io,
+                             cgc_status *st) {
+  Convgrad__V1__StageResponse *r =
+      io->recv_bb ? (Convgrad__V1__StageResponse *)cgw_unpack(
+                        &convgrad__v1__stage_response__descriptor, io->recv_bb)
+                  : NULL;
+  int ok = r && r->sha256.len == CGC_STAGED_ID_BYTES &&
+           memcmp(r->sha256.data, x->id, CGC_STAGED_ID_BYTES) == 0 &&
+           r->byte_size == x->nbytes;
+  if (ok) {
+    x->res->present = r->present;
+    x->res->ttl_ms = r->ttl_ms;
+  }
+  if (r)
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+  if (ok)
+    return 0;
+  cgc__status_set(st, GRPC_STATUS_INTERNAL,
+                  "malformed response: no StageResponse for the id sent");
+  return CGC_EPROTO;
+}
+
+static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
+                              cgc_status *st) {
+  const cgc__stage_ctx *x = vctx;
+  cgc__call_io io;
+  cgc__call_io_init(&io, ch, t->retry);
+  x->res->attempts++;
+  x->res->bytes_sent = 0;
+  size_t chunk = ch->opts.upload_chunk_bytes;
+  int whole = x->nbytes <= chunk; /* one message, sent at once */
+  Convgrad__V1__StageHeader h = CONVGRAD__V1__STAGE_HEADER__INIT;
+  h.sha256.data = (uint8_t *)x->id;
+  h.sha256.len = CGC_STAGED_ID_BYTES;
+  h.byte_size = x->nbytes;
+  if (whole) {
+    h.data.data = (uint8_t *)x->data;
+    h.data.len = x->nbytes;
+  }
+  Convgrad__V1__StageRequest req = CONVGRAD__V1__STAGE_REQUEST__INIT;
+  req.kind_case = CONVGRAD__V1__STAGE_REQUEST__KIND_HEADER;
+  req.header = &h;
+  io.send_bb = cgw_pack(&req.base);
+
+  int rc = 0;
+  grpc_completion_queue *cq = cgc__cq_take(ch);
+  grpc_call *call = grpc_channel_create_call(
+      ch->chan, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+      grpc_slice_from_static_string("/convgrad.v1.ConvGrad/Stage"), NULL,
+      t->deadline, NULL);
+  grpc_op ops[5];
+  cgc__ops_one_message(ops, &io); /* send md, header, close; recv md */
+  if (!whole)                     /* no half-close yet */
+    ops[2] = ops[3];
+  /* Waiting for the server's metadata before any data is what keeps
+   * content it holds from being sent again. */
+  int ok = call ? cgc__batch(call, cq, ops, whole ? 4 : 3) : -1;
+  if (ok >= 0 && !whole && ok && cgc__wants_upload(&io.initial_md)) {
+    ok = cgc__stage_upload(call, cq, x, chunk) == 0;
+    if (!ok)
+      ok = -1;
+  } else if (ok >= 0 && whole) {
+    x->res->bytes_sent = x->nbytes;
+  }
+  if (ok >= 0) {
+    cgc__op_recv_status(&ops[0], &io);
+    ops[1] = ops[4]; /* recv message */
+    ok = cgc__batch(call, cq, ops, 2);
+  }
+  if (ok < 0) { /* a batch could not start: none is pending */
+    if (call)
+      grpc_call_cancel(call, NULL);
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cannot run the Stage call");
+    rc = CGC_ERPC;
+  } else if (io.code != GRPC_STATUS_OK) {
+    cgc__status_from_grpc(st, io.code, io.details);
+    t->retry_after_ms = cgc__call_io_retry_after(&io);
+    rc = CGC_ERPC;
+  } else {
+    rc = cgc__stage_answer(x, &io, st);
+  }
+  if (call)
+    grpc_call_unref(call);
+  cgc__cq_give(ch, cq);
+  cgc__call_io_free(&io);
+  return rc;
+}
+
+int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
+              int64_t deadline_ms, unsigned char id[CGC_STAGED_ID_BYTES],
+              cgc_stage_result *res, cgc_status *st) {
+  if (!ch || !id || !nbytes || !data) {
+    cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                    "cgc_stage: needs a channel, an id and nbytes > 0 at data");
+    return CG_EINVAL;
+  }
+  double t0 = cgc__now_ms();
+  unsigned len = 0;
+  if (!EVP_Digest(data, nbytes, id, &len, EVP_sha256(), NULL) ||
+      len != CGC_STAGED_ID_BYTES) {
+    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cgc_stage: SHA-256 failed");
+    return CG_ENOMEM;
+  }
+  cgc_stage_result local;
+  cgc__stage_ctx x = {data, nbytes, id, res ? res : &local};
+  memset(x.res, 0, sizeof *x.res);
+  int rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms),
+                           cgc__stage_attempt, &x, st);
+  x.res->total_ms = cgc__now_ms() - t0;
+  if (!rc)
+    cgc__status_ok(st);
+  return rc;
+}
