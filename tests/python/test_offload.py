@@ -296,6 +296,78 @@ def train(case, local, remote, steps=2, tol=1e-5):
             opt.step()
 
 
+def diff_dst_bytes(model, xs):
+    """Bytes of every offloaded layer's output (its diff_dst, f32)."""
+    sizes = []
+    handles = [m.register_forward_hook(
+        lambda m, i, o: sizes.append(o.numel())) for m in model.modules()
+        if type(m).__name__.startswith("Offloaded")]
+    with torch.no_grad():
+        model(*xs)
+    for h in handles:
+        h.remove()
+    return 4 * sum(sizes)
+
+
+class Staging(unittest.TestCase):
+    """A server over TCP (no arena): each layer's forward stages its
+    weights and src, and its backward sends diff_dst alone."""
+
+    def test_backward_sends_diff_dst_only(self):
+        local, remote = models(shm=False)
+        xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        want = diff_dst_bytes(remote, xr)
+        for step in range(2):
+            for m in (local, remote):
+                m.zero_grad()
+            client.stats(reset=True)
+            loss_of(local(*xl)).backward()
+            loss_of(remote(*xr)).backward()
+            compare_grads(self, local, remote, xl, xr, 1e-5)
+            s = client.stats()
+            self.assertEqual(s["calls"], 5)
+            self.assertEqual(s["bytes_sent"], want)
+            weights = sum(4 * p.numel() for n, p in remote.named_parameters()
+                          if n.endswith("weight"))
+            if step == 0:
+                self.assertGreater(s["staged_bytes"], weights)
+            else:  # the same weights: present, not sent again
+                self.assertLess(s["staged_bytes"], s["bytes_sent"] * 4)
+        self.assertFalse(client._stage_off)
+
+    def test_stage_false_sends_everything(self):
+        local, remote = models(shm=False, stage=False)
+        xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        client.stats(reset=True)
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        compare_grads(self, local, remote, xl, xr, 1e-5)
+        s = client.stats()
+        self.assertEqual(s["staged_bytes"], 0)
+        self.assertGreater(s["bytes_sent"], diff_dst_bytes(remote, xr))
+
+    def test_staged_array_in_a_call(self):
+        client = convgrad.Client(SERVER.target, shm=False)
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(2, 4, 9, 9, generator=g)
+        w = torch.randn(6, 4, 3, 3, generator=g)
+        dy = torch.randn(2, 6, 9, 9, generator=g)
+        attrs = dict(pads_begin=[1, 1], pads_end=[1, 1], data_format="NCX",
+                     weights_format="OIX")
+        ref = client.conv_backward(x, dy, w, **attrs)
+        sx, sw = client.stage(x), client.stage_async(w).result()
+        self.assertFalse(sx.present)
+        self.assertTrue(client.stage(w).present)
+        client.stats(reset=True)
+        got = client.conv_backward(sx, dy, sw, **attrs)
+        for k in ref:
+            self.assertTrue(torch.equal(ref[k], got[k]), k)
+        self.assertEqual(client.stats()["bytes_sent"], dy.numel() * 4)
+        client.close()
+
+
 class Regions(unittest.TestCase):
     """Same host: shared memory, overlap, and the ways back to bytes."""
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.autograd import Variable
 from torch.autograd.function import once_differentiable
 
-from .client import Client, _on_this_host
+from .client import Client, Staged, _on_this_host
 from .errors import Error
 
 __all__ = ["offload", "restore"]
@@ -95,6 +95,7 @@ class _ConvFunction(torch.autograd.Function):
         if transposed:
             ctx.attrs["output_padding"] = list(output_padding)
         ctx.transposed = transposed
+        ctx.staged = _stage_inputs(m, ctx.needs_input_grad, x, weight, dt)
         return y
 
     @staticmethod
@@ -108,6 +109,8 @@ class _ConvFunction(torch.autograd.Function):
         client = m._convgrad_client
         arena = client.arena()
         m._convgrad_threads.narrow(client)
+        x, w = _staged_or(client, ctx.staged, x, w)
+        ctx.staged = None
         gy, w = _place(arena, gy, dt), _place(arena, w, dt)
         out = {}
         if need[0]:
@@ -140,16 +143,55 @@ class _ConvFunction(torch.autograd.Function):
             ctx.dtypes)) + (None, None)
 
 
+def _stage_inputs(m, needs, x, w, dt):
+    """At forward time, for a server off this host (no arena) with a
+    store: starts uploading what the backward will need, the weights (for
+    every gradient) and src (for the weight's and bias's), on the client's
+    staging threads, so that the backward call sends diff_dst alone.
+    Returns the futures (None where nothing is staged), or None."""
+    client = m._convgrad_client
+    if not (m._convgrad_stage and m._convgrad_grad_on and any(needs[:3])) \
+            or client._stage_off or client.arena() is not None:
+        return None
+    # The bytes the backward would send, cast and made contiguous now.
+    fx = client.stage_async(x.detach().to(dt).contiguous()) \
+        if needs[1] or needs[2] else None
+    return fx, client.stage_async(w.detach().to(dt).contiguous())
+
+
+def _staged_or(client, staged, x, w):
+    """x and w as their Staged where staging them worked, else as they
+    are. A server that cannot stage (no store, over its limits) ends
+    staging for this client, said once."""
+    if staged is None:
+        return x, w
+    out = []
+    for f, t in zip(staged, (x, w)):
+        try:
+            out.append(t if f is None else f.result())
+        except Error as e:
+            out.append(t)
+            if e.code in (8, 9) and not client._stage_off:
+                # RESOURCE_EXHAUSTED, FAILED_PRECONDITION
+                client._stage_off = str(e)
+                warnings.warn("convgrad: staging off for %s: %s"
+                              % (client.target, e), stacklevel=3)
+    return tuple(out)
+
+
 def _in_arena(arena, t):
     return arena.holds(t.data_ptr(), t.numel() * t.element_size())
 
 
 def _place(arena, t, dt):
     """t as dt, contiguous: t itself when it already lies in the arena (a
-    resident weight, or a gradient another offloaded layer returned);
-    else copied (and cast) into an arena slot, where the server reads it
-    in place, when there is an arena with room; else t itself when it
-    already is so (uploaded from its own memory)."""
+    resident weight, or a gradient another offloaded layer returned) or is
+    staged (then it is dt already); else copied (and cast) into an arena
+    slot, where the server reads it in place, when there is an arena with
+    room; else t itself when it already is so (uploaded from its own
+    memory)."""
+    if isinstance(t, Staged):
+        return t
     if (arena is not None and t.dtype == dt and t.is_contiguous() and
             _in_arena(arena, t)):
         return t
@@ -534,6 +576,8 @@ class _Offloaded:
         if unbatched:
             input = input.unsqueeze(0)
         _resident_weight(self, input)
+        # Inside the Function's forward grad mode is off whatever it was.
+        self._convgrad_grad_on = torch.is_grad_enabled()
         y = _ConvFunction.apply(input, self.weight, self.bias, self,
                                 output_padding)
         return y.squeeze(0) if unbatched else y
@@ -568,7 +612,7 @@ _ORIGINAL = {v: k for k, v in _CLASSES.items()}
 
 
 def offload(model, target, overlap=False, backward_threads="auto",
-            **options):
+            stage=True, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -613,7 +657,17 @@ def offload(model, target, overlap=False, backward_threads="auto",
     does not use, at least 1; else nothing changes. None: nothing changes;
     a count: the pass runs on that many threads from its first offloaded
     layer (its count is torch's again when the pass ends, or at the next
-    offloaded forward after a pass that failed)."""
+    offloaded forward after a pass that failed).
+
+    stage: for a server off this host (tensors as bytes, no arena), each
+    layer's forward starts uploading its weights and src into the server's
+    store of staged tensors (Client.stage_async), so that its backward call
+    sends diff_dst alone and names them; a server that lost them (evicted,
+    restarted) gets them again from libcgclient, a server without a store
+    turns staging off with a warning. Content the server holds already (a
+    data-parallel rank's identical weights) is not sent again. Costs a
+    SHA-256 pass over those bytes at forward time. False: the backward
+    call sends every input."""
     threads = _Threads(backward_threads)
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
@@ -630,6 +684,7 @@ def offload(model, target, overlap=False, backward_threads="auto",
         m._convgrad_client = client
         m._convgrad_overlap = bool(overlap)
         m._convgrad_threads = threads
+        m._convgrad_stage = bool(stage)
     return model
 
 
@@ -644,4 +699,6 @@ def restore(model):
                 m.weight.data = m.weight.detach().clone()
             m.__class__ = base
             del m._convgrad_client, m._convgrad_overlap, m._convgrad_threads
+            del m._convgrad_stage
+            m.__dict__.pop("_convgrad_grad_on", None)
     return model
