@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cgs_buf.h"
 #include "cgs_crash.h"
 #include "cgs_log.h"
 #include "cgs_sig.h"
@@ -289,7 +290,8 @@ static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n) {
   return rc ? rc : run_outputs(engine, job, (unsigned)n);
 }
 
-/* Runs layer l once on zeroed inputs (its own allocations, freed here)
+/* Runs layer l once on zeroed inputs (its own buffers, freed here into
+ * the buffer cache, whose pages the first call's tensors then reuse)
  * with each thread count a job of l gets on an idle pool: w's own cores,
  * and every core when borrow() would lend them. Returns 0 or a CG_E*
  * code with job->err filled. */
@@ -302,13 +304,13 @@ static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
   job->layer = l;
   atomic_init(&job->discard, 0);
   for (int i = 0; i < l->ninputs && i < 3; i++, nb++)
-    if (!(bufs[nb] = calloc(1, l->in_bytes[i] ? l->in_bytes[i] : 1)))
+    if (!(bufs[nb] = cgs_buf_alloc(l->in_bytes[i])))
       rc = CG_ENOMEM;
     else
-      job->in[i] = bufs[nb];
+      job->in[i] = memset(bufs[nb], 0, l->in_bytes[i]);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (l->grads & CG_GRAD_BIT(g)) {
-      if (!(bufs[nb] = malloc(l->out_bytes[g] ? l->out_bytes[g] : 1)))
+      if (!(bufs[nb] = cgs_buf_alloc(l->out_bytes[g])))
         rc = CG_ENOMEM;
       job->out[g] = bufs[nb++];
     }
@@ -328,7 +330,7 @@ static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
     rc = warm_run(w, engine, job, n);
   }
   for (int i = 0; i < nb; i++)
-    free(bufs[i]);
+    cgs_buf_free(bufs[i]);
   return rc;
 }
 
