@@ -20,6 +20,8 @@ enum {
   CGC__OPT_TLS_KEY,
   CGC__OPT_TLS_NAME,
   CGC__OPT_TOKEN,
+  CGC__OPT_REPLICAS,
+  CGC__OPT_SPLIT_PARTS,
   CGC__OPT_LOCAL = 1100
 };
 
@@ -33,6 +35,8 @@ static const struct option cgc__common_opts[] = {
     {"tls-key", required_argument, NULL, CGC__OPT_TLS_KEY},
     {"tls-server-name", required_argument, NULL, CGC__OPT_TLS_NAME},
     {"token", required_argument, NULL, CGC__OPT_TOKEN},
+    {"replicas", required_argument, NULL, CGC__OPT_REPLICAS},
+    {"split-parts", required_argument, NULL, CGC__OPT_SPLIT_PARTS},
     {"help", no_argument, NULL, 'h'}};
 #define CGC__NCOMMON (sizeof cgc__common_opts / sizeof cgc__common_opts[0])
 
@@ -56,6 +60,12 @@ static const char cgc__common_help[] =
     "  --token TOKEN    bearer token for a server with --auth-tokens\n"
     "                   (default $CONVGRAD_TOKEN; prefer the variable: a\n"
     "                   flag shows in the process list)\n"
+    "  --replicas N     split a large call along the minibatch over N\n"
+    "                   replicas (the N addresses of --target, or N\n"
+    "                   connections to one); 0 (default): each call whole\n"
+    "                   on one replica (round_robin)\n"
+    "  --split-parts N  parts of a split call at most (default 2 x\n"
+    "                   replicas)\n"
     "  -h, --help       this help\n";
 
 void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
@@ -162,6 +172,13 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
     return 0;
   case CGC__OPT_TOKEN:
     cli->opts.token = arg;
+    return 0;
+  case CGC__OPT_REPLICAS:
+  case CGC__OPT_SPLIT_PARTS:
+    if (cgc__cli_int(arg, 0, c == CGC__OPT_REPLICAS ? 64 : 256, &v))
+      return -1;
+    *(c == CGC__OPT_REPLICAS ? &cli->opts.replicas : &cli->opts.split_parts) =
+        (int)v;
     return 0;
   default: /* CGC__OPT_CHUNK */
     /* Chunk plus framing must fit the server's 4 MiB receive cap. */

@@ -199,6 +199,10 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
   return rc;
 }
 
+void cgc__call_cancel(cgc_call *c) {
+  cgc__job_cancel(c->job);
+}
+
 int cgc_call_done(cgc_call *c) {
   pthread_mutex_lock(&c->mu);
   int ended = c->ended;

@@ -30,6 +30,7 @@ void cgc_options_init(cgc_options *o) {
   o->backoff_initial_ms = 50;
   o->backoff_max_ms = 2000;
   o->backoff_multiplier = 2.0;
+  o->hedge_budget = 0.05;
 }
 
 static int cgc__given(const char *s) {
@@ -69,6 +70,13 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
     return cg_errorf(err, errlen, CG_EINVAL,
                      "retries/backoff: counts and times must be >= 0 and the "
                      "multiplier >= 1");
+  if (o->replicas < 0 || o->replicas > CGC__REPLICAS_MAX ||
+      o->split_parts < 0 || o->split_parts > CGC__PARTS_MAX ||
+      !(o->hedge_budget >= 0 && o->hedge_budget <= 1))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "replicas/split_parts/hedge_budget: must be in [0, %d], "
+                     "[0, %d] and [0, 1]",
+                     CGC__REPLICAS_MAX, CGC__PARTS_MAX);
   for (const char *p = o->token; p && *p; p++)
     if (*p <= ' ' || *p > '~')
       return cg_errorf(err, errlen, CG_EINVAL,
@@ -320,6 +328,12 @@ static int cgc__credentials(const cgc_options *o,
 
 int cgc_channel_new(cgc_channel **out, const char *target,
                     const cgc_options *opts, char *err, size_t errlen) {
+  return cgc__channel_new(out, target, opts, 0, err, errlen);
+}
+
+int cgc__channel_new(cgc_channel **out, const char *target,
+                     const cgc_options *opts, int own_connections, char *err,
+                     size_t errlen) {
   int rc = 0;
   cgc_channel *ch = NULL;
   grpc_channel_credentials *creds = NULL;
@@ -375,13 +389,22 @@ int cgc_channel_new(cgc_channel **out, const char *target,
       {GRPC_ARG_INTEGER,
        GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
        {.integer = reconnect_max}},
+      /* A replica's connections are its own, not shared with the other
+       * channels of this process to the same address: the parts of a
+       * call pipelined over one target then travel on streams of
+       * connections of their own. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, {.integer = 1}},
       {GRPC_ARG_STRING,
        GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
        {.string = (char *)ch->opts.tls_server_name}},
   };
-  /* The last argument only with a name to check. */
+  /* The last two arguments only where they apply. */
   grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
   if (!cgc__given(ch->opts.tls_server_name))
+    cargs.num_args--;
+  else if (!own_connections)
+    args[cargs.num_args - 2] = args[cargs.num_args - 1];
+  if (!own_connections)
     cargs.num_args--;
   rc = cgc__credentials(&ch->opts, &creds, err, errlen);
   if (rc)
@@ -407,6 +430,10 @@ int cgc_channel_new(cgc_channel **out, const char *target,
                    "target: cannot create channel to '%s'", ch->target);
     goto fail_grpc;
   }
+  if ((rc = cgc__replicas_new(ch, err, errlen)) != 0) {
+    grpc_channel_destroy(ch->chan);
+    goto fail_grpc;
+  }
   *out = ch;
   return 0;
 
@@ -426,6 +453,7 @@ fail_opts:
 void cgc_channel_free(cgc_channel *ch) {
   if (!ch)
     return;
+  cgc__replicas_free(ch);
   cgc__engine_close(&ch->engine);
   cgc__regions_close(ch);
   cgc__cqs_close(ch);

@@ -667,7 +667,8 @@ struct cgc__job {
   int reg_next;
   cgc__end_fn on_end; /* told once the call ended */
   void *end_arg;
-  int ended; /* rc and st are final */
+  int ended;     /* rc and st are final */
+  int cancelled; /* cgc__job_cancel: no attempt after the current one */
   int rc;
   cgc_status st;
 };
@@ -924,7 +925,7 @@ static void cgc__attempt_end(cgc__job *j, int rc) {
   cgc__attempt *a = &j->a;
   if (rc)
     cgc__drop_out(a, ~a->done);
-  if (cgc__retry_next(&j->retry, rc, &j->st)) {
+  if (!j->cancelled && cgc__retry_next(&j->retry, rc, &j->st)) {
     if (cgc__retry_watch(&j->retry, 1, 0, j->cq, &j->wait_tag))
       cgc__attempt_begin(j);
     return;
@@ -975,6 +976,11 @@ static void cgc__attempt_settle(cgc__job *j) {
 static void cgc__attempt_begin(cgc__job *j) {
   cgc__attempt *a = &j->a;
   cgc__flight *f = &j->f;
+  if (j->cancelled) { /* in a retry's wait when it was cancelled */
+    cgc__status_set(&j->st, GRPC_STATUS_CANCELLED, "cancelled");
+    cgc__attempt_end(j, CGC_ERPC);
+    return;
+  }
   memset(f, 0, sizeof *f);
   f->t0 = cgc__now_ms();
   cgc__call_io_init(&f->io, j->ch, j->retry.t.retry);
@@ -1078,6 +1084,14 @@ static void cgc__on_reg_tag(cgc__tag *tag, int success) {
 
 static void cgc__on_wait_tag(cgc__tag *tag, int success) {
   cgc__job_event(CGC__JOB_OF(tag, wait_tag), cgc__handle_wait, success);
+}
+
+void cgc__job_cancel(cgc__job *j) {
+  pthread_mutex_lock(&j->mu);
+  j->cancelled = 1;
+  if (j->f.call)
+    grpc_call_cancel(j->f.call, NULL);
+  pthread_mutex_unlock(&j->mu);
 }
 
 void cgc_request_init(cgc_request *r) {
@@ -1242,18 +1256,17 @@ static void cgc__set_ended(void *arg) {
   *(int *)arg = 1;
 }
 
-/* Every cgc_compute* call: output g lands in into[g] when into and
- * into[g] are set, else in a new allocation; out[g] receives each output
- * asked for. The call runs on this thread, on a completion queue of its
- * own: handing it to the engine's thread and back would cost two thread
- * wake-ups per call (tests/README.md, "Design figures"). */
-static int cgc__compute(cgc_channel *ch, const cgc_request *req,
-                        void *const *into, const size_t *into_cap,
-                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
-                        cgc_status *st) {
+/* The call runs on this thread, on a completion queue of its own: handing
+ * it to the engine's thread and back would cost two thread wake-ups per
+ * call (tests/README.md, "Design figures"). */
+int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
+                 const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
+                 cgc_result *res, cgc_status *st) {
   cgc__job *j;
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     out[g] = NULL;
+  if (ch->nreplicas)
+    return cgc__split_compute(ch, req, into, into_cap, out, res, st);
   int rc = cgc__job_new(&j, ch, req, into, into_cap, st);
   if (rc)
     return rc;

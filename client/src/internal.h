@@ -1,8 +1,8 @@
 /* internal.h - what the libcgclient sources share, grouped by the file
  * that defines it: the channel struct (channel.c), the status helpers
  * (errors.c), a call's buffers and the unary call (call.c), deadlines and
- * the retry loop (retry.c), the Compute job (compute.c) and regions
- * (region.c). Not installed. */
+ * the retry loop (retry.c), the Compute job (compute.c), one call over
+ * several replicas (split.c) and regions (region.c). Not installed. */
 #ifndef CGC_INTERNAL_H
 #define CGC_INTERNAL_H
 
@@ -25,6 +25,24 @@ typedef struct cgc__engine {
 void cgc__engine_init(cgc__engine *e);
 /* Ends the engine's thread and queue (no call may be in flight). */
 void cgc__engine_close(cgc__engine *e);
+/* Cancels c (cgc__job_cancel); it must still be finished. */
+void cgc__call_cancel(cgc_call *c);
+
+/* Bounds of cgc_options.replicas and split_parts. */
+#define CGC__REPLICAS_MAX 64
+#define CGC__PARTS_MAX 256
+
+/* One replica of a channel with cgc_options.replicas (split.c): its own
+ * channel and what the split has measured of it, under the parent's
+ * split_mu. */
+typedef struct cgc__replica {
+  cgc_channel *ch;      /* owned */
+  double ms_per_gflop;  /* server compute, a moving average; 0: unknown */
+  double measured_ms;   /* when ms_per_gflop last moved (cgc__now_ms) */
+  double bytes_per_ms;  /* the link, a moving average; 0: unknown */
+  int outstanding;      /* parts and calls in flight on it */
+  double down_until_ms; /* after a failure: picked only if all are down */
+} cgc__replica;
 
 /* Completion queues kept for reuse: one per call in flight at the
  * channel's busiest, up to this many. */
@@ -47,7 +65,19 @@ struct cgc_channel {
   pthread_mutex_t cqs_mu;
   grpc_completion_queue *cqs[CGC__CQ_CACHE];
   int ncqs;
+  /* cgc_options.replicas > 0: the replicas and the split's state
+   * (split.c), under split_mu. */
+  cgc__replica *replicas;
+  int nreplicas;
+  pthread_mutex_t split_mu;
+  struct cgc__split_stats *stats;
 };
+
+/* cgc_channel_new; own_connections: the channel's connections are not
+ * shared with other channels to the same address (a replica's). */
+int cgc__channel_new(cgc_channel **out, const char *target,
+                     const cgc_options *opts, int own_connections, char *err,
+                     size_t errlen);
 
 /* errors.c: statuses. */
 
@@ -256,6 +286,29 @@ void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]);
  * the outputs it still holds; NULL is accepted. Not on a thread that
  * drives the call's completion queue. */
 void cgc__job_free(cgc__job *j);
+/* Cancels j's attempt in flight (the server sees CANCELLED) and any
+ * retry: j ends soon, at the latest when a retry's wait ends.
+ * Thread-safe. */
+void cgc__job_cancel(cgc__job *j);
+
+/* Every cgc_compute* call: output g lands in into[g] when into and
+ * into[g] are set, else in a new allocation; out[g] receives each output
+ * asked for. On a channel with replicas, cgc__split_compute. */
+int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
+                 const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
+                 cgc_result *res, cgc_status *st);
+
+/* split.c: creates ch's replicas from its (rewritten) target; a no-op
+ * without cgc_options.replicas. Returns 0 or a CG_E* code with err. */
+int cgc__replicas_new(cgc_channel *ch, char *err, size_t errlen);
+/* Frees the replicas. */
+void cgc__replicas_free(cgc_channel *ch);
+/* A call on a channel with replicas: split along the minibatch when it
+ * pays, else whole on the least loaded replica. As cgc__compute. */
+int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
+                       void *const *into, const size_t *into_cap,
+                       cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                       cgc_status *st);
 
 /* region.c: shared-memory regions. */
 

@@ -130,6 +130,32 @@ typedef struct cgc_options {
    * else none; "": none. Printable ASCII without spaces. Sent in clear
    * without TLS: keep it to loopback and unix sockets then. */
   const char *token;
+  /* One call over several replicas (client/README.md, "Replicas"). 0:
+   * one gRPC channel balanced by round_robin; each call is served whole
+   * by one replica. N >= 1: the channel keeps a connection of its own to
+   * each replica: each address of a list target ("a:p,b:p", "ipv4:...",
+   * which must then hold N addresses), or N to any other target, over
+   * which a call's parts pipeline. A call whose minibatch and work are
+   * large enough is split along the minibatch into parts sent as calls of
+   * their own: diff_src is concatenated, diff_weights and diff_bias are
+   * summed in part order (bf16 and f16 in f32, rounded once), so the
+   * result is the same bits whichever replica answered each part. Parts
+   * go to the replicas in proportion to their measured speed and load, a
+   * part whose replica fails goes to another within the deadline, and a
+   * part much slower than usual gets a backup on another replica (see
+   * hedge_budget). Smaller calls go whole to the least loaded replica.
+   * Asynchronous calls (cgc_call_start) go whole, through round_robin. */
+  int replicas;
+  /* Parts of one call at most; 0: 2 x replicas. */
+  int split_parts;
+  /* Least work of a part, in flops (2 x multiply-adds); 0: 200 MFLOP. A
+   * call under 2 parts' worth is never split. */
+  uint64_t split_min_flops;
+  /* Backup parts sent at most, as a fraction of the parts sent (default
+   * 0.05); 0: none. A part gets one when it has not answered after the
+   * 95th percentile of the latencies of its shape and twice their median
+   * (once 8 are known). */
+  double hedge_budget;
 } cgc_options;
 
 /* Fills o with the defaults above. Thread-safe. */

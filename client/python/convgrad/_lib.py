@@ -106,7 +106,10 @@ class Options(C.Structure):
                 ("backoff_multiplier", C.c_double),
                 ("tls_ca_file", C.c_char_p), ("tls_cert_file", C.c_char_p),
                 ("tls_key_file", C.c_char_p),
-                ("tls_server_name", C.c_char_p), ("token", C.c_char_p)]
+                ("tls_server_name", C.c_char_p), ("token", C.c_char_p),
+                ("replicas", C.c_int), ("split_parts", C.c_int),
+                ("split_min_flops", C.c_uint64),
+                ("hedge_budget", C.c_double)]
 
 
 class OpInfo(C.Structure):

@@ -37,7 +37,8 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_BF16: "bf16", L.DTYPE_F16: "f16",
                 4: "s32", 5: "s64"}
 _OPTIONS = ("max_message_bytes", "upload_chunk_bytes", "download_chunk_bytes",
             "max_output_bytes", "backoff_initial_ms", "backoff_max_ms",
-            "backoff_multiplier")
+            "backoff_multiplier", "replicas", "split_parts", "split_min_flops",
+            "hedge_budget")
 # Keyword -> cgc_options string field (paths and the token), encoded as the
 # file system does.
 _STRING_OPTIONS = {"tls_ca": "tls_ca_file", "tls_cert": "tls_cert_file",
@@ -205,7 +206,10 @@ class Client:
     set the remaining fields of libcgclient's cgc_options by name
     (upload_chunk_bytes, download_chunk_bytes, max_message_bytes,
     max_output_bytes, backoff_initial_ms, backoff_max_ms,
-    backoff_multiplier). TLS: tls_ca (PEM roots the server's certificate
+    backoff_multiplier; replicas, split_parts, split_min_flops and
+    hedge_budget: one call split along the minibatch over several replicas,
+    client/README.md "Replicas"; the calls that return at once, such as
+    convgrad.torch.offload's, go whole to one replica). TLS: tls_ca (PEM roots the server's certificate
     must chain to), tls_cert and tls_key (this client's certificate, for a
     server that requires one), tls_server_name (the name the server's
     certificate must carry when the target's host is an address); paths,

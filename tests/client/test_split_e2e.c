@@ -1,0 +1,342 @@
+/* test_split_e2e.c - one call over two replicas (cgc_options.replicas):
+ * against two real servers on loopback (static policy, one worker each,
+ * so that both compute a part alike), every op, dtype and data layout
+ * split along the minibatch gives what the unsplit call gives, within the
+ * dtype's tolerance of summing the parts, and the same bits run after
+ * run; a tiny call goes whole; the options are checked; a stopped
+ * replica's parts get backups on the other; and a replica
+ * killed with SIGKILL in the middle of split calls costs nothing: every
+ * call succeeds with the bits of the calls before the kill. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cg/bdesc.h"
+#include "cg/dtype.h"
+#include "cg/layer.h"
+#include "cgc/client.h"
+#include "harness.h"
+#include "spec.h"
+
+static const char *server_exe;
+
+typedef struct fixture {
+  th_server srv[2];
+  char list[128];     /* "127.0.0.1:A,127.0.0.1:B" */
+  cgc_channel *one;   /* replica 0 alone: the unsplit calls */
+  cgc_channel *split; /* both, splitting */
+} fixture;
+
+static int start_servers(fixture *f) {
+  static const char *const cpu[2] = {"0", "1"};
+  for (int i = 0; i < 2; i++) {
+    const char *extra[] = {
+        "--workers", "1", "--threads-policy", "static", "--cpus", cpu[i], NULL};
+    if (th_server_start(&f->srv[i], server_exe, 0, extra) != 0)
+      return -1;
+  }
+  snprintf(f->list, sizeof f->list, "127.0.0.1:%d,127.0.0.1:%d", f->srv[0].port,
+           f->srv[1].port);
+  return 0;
+}
+
+static int setup(void **state) {
+  static fixture f;
+  char err[256], one[64];
+  memset(&f, 0, sizeof f);
+  if (start_servers(&f) != 0)
+    return -1;
+  cgc_options o;
+  cgc_options_init(&o);
+  snprintf(one, sizeof one, "127.0.0.1:%d", f.srv[0].port);
+  if (cgc_channel_new(&f.one, one, &o, err, sizeof err) != 0)
+    return -1;
+  o.replicas = 2;
+  o.split_parts = 4;
+  o.split_min_flops = 1000; /* the test's small problems split too */
+  if (cgc_channel_new(&f.split, f.list, &o, err, sizeof err) != 0) {
+    fprintf(stderr, "split channel: %s\n", err);
+    return -1;
+  }
+  *state = &f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  cgc_channel_free(f->split);
+  cgc_channel_free(f->one);
+  th_server_stop(&f->srv[0]);
+  th_server_stop(&f->srv[1]);
+  return 0;
+}
+
+/* A request of descriptor desc for op in dtype and data layout df, with
+ * random inputs it owns (in[]), and its resolved layer. */
+typedef struct problem {
+  cg_bdesc_problem bp;
+  cg_layer layer;
+  cgc_request req;
+  void *in[3];
+} problem;
+
+static void problem_init(problem *p, const char *desc, cg_op op, cg_dtype dt,
+                         cg_data_format df, uint64_t seed) {
+  cg_bdesc d;
+  char err[256];
+  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
+               op == CG_OP_DECONV_BWD;
+  memset(p, 0, sizeof *p);
+  assert_int_equal(cg_bdesc_parse(desc, deconv, &d, err, sizeof err), 0);
+  assert_int_equal(cg_bdesc_problem_init(&p->bp, &d, op, dt, df,
+                                         CG_WEIGHTS_DEFAULT, err, sizeof err),
+                   0);
+  assert_int_equal(cg_layer_resolve(&p->bp.problem, &p->layer, err, sizeof err),
+                   0);
+  cgc_request_init(&p->req);
+  p->req.op = op;
+  p->req.attrs = p->bp.problem.attrs;
+  for (int i = 0; i < p->layer.ninputs; i++) {
+    size_t n = p->layer.in_bytes[i];
+    size_t elems = n / cg_dtype_size(dt);
+    p->in[i] = malloc(n);
+    assert_non_null(p->in[i]);
+    cg_fill_uniform(dt, p->in[i], elems, &seed);
+    const cg_ints *dims = &p->bp.problem.input_dims[i];
+    cgc_tensor_view *v = &p->req.inputs[i];
+    v->dtype = dt;
+    v->rank = (int)dims->len;
+    memcpy(v->dims, dims->v, dims->len * sizeof(int64_t));
+    v->data = p->in[i];
+    v->nbytes = n;
+  }
+}
+
+static void problem_free(problem *p) {
+  for (int i = 0; i < 3; i++)
+    free(p->in[i]);
+}
+
+/* Calls p on ch; out[g] owned by the caller. */
+static void call(cgc_channel *ch, const problem *p,
+                 cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res) {
+  cgc_status st;
+  int rc = cgc_compute_layer(ch, &p->req, out, res, &st);
+  if (rc != 0)
+    fail_msg("%s: %s", cgc_strerror(rc), st.message);
+}
+
+static void free_outs(cgc_tensor *out[CG_GRAD_COUNT]) {
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    cgc_tensor_free(out[g]);
+}
+
+/* Split against unsplit, and split against split again. */
+static void check_split(fixture *f, const char *desc, cg_op op, cg_dtype dt,
+                        cg_data_format df) {
+  problem p;
+  cgc_tensor *whole[CG_GRAD_COUNT], *a[CG_GRAD_COUNT], *b[CG_GRAD_COUNT];
+  cgc_result res;
+  problem_init(&p, desc, op, dt, df, 7);
+  call(f->one, &p, whole, &res);
+  call(f->split, &p, a, &res);
+  if (!strstr(res.worker, " parts") || res.worker[0] < '2')
+    fail_msg("%s %s: not split (%s)", desc, cg_op_name(op), res.worker);
+  call(f->split, &p, b, &res);
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    if (!whole[g]) {
+      assert_null(a[g]);
+      continue;
+    }
+    assert_non_null(a[g]);
+    assert_int_equal(a[g]->nbytes, whole[g]->nbytes);
+    assert_int_equal(a[g]->rank, whole[g]->rank);
+    assert_memory_equal(a[g]->dims, whole[g]->dims,
+                        sizeof(int64_t) * (size_t)whole[g]->rank);
+    /* Every part's sum is rounded to the dtype once more than the
+     * unsplit call's: the tolerance grows with the parts. */
+    cgc_diff d;
+    cgc_compare_output(&p.layer, g, a[g]->data, whole[g]->data, &d);
+    if (d.max_abs > 4 * d.tol)
+      fail_msg("%s %s %s %s: %s differs by %g (tolerance %g)", desc,
+               cg_op_name(op), cg_dtype_name(dt), cg_data_format_name(df),
+               cg_grad_name((cg_grad)g), d.max_abs, 4 * d.tol);
+    if (memcmp(a[g]->data, b[g]->data, a[g]->nbytes) != 0)
+      fail_msg("%s %s %s: %s not the same bits twice", desc, cg_op_name(op),
+               cg_dtype_name(dt), cg_grad_name((cg_grad)g));
+  }
+  free_outs(whole);
+  free_outs(a);
+  free_outs(b);
+  problem_free(&p);
+}
+
+static void test_every_op_and_dtype(void **state) {
+  fixture *f = *state;
+  static const cg_op ops[] = {CG_OP_CONV_BWD,        CG_OP_DECONV_BWD,
+                              CG_OP_CONV_BWD_DATA,   CG_OP_CONV_BWD_WEIGHTS,
+                              CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS};
+  static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16};
+  for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+    for (size_t t = 0; t < 3; t++)
+      for (int df = CG_DATA_NCX; df <= CG_DATA_NXC; df++) {
+        int deconv = ops[o] == CG_OP_DECONV_BWD ||
+                     ops[o] == CG_OP_DECONV_BWD_DATA ||
+                     ops[o] == CG_OP_DECONV_BWD_WEIGHTS;
+        /* mb 6 in 4 parts: 2, 2, 1, 1 rows. */
+        check_split(f,
+                    deconv ? "mb6g2ic8ih5oc4oh10kh4sh2ph1"
+                           : "mb6g2ic8ih9oc12oh5kh3sh2ph1",
+                    ops[o], dts[t], (cg_data_format)df);
+      }
+}
+
+static void test_tiny_call_goes_whole(void **state) {
+  fixture *f = *state;
+  cgc_channel *ch;
+  cgc_options o;
+  char err[256];
+  cgc_options_init(&o);
+  o.replicas = 2; /* the default least work of a part: 200 MFLOP */
+  assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err), 0);
+  problem p;
+  cgc_tensor *out[CG_GRAD_COUNT];
+  cgc_result res;
+  problem_init(&p, "mb6ic8ih9oc12oh9kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
+               CG_DATA_NXC, 3);
+  call(ch, &p, out, &res);
+  assert_non_null(strstr(res.worker, "cg-worker"));
+  free_outs(out);
+  problem_free(&p);
+  cgc_channel_free(ch);
+  o.replicas = 3; /* two addresses */
+  assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err),
+                   CG_EINVAL);
+  assert_non_null(strstr(err, "replicas: 3, but the target lists 2"));
+  o.replicas = -1;
+  assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err),
+                   CG_EINVAL);
+  o.replicas = 2;
+  o.hedge_budget = 2;
+  assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err),
+                   CG_EINVAL);
+}
+
+/* Replica 1 stopped (SIGSTOP) under a call: its parts get backups on
+ * replica 0 once they run past the latencies seen so far, the call ends
+ * with the same bits, and the stuck copies are cancelled. */
+static void test_straggler_gets_backups(void **state) {
+  fixture *f = *state;
+  cgc_channel *ch;
+  cgc_options o;
+  char err[256];
+  cgc_options_init(&o);
+  o.replicas = 2;
+  o.split_parts = 4;
+  o.split_min_flops = 1000;
+  o.hedge_budget = 0.5;  /* the default 5% allows none in so few parts */
+  o.deadline_ms = 20000; /* without backups, the call fails by then */
+  assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err), 0);
+  problem p;
+  cgc_tensor *want[CG_GRAD_COUNT], *got[CG_GRAD_COUNT];
+  cgc_result res;
+  problem_init(&p, "mb8ic8ih12oc8oh12kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
+               CG_DATA_NXC, 5);
+  call(ch, &p, want, &res);
+  for (int i = 0; i < 4; i++) { /* 16 latencies of the part's shape */
+    call(ch, &p, got, &res);
+    assert_int_equal(res.attempts, 1); /* no backup while all is well */
+    free_outs(got);
+  }
+  assert_int_equal(kill(f->srv[1].pid, SIGSTOP), 0);
+  call(ch, &p, got, &res);
+  assert_int_equal(kill(f->srv[1].pid, SIGCONT), 0);
+  assert_true(res.attempts > 1); /* backups went */
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    assert_memory_equal(got[g]->data, want[g]->data, want[g]->nbytes);
+  free_outs(got);
+  free_outs(want);
+  problem_free(&p);
+  cgc_channel_free(ch);
+}
+
+typedef struct caller {
+  cgc_channel *ch;
+  const problem *p;
+  const cgc_tensor *const *want;
+  int calls, failed, differ;
+  atomic_int done; /* calls ended */
+} caller;
+
+static void *caller_main(void *arg) {
+  caller *c = arg;
+  for (int i = 0; i < c->calls; i++) {
+    cgc_tensor *out[CG_GRAD_COUNT];
+    cgc_result res;
+    cgc_status st;
+    if (cgc_compute_layer(c->ch, &c->p->req, out, &res, &st) != 0) {
+      fprintf(stderr, "call %d: %s\n", i, st.message);
+      c->failed++;
+      continue;
+    }
+    for (int g = 0; g < CG_GRAD_COUNT; g++)
+      if (out[g] && memcmp(out[g]->data, c->want[g]->data, out[g]->nbytes))
+        c->differ++;
+    free_outs(out);
+    atomic_fetch_add(&c->done, 1);
+  }
+  return NULL;
+}
+
+/* Runs last: replica 1 dies under split calls. */
+static void test_replica_killed_mid_call(void **state) {
+  fixture *f = *state;
+  problem p;
+  cgc_tensor *want[CG_GRAD_COUNT];
+  cgc_result res;
+  /* Some tens of ms a part, so that the kill lands in calls. */
+  problem_init(&p, "mb8ic32ih40oc32oh40kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
+               CG_DATA_NCX, 11);
+  call(f->split, &p, want, &res);
+  assert_string_equal(res.worker, "4 parts");
+  caller c = {f->split, &p, (const cgc_tensor *const *)want, 12, 0, 0, 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, caller_main, &c), 0);
+  /* Two calls through, then the kill, in the third (bounded: 30 s). */
+  for (int i = 0; i < 30000 && atomic_load(&c.done) < 2; i++)
+    usleep(1000);
+  assert_int_equal(kill(f->srv[1].pid, SIGKILL), 0);
+  int at_kill = atomic_load(&c.done);
+  pthread_join(th, NULL);
+  assert_true(at_kill < c.calls); /* the kill landed among the calls */
+  th_server_stop(&f->srv[1]);
+  assert_int_equal(c.failed, 0);
+  assert_int_equal(c.differ, 0);
+  free_outs(want);
+  problem_free(&p);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s SERVER\n", argv[0]);
+    return 2;
+  }
+  server_exe = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_op_and_dtype),
+      cmocka_unit_test(test_tiny_call_goes_whole),
+      cmocka_unit_test(test_straggler_gets_backups),
+      cmocka_unit_test(test_replica_killed_mid_call),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
