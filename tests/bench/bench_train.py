@@ -99,8 +99,8 @@ class Mode:
 def make_modes(args, model0, tcp, unix, alt):
     """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
     alt:unix+shm (the second server), each optionally followed by
-    +overlap, +keep (backward_threads=None) and +narrow
-    (backward_threads=1)."""
+    +overlap, +keep (backward_threads=None), +narrow (backward_threads=1)
+    and +nostage (stage=False: tcp's backward sends src and weights too)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -109,7 +109,8 @@ def make_modes(args, model0, tcp, unix, alt):
         n = 2 if parts[1:2] == ["shm"] else 1
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
-        if not target or set(flags) - {"overlap", "keep", "narrow"}:
+        if not target or set(flags) - {"overlap", "keep", "narrow",
+                                       "nostage"}:
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         client = convgrad.Client(target, shm=False if base == "tcp" else
@@ -117,7 +118,8 @@ def make_modes(args, model0, tcp, unix, alt):
         model = ct.offload(copy.deepcopy(model0), client,
                            overlap="overlap" in flags,
                            backward_threads=None if "keep" in flags else
-                           1 if "narrow" in flags else "auto")
+                           1 if "narrow" in flags else "auto",
+                           stage="nostage" not in flags)
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
 
@@ -290,18 +292,19 @@ def bench_train(args, tcp, unix, alt):
             torch.set_num_threads(args.threads)
             conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
                                        autocast)
-            print("  %-18s %9s %7s %6s %9s %9s %11s %10s" % (
+            print("  %-18s %9s %7s %6s %9s %9s %9s %11s %10s" % (
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
-                "compute ms", "arena MB"))
+                "MB staged", "compute ms", "arena MB"))
             for m in modes:
                 ms = statistics.median(m.times)
                 line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
                 if m.client:
                     s = m.client.stats()
                     n = m.steps
-                    line += " %6.0f %9.1f %9.1f %11.1f %10.0f" % (
+                    line += " %6.0f %9.1f %9.1f %9.1f %11.1f %10.0f" % (
                         s["calls"] / n, s["bytes_sent"] / n / 1e6,
-                        s["bytes_received"] / n / 1e6, s["compute_ms"] / n,
+                        s["bytes_received"] / n / 1e6,
+                        s["staged_bytes"] / n / 1e6, s["compute_ms"] / n,
                         s["arena_bytes"] / 2**20)
                     m.client.close()
                 print(line + "   (rounds: %s)" % " ".join(
@@ -405,9 +408,10 @@ def main():
                              "unix+shm+overlap"],
                     help="offload modes beside local: tcp, unix+shm or "
                     "alt:unix+shm (a second server started with "
-                    "--alt-server-args), each optionally with +overlap and "
+                    "--alt-server-args), each optionally with +overlap, "
                     "+keep (torch's threads kept through the backward "
-                    "pass)")
+                    "pass) and +nostage (the backward sends src and "
+                    "weights instead of naming them staged)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
