@@ -209,11 +209,11 @@ static void report_suppressed(const cgs_peer *e) {
 
 /* Every HOUSEKEEPING_MS: reports and forgets idle peers, unregisters
  * regions left idle (--region-idle-timeout), and hands the heap's free memory
- * back to the system once calls have ended. The allocator keeps up to
+ * back to the system when no call is live. The allocator keeps up to
  * M_TRIM_THRESHOLD (main.c) otherwise, so a burst of calls (honest or not)
- * would leave the process at its peak. After a whole quiet period the
- * tensor-buffer cache goes too: a training loop calls far more often than that
- * and keeps it warm. */
+ * would leave the process at its peak; under steady load the warm pages
+ * stay. After a whole quiet period the tensor-buffer cache goes too: a
+ * training loop calls far more often than that and keeps it warm. */
 static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
@@ -223,12 +223,11 @@ static void on_housekeeping(uv_timer_t *h) {
   uint64_t over = cgs_calls_ended(&s->calls);
   int ended = over != s->calls_ended_at_tick;
   s->calls_ended_at_tick = over;
-  if (!ended && cgs_calls_live(&s->calls) == 0 && cgs_buf_cached_bytes()) {
+  if (cgs_calls_live(&s->calls) != 0)
+    return;
+  if (!ended)
     cgs_buf_drain();
-    malloc_trim(0);
-  } else if (ended) {
-    malloc_trim(0);
-  }
+  malloc_trim(0);
 }
 
 static void on_calls_timer(uv_timer_t *h) {
