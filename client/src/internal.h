@@ -2,7 +2,8 @@
  * that defines it: the channel struct (channel.c), the status helpers
  * (errors.c), a call's buffers and the unary call (call.c), deadlines and
  * the retry loop (retry.c), the Compute job (compute.c), one call over
- * several replicas (split.c) and regions (region.c). Not installed. */
+ * several replicas (split.c) and regions (region.c). sync.c (the blocking
+ * calls) and async.c (the engine) use them. Not installed. */
 #ifndef CGC_INTERNAL_H
 #define CGC_INTERNAL_H
 
@@ -291,9 +292,12 @@ void cgc__job_free(cgc__job *j);
  * Thread-safe. */
 void cgc__job_cancel(cgc__job *j);
 
-/* Every cgc_compute* call: output g lands in into[g] when into and
- * into[g] are set, else in a new allocation; out[g] receives each output
- * asked for. On a channel with replicas, cgc__split_compute. */
+/* The outputs req asks for (CG_GRAD_BIT()s), or 0 after filling st. */
+unsigned cgc__request_wants(const cgc_request *req, cgc_status *st);
+/* One blocking call on ch's one server, on this thread: output g lands in
+ * into[g] when into and into[g] are set, else in a new allocation; out[g]
+ * receives each output asked for. (sync.c's calls take a channel's
+ * replicas to cgc__split_compute instead.) */
 int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
                  const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
                  cgc_result *res, cgc_status *st);
