@@ -50,7 +50,7 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 /* Computes geom on oneDNN. in0/in1 hold geom->in_bytes[0/1] bytes in the
  * caller's layouts, out receives geom->out_bytes. info may be NULL.
  * Only kernels whose 32-bit arithmetic and work hold for geom run it
- * (engine.c, impl_usable); the others leave it to the next implementation.
+ * (impl_catalogue.c); the others leave it to the next implementation.
  * Returns 0, CG_EINVAL (NULL buffer, a geometry cg_problem_resolve would
  * not produce or one past cg_limits_max, or one oneDNN cannot build a
  * kernel for: runtime_error), CG_ERANGE (a buffer size overflows),
