@@ -9,7 +9,8 @@
  * shaped like X, <P, R> = T with X replaced by P.
  *
  * Probes. Data outputs: P = u[g,c] at the position (n, g, x) and 0
- * elsewhere, u[g,c] = +-1 drawn from the seed, for every (n, g, x) at
+ * elsewhere, u[g,c] a random sign times a magnitude in [1, 2) drawn from
+ * the seed (draw_probes), for every (n, g, x) at
  * once: the left side is z(n,g,x) = sum_c u[g,c] R[n,g,c,x], one pass over
  * R; the right side y(n,g,x) is the op itself on weights contracted by u,
  * Wu[g,c',k] = sum_c u[g,c] W[g,c',c,k] (or over the other index for
@@ -21,38 +22,42 @@
  * tv = sum_c v[g,c] t[n,g,c,.], 1/C of the op.
  *
  * Tolerance of one comparison, with C the output channels summed (per
- * group), R_c their values, A_c = sum of |terms| of each (the abs-sum the
- * same loops give with |inputs| and |W| contracted by |u| = 1, summed over
- * c: A = sum_c A_c) and L the reduction length of one output element:
+ * group), R_c their values, A_c = sum of |terms| of each and A = sum_c
+ * |u_c| A_c (what the same loops give with |inputs| and |W| contracted by
+ * |u|), and L the reduction length of one output element:
  * z - y = sum_c u_c e_c exactly but for the checker's own double rounding,
  * e_c the error of R_c. e_c is the rounding of the result to its dtype,
  * |r_c| <= u_out |R_c| (u_out = 2^-24, 2^-8, 2^-11), plus the f32
  * accumulation error a_c (oneDNN accumulates every dtype in f32, as does
- * the f32-convert path). Under the probabilistic model of Higham and Mary
- * (SIAM J. Sci. Comput. 41(5), 2019: rounding errors mean-independent and
- * bounded), |a_c| <= lambda sqrt(L) 2^-24 A_c for any summation order
- * whose longest chain is at most L, with probability at least
- * 1 - 2L exp(-lambda^2/2) for each c. The signs u are drawn after R is
- * computed and independently of it, so by Hoeffding's inequality
- * |sum_c u_c r_c| <= lambda sqrt(sum_c r_c^2) <= lambda u_out sqrt(sum
- * R_c^2) with probability at least 1 - 2 exp(-lambda^2/2). Hence
- *   tol = lambda u_out sqrt(sum_c R_c^2) + lambda sqrt(L) 2^-24 A
- *         + C (tiny + L 2^-126) + 2^-40 (A + sqrt(C sum_c R_c^2)),
+ * the f32-convert path). Rounding to the dtype moves R_c by at most h_c,
+ * half a unit in the last place of R_c (half_ulp). Under the
+ * probabilistic model of Higham and Mary (SIAM J. Sci. Comput. 41(5),
+ * 2019: rounding errors mean-independent and bounded), |a_c| <= lambda
+ * sqrt(L) 2^-24 A_c for any summation order whose longest chain is at most
+ * L, with probability at least 1 - 2L exp(-lambda^2/2) for each c. The
+ * probes' signs are drawn after R is computed and independently of it, so
+ * by Hoeffding's inequality |sum_c u_c r_c| <= lambda sqrt(sum_c u_c^2
+ * h_c^2) with probability at least 1 - 2 exp(-lambda^2/2); and always
+ * <= sum_c |u_c| h_c, the smaller where C is small. Hence
+ *   tol = min(sum |u_c| h_c, lambda sqrt(sum u_c^2 h_c^2))
+ *         + lambda sqrt(L) 2^-24 A + min(A, 2C (tiny + L 2^-126))
+ *         + 2^-40 (A + sum |u_c| h_c / u_out),
  * where tiny is the absolute rounding of a subnormal result (f16 2^-25,
  * else 2^-126, which also covers a flush to zero), L 2^-126 per element
- * the products a kernel may flush to zero, and the last term the
- * checker's double sums (an error of at most about 2^-50 of the abs-sums,
- * with margin). lambda = 8: exp(-32) = 1.3e-14, so a correct result fails
- * one comparison with probability below 2.6e-14 (L + 1), about 1e-8 for
- * L = 4608 and 10^5 comparisons a call, under that model. A comparison
- * whose sums are not finite, or whose abs-sum reaches the dtype's largest
- * value (a result may then overflow legitimately), is skipped and
+ * the products a kernel may flush to zero (neither exceeds the terms, A),
+ * and the last term the checker's own double sums (an error of at most
+ * about 2^-50 of the abs-sums, with margin). lambda = 8: exp(-32) = 1.3e-14, so
+ * a correct result fails one comparison with probability below 2.6e-14 (L + 1),
+ * about 1e-8 for L = 4608 and 10^5 comparisons a call, under that model. A
+ * comparison whose sums are not finite, or whose abs-sum reaches the dtype's
+ * largest value (a result may then overflow legitimately), is skipped and
  * counted.
  *
- * Detection: a wrong element R_c + d changes z by u_c d = +-d, caught when
- * |d| exceeds that position's tolerance, about lambda u_out sqrt(C) |R|
- * for bf16 and f16 and lambda sqrt(L) 2^-24 A for f32 (measured in
- * tests/engine/test_check.c and tests/server/bench_check.c). */
+ * Detection: a wrong element R_c + d changes z by u_c d, |u_c| >= 1, caught
+ * when that exceeds its position's tolerance: about the sum of the
+ * channels' half-ulps (at most 8 sqrt(C) of them) for bf16 and f16, and
+ * the accumulation term for f32 (measured in tests/engine/test_check.c and
+ * tests/server/bench_faults.c). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -86,10 +91,16 @@ static uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* n probe signs (+-1) from seed. */
-static void draw_signs(double *u, int64_t n, uint64_t seed) {
-  for (int64_t i = 0; i < n; i++)
-    u[i] = (mix64(seed ^ mix64((uint64_t)i)) >> 63) ? 1.0 : -1.0;
+/* n probe weights from seed: a random sign times a magnitude uniform in
+ * [1, 2). Magnitudes that differ keep an error common to a position's
+ * channels (an offset, a broadcast gone wrong) from cancelling, as it
+ * would whenever +-1 signs sum to zero. */
+static void draw_probes(double *u, int64_t n, uint64_t seed) {
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t r = mix64(seed ^ mix64((uint64_t)i));
+    double m = 1.0 + (double)(r >> 11) * 0x1p-53;
+    u[i] = (r & 1) ? m : -m;
+  }
 }
 
 static int64_t prod3(const int64_t v[3]) {
@@ -112,21 +123,32 @@ static int no_memory(char *err, size_t errlen) {
 
 /* Sample n of a data tensor of c->dt with element strides st (C channels,
  * P positions) as f32 [P][C] in out; tmp holds C * P floats. Returns out,
- * or the tensor itself where it is already that (f32 NXC). */
+ * or the tensor itself where it is already that (f32 NXC). NCX is
+ * transposed in tiles, so that both sides stay in cache. */
 static const float *stage_sample(const ck_ctx *c, const void *base,
                                  const int64_t st[5], int64_t C, int64_t P,
                                  int64_t n, float *tmp, float *out) {
+  enum { TILE = 32 };
   size_t esz = cg_dtype_size(c->dt);
   const char *s = (const char *)base + (size_t)(n * st[0]) * esz;
   int nxc = st[1] == 1 || C == 1;
-  if (nxc && c->dt == CG_DTYPE_F32)
+  if (c->dt == CG_DTYPE_F32 && nxc)
     return (const float *)s;
-  cg_convert(CG_DTYPE_F32, nxc ? out : tmp, c->dt, s, (size_t)(C * P));
-  if (nxc)
-    return out;
-  for (int64_t ch = 0; ch < C; ch++)
-    for (int64_t x = 0; x < P; x++)
-      out[x * C + ch] = tmp[ch * P + x];
+  const float *src = (const float *)s;
+  if (c->dt != CG_DTYPE_F32 || nxc) {
+    cg_convert(CG_DTYPE_F32, nxc ? out : tmp, c->dt, s, (size_t)(C * P));
+    if (nxc)
+      return out;
+    src = tmp;
+  }
+  for (int64_t c0 = 0; c0 < C; c0 += TILE)
+    for (int64_t x0 = 0; x0 < P; x0 += TILE) {
+      int64_t c1 = c0 + TILE < C ? c0 + TILE : C;
+      int64_t x1 = x0 + TILE < P ? x0 + TILE : P;
+      for (int64_t x = x0; x < x1; x++)
+        for (int64_t ch = c0; ch < c1; ch++)
+          out[x * C + ch] = src[ch * P + x];
+    }
   return out;
 }
 
@@ -159,8 +181,8 @@ static inline double half_ulp(float x, double u_out) {
 }
 
 /* One comparison: z = sum_c u_c R_c, y the right side, a its abs-sum,
- * h and hsq the sum and the sum of squares of the R_c's half-ulps, over
- * C channels of reduction length L. */
+ * h and hsq the sum and the sum of squares of the R_c's half-ulps times
+ * |u_c|, over C channels of reduction length L. */
 static void compare(const ck_ctx *c, double z, double y, double a, double h,
                     double hsq, int64_t C, double L, int64_t i0, int64_t i1,
                     int64_t i2, cg_check_result *r) {
@@ -170,7 +192,7 @@ static void compare(const ck_ctx *c, double z, double y, double a, double h,
   }
   double round = fmin(h, LAMBDA * sqrt(hsq));
   /* Subnormal rounding and flushed products never exceed the terms. */
-  double tiny = fmin(a, (double)C * (c->tiny + L * FLUSH));
+  double tiny = fmin(a, 2.0 * (double)C * (c->tiny + L * FLUSH));
   double tol =
       round + c->acc * sqrt(L) * a + tiny + U_CHECK * (a + h / c->u_out);
   double diff = fabs(z - y);
@@ -223,7 +245,7 @@ static int64_t w_offset(const cg__plan *pl, int64_t g, int64_t cl, int64_t ch,
 
 /* The weights contracted by u over the output's channels (hi for
  * out_is_hi, else lo), as [g][k][c] over the other side's channels c:
- * wu with the signs, wa with |W|. */
+ * wu with the probes, wa with |u| |W|. */
 static void contract_weights(const ck_ctx *c, int out_is_hi, const float *w,
                              const double *u, double *wu, double *wa) {
   const cg__plan *pl = &c->pl;
@@ -237,7 +259,7 @@ static void contract_weights(const ck_ctx *c, int out_is_hi, const float *w,
           int64_t cout = out_is_hi ? pl->hi_cg : pl->lo_cg;
           size_t i = (size_t)(((g * c->kpos) + k) * cin + keep);
           wu[i] += u[g * cout + sum] * v;
-          wa[i] += fabs(v);
+          wa[i] += fabs(u[g * cout + sum]) * fabs(v);
         }
 }
 
@@ -312,7 +334,7 @@ static void data_sample(const ck_ctx *c, int out_is_hi, const void *in_data,
       double z = 0, h = 0, hsq = 0;
 #pragma omp simd reduction(+ : z, h, hsq)
       for (int64_t i = 0; i < cout; i++) {
-        double e = half_ulp(row[i], c->u_out);
+        double e = fabs(ug[i]) * half_ulp(row[i], c->u_out);
         z += ug[i] * (double)row[i];
         h += e;
         hsq += e * e;
@@ -345,7 +367,7 @@ static int check_data(const ck_ctx *c, int out_is_hi, const void *in_data,
     goto out;
   }
   double *wa = wu + G * c->kpos * cin;
-  draw_signs(u, G * cout, seed);
+  draw_probes(u, G * cout, seed);
   cg_convert(CG_DTYPE_F32, w, c->dt, w_in, welems);
   contract_weights(c, out_is_hi, w, u, wu, wa);
 #pragma omp parallel num_threads(c->threads)
@@ -414,7 +436,7 @@ static void weights_sample(const ck_ctx *c, int contract_lo, const void *lo,
 #pragma omp simd reduction(+ : s, sa)
       for (int64_t i = 0; i < tc; i++) {
         s += vg[i] * (double)row[i];
-        sa += fabs((double)row[i]);
+        sa += fabs(vg[i] * (double)row[i]);
       }
       b->tv[g * pt + x] = s;
       b->tva[g * pt + x] = sa;
@@ -469,7 +491,7 @@ static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
     rc = no_memory(err, errlen);
     goto out;
   }
-  draw_signs(v, G * tc, seed);
+  draw_probes(v, G * tc, seed);
 #pragma omp parallel num_threads(c->threads)
   {
     weights_bufs b =
@@ -495,7 +517,7 @@ static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
         for (int64_t i = 0; i < tc; i++) {
           float r = w[contract_lo ? w_offset(pl, g, i, f, k)
                                   : w_offset(pl, g, f, i, k)];
-          double e = half_ulp(r, c->u_out);
+          double e = fabs(v[g * tc + i]) * half_ulp(r, c->u_out);
           z += v[g * tc + i] * (double)r;
           h += e;
           hsq += e * e;

@@ -209,6 +209,39 @@ static void test_layer(void **state) {
   cg_engine_free(e);
 }
 
+/* An error common to every channel (here +1 on every element, what the
+ * fault-injection build's broken geometry returns) cannot cancel between
+ * channels: with +-1 probes it did whenever a group's signs summed to
+ * zero (37% of draws for 4 channels). */
+static void test_offset_caught(void **state) {
+  (void)state;
+  et_rng rng = {0x0ff5e7};
+  char err[256], desc[512];
+  for (int i = 0; i < 200; i++) {
+    cg_op op = ops[i % 4];
+    cg_dtype dt = dts[(i / 4) % 3];
+    et_case c;
+    et_case_random(&rng, &c, op >= CG_OP_DECONV_BWD_DATA, dt);
+    cg_geom g = et_resolve(&c, op);
+    et_case_str(&c, op, desc, sizeof desc);
+    void *in0 = et_random_tensor(&rng, dt, g.in_elems[0]);
+    void *in1 = et_random_tensor(&rng, dt, g.in_elems[1]);
+    void *out = et_alloc(g.out_bytes);
+    assert_int_equal(cg_reference_run(&g, in0, in1, out, err, sizeof err), 0);
+    for (size_t k = 0; k < g.out_elems; k++)
+      cg_store_f32(dt, out, k, cg_load_f32(dt, out, k) + 1.0f);
+    cg_check_result r;
+    assert_int_equal(
+        cg_check_run(&g, in0, in1, out, (uint64_t)i, 1, &r, err, sizeof err),
+        0);
+    if (r.failed == 0)
+      fail_msg("case %d: +1 on every element not caught: %s", i, desc);
+    free(in0);
+    free(in1);
+    free(out);
+  }
+}
+
 /* Non-finite inputs make a NaN result legitimate: skipped, not failed. */
 static void test_nonfinite_skipped(void **state) {
   (void)state;
@@ -238,6 +271,7 @@ int main(void) {
       cmocka_unit_test(test_ops),
       cmocka_unit_test(test_ops_wide),
       cmocka_unit_test(test_layer),
+      cmocka_unit_test(test_offset_caught),
       cmocka_unit_test(test_nonfinite_skipped),
   };
   return cmocka_run_group_tests_name("engine_check", tests, NULL, NULL);

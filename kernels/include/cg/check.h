@@ -5,8 +5,9 @@
  * Every gradient op is a derivative of one bilinear form, the forward
  * op's <F(x, W), dy>. A gradient R of tensor X satisfies <P, R> = that
  * form with X replaced by P, for any probe P. The probes here are random
- * signs across the output's channels within a group and a single
- * position elsewhere: P = u (x) e_j with u[c] = +-1. All of them at once
+ * weights across the output's channels within a group (a sign times a
+ * magnitude in [1, 2)) and a single position elsewhere: P = u (x) e_j.
+ * All of them at once
  * cost one pass over R for the left sides and, for the right sides, a
  * convolution with one channel per group on the output's side: about
  * 1/C of the op for diff_src (C its channels per group) and 1/C' for
