@@ -24,6 +24,11 @@
 # Dependencies on Debian's libraries come from dpkg-shlibdeps
 # (CPACK_DEBIAN_PACKAGE_SHLIBDEPS, dpkg-dev and file), those between the
 # packages from the component dependencies, exact versions.
+# A fault-injection build (CG_FAULT_INJECT) corrupts results on request:
+# no package may carry it.
+if(CG_FAULT_INJECT)
+  return()
+endif()
 set(CPACK_PACKAGE_NAME convgrad)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 # The Maintainer field of every package and the signature of its Debian

@@ -62,6 +62,7 @@ typedef struct eng_entry {
   cg_compute_path path;
   const char *impl;
   int zero_output; /* no primitives: every product falls in padding */
+  uint64_t runs;   /* runs so far */
   dnnl_primitive_t op;
   dnnl_primitive_t reorder[NSLOTS]; /* NULL: layouts already match */
   dnnl_memory_t user_mem[NSLOTS];
@@ -89,6 +90,8 @@ struct cg_engine {
   eng_buf buf[NSLOTS];
   eng_buf stage[NSLOTS]; /* f32 copies of the tensors, f32-convert path */
   eng_buf scratch;
+  /* During cg_engine_run_other: the implementation pick_impl skips. */
+  const char *avoid;
 };
 
 /* ---- errors ----------------------------------------------------------- */
@@ -379,7 +382,8 @@ static int pick_impl(cg_engine *e, const cg_geom *g, const void *op_desc,
     }
     DNNL_TRY(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl),
              "implementation query", out);
-    if (cg__impl_usable(impl, g, e->threads))
+    if (cg__impl_usable(impl, g, e->threads) &&
+        !(e->avoid && strcmp(impl, e->avoid) == 0))
       break;
     dnnl_primitive_desc_destroy(pd);
     pd = NULL;
@@ -653,9 +657,20 @@ fail:
   return rc;
 }
 
-static void key_build(cg__key *k, const cg_geom *g, int threads) {
+/* FNV-1a of s: an avoided implementation's part of a key. */
+static int64_t name_hash(const char *s) {
+  uint64_t h = 14695981039346656037ull;
+  for (; *s; s++)
+    h = (h ^ (unsigned char)*s) * 1099511628211ull;
+  return (int64_t)(h | 1);
+}
+
+/* avoid: the implementation cg_engine_run_other skips, or NULL. */
+static void key_build(cg__key *k, const cg_geom *g, int threads,
+                      const char *avoid) {
   int i = 0;
   memset(k, 0, sizeof *k);
+  k->v[i++] = avoid ? name_hash(avoid) : 0;
   k->v[i++] = g->op;
   k->v[i++] = g->dtype;
   k->v[i++] = g->nsp;
@@ -829,7 +844,7 @@ int cg_engine_cached(const cg_engine *e, const cg_geom *geom) {
   if (!e || !rank_usable(geom))
     return 0;
   cg__key key;
-  key_build(&key, geom, e->threads);
+  key_build(&key, geom, e->threads, NULL);
   return cg__cache_find(&e->cache, &key) != NULL;
 }
 
@@ -851,7 +866,7 @@ uint64_t cg_layer_primitives_hash(const cg_layer *l) {
     h *= 1099511628211ull; /* FNV's prime: the parts' order counts */
     if (!rank_usable(parts[i]))
       continue;
-    key_build(&key, parts[i], 0);
+    key_build(&key, parts[i], 0, NULL);
     h ^= cg__key_hash(&key);
   }
   return h;
@@ -928,9 +943,42 @@ static int stage_inputs(cg_engine *e, const cg_geom *g, const void *user[],
   return 0;
 }
 
-int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
-                  const void *in1, void *out, cg_run_info *info, char *err,
-                  size_t errlen) {
+#ifdef CG_FAULT_INJECT
+/* The fault-injection build's broken implementation (tests only):
+ * CONVGRAD_FAULT_BROKEN=OP:ELEMS makes every run of op OP (its name) with
+ * an output of ELEMS elements on its first implementation return each
+ * element plus 1, as a kernel that returns garbage for one geometry
+ * would; cg_engine_run_other computes it right. */
+static pthread_once_t broken_once = PTHREAD_ONCE_INIT;
+static cg_op broken_op;
+static size_t broken_elems;
+
+static void broken_load(void) {
+  const char *v = getenv("CONVGRAD_FAULT_BROKEN");
+  const char *colon = v ? strchr(v, ':') : NULL;
+  char name[64];
+  if (!colon || (size_t)(colon - v) >= sizeof name)
+    return;
+  memcpy(name, v, (size_t)(colon - v));
+  name[colon - v] = '\0';
+  if (cg_op_parse(name, &broken_op) != 0)
+    return;
+  broken_elems = (size_t)strtoull(colon + 1, NULL, 10);
+}
+
+static void broken_apply(const cg_geom *g, void *out) {
+  pthread_once(&broken_once, broken_load);
+  if (g->op != broken_op || g->out_elems != broken_elems)
+    return;
+  for (size_t i = 0; i < g->out_elems; i++)
+    cg_store_f32(g->dtype, out, i, cg_load_f32(g->dtype, out, i) + 1.0f);
+}
+#endif
+
+/* cg_engine_run, skipping the implementation avoid (NULL: none). */
+static int run(cg_engine *e, const cg_geom *geom, const char *avoid,
+               const void *in0, const void *in1, void *out, cg_run_info *info,
+               char *err, size_t errlen) {
   int rc = 0;
   double t0 = now_ms();
   cg__key key;
@@ -956,11 +1004,13 @@ int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
     omp_set_num_threads(e->threads);
   }
 
-  key_build(&key, geom, e->threads);
+  key_build(&key, geom, e->threads, avoid);
   en = (eng_entry *)cg__cache_get(&e->cache, &key);
   hit = en != NULL;
   if (!en) {
+    e->avoid = avoid;
     rc = entry_create(e, geom, &en, err, errlen);
+    e->avoid = NULL;
     if (rc)
       goto out;
     /* entry_create sets en whenever it returns 0; the analyzer takes
@@ -1017,11 +1067,17 @@ int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
   if (en->path == CG_PATH_F32_CONVERT)
     convert_parallel(e, geom->dtype, out, CG_DTYPE_F32, e->stage[SLOT_OUT].p,
                      geom->out_elems);
+#ifdef CG_FAULT_INJECT
+  if (!avoid)
+    broken_apply(geom, out);
+#endif
 
 done:
+  en->runs++;
   if (info) {
     info->path = en->path;
     info->cache_hit = hit;
+    info->runs = en->runs;
     info->impl = en->impl;
     info->compute_ms = now_ms() - t0;
     info->threads = e->threads;
@@ -1030,4 +1086,18 @@ out:
   if (prev_threads)
     omp_set_num_threads(prev_threads);
   return rc;
+}
+
+int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
+                  const void *in1, void *out, cg_run_info *info, char *err,
+                  size_t errlen) {
+  return run(e, geom, NULL, in0, in1, out, info, err, errlen);
+}
+
+int cg_engine_run_other(cg_engine *e, const cg_geom *geom, const char *avoid,
+                        const void *in0, const void *in1, void *out,
+                        cg_run_info *info, char *err, size_t errlen) {
+  if (!avoid)
+    return cg_errorf(err, errlen, CG_EINVAL, "engine: NULL implementation");
+  return run(e, geom, avoid, in0, in1, out, info, err, errlen);
 }

@@ -10,10 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* op, dtype, nsp, mb, groups, ic, oc, threads, 4 formats and 8 spatial
+/* an avoided implementation (cg_engine_run_other), op, dtype, nsp, mb,
+ * groups, ic, oc, threads, 4 formats and 8 spatial
  * triples (in, out, kernel, stride, dilation, pads begin/end,
  * output_padding). */
-#define CG__KEY_LEN (12 + 8 * 3)
+#define CG__KEY_LEN (13 + 8 * 3)
 
 typedef struct cg__key {
   int64_t v[CG__KEY_LEN];

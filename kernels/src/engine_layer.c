@@ -140,6 +140,7 @@ int cg_engine_bias(cg_engine *e, const cg_geom *geom, const void *diff_dst,
     info->impl = "bias";
     info->compute_ms = now_ms() - t0;
     info->threads = threads;
+    info->runs = 0; /* no primitives */
   }
   return 0;
 }

@@ -38,6 +38,10 @@ typedef struct cg_run_info {
   const char *impl;
   double compute_ms; /* wall time of the run, reorders included */
   int threads;       /* OpenMP threads it ran with */
+  /* Runs of these primitives on this engine, this one included: 1 for a
+   * problem new to it (a new shape, thread count or implementation), and
+   * for one evicted from its cache and made again. */
+  uint64_t runs;
 } cg_run_info;
 
 /* Creates an engine. Returns 0, CG_ENOMEM or CG_EBACKEND. *out is owned
@@ -60,6 +64,17 @@ CG_EXPORT void cg_engine_free(cg_engine *e);
 CG_EXPORT int cg_engine_run(cg_engine *e, const cg_geom *geom, const void *in0,
                             const void *in1, void *out, cg_run_info *info,
                             char *err, size_t errlen);
+
+/* cg_engine_run on another implementation than avoid (a cg_run_info.impl
+ * of geom's run): oneDNN's next one that the engine's rules allow, e.g.
+ * the gemm-based convolution for a JIT kernel, or the f32-convert path's
+ * kernel. For recomputing a result that failed its check (cg/check.h).
+ * Returns as cg_engine_run; CG_EUNSUPPORTED when no other implementation
+ * takes geom. Its primitives are cached apart from cg_engine_run's. */
+CG_EXPORT int cg_engine_run_other(cg_engine *e, const cg_geom *geom,
+                                  const char *avoid, const void *in0,
+                                  const void *in1, void *out, cg_run_info *info,
+                                  char *err, size_t errlen);
 
 /* diff_bias of geom's layer (see cg_reference_bias) with the engine's
  * threads, in one pass over diff_dst summed in f32 blocks into doubles and

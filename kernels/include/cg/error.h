@@ -24,7 +24,8 @@ extern "C" {
   X(UNSUPPORTED, -4, "unsupported by the compute backend")                     \
   X(BACKEND, -5, "compute backend failure")                                    \
   X(LIMIT, -6, "exceeds a configured limit")                                   \
-  X(INTERNAL, -7, "internal error")
+  X(INTERNAL, -7, "internal error")                                            \
+  X(DATALOSS, -8, "a result failed its check")
 
 typedef enum {
 #define CG__ERR_ENUM(name, value, msg) CG_E##name = (value),
