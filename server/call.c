@@ -246,6 +246,12 @@ static void log_call(cgs_call *c, const call_record *r) {
   cg_text_str(&t, r->computed
                       ? (r->path == CG_PATH_NATIVE ? "native" : "f32_convert")
                       : "-");
+  cg_text_str(&t, " check=");
+  cg_text_str(&t, !c->job_picked              ? "-"
+                  : c->job.recomputed         ? "recomputed"
+                  : c->job.rc == CG_EDATALOSS ? "failed"
+                  : c->job.checked            ? "passed"
+                                              : "-");
   cg_text_str(&t, " worker=");
   cg_text_str(&t, c->job_picked ? c->worker : "-");
   cg_text_str(&t, " status=");

@@ -35,6 +35,11 @@ typedef enum {
   CGS_SHM_ON     /* every caller (another container sharing IPC) */
 } cgs_shm_policy;
 
+/* --check-rate's default, a fraction: what costs at most 2% of compute
+ * time on the ResNet-50 rows of tests/bench/problems.txt
+ * (tests/server/bench_check.c; server/README.md has the figures). */
+#define CGS_CHECK_RATE_DEFAULT "0.002"
+
 /* Room of every string option, its NUL included. */
 #define CGS_CONFIG_STR 256
 
@@ -85,6 +90,13 @@ typedef struct cgs_config {
   uint64_t store_ttl_ms;           /* an unused staged tensor is dropped */
   unsigned store_peer_pct; /* percent of store_bytes one client may hold */
   unsigned peer_log_rate;  /* failure lines/s per client address; 0 = all */
+  /* Result checks (cgs_checks.h): calls sampled, in millionths; outputs
+   * checked on their primitives' first runs; failures within
+   * check_window_ms that quarantine the replica (0 = never). */
+  uint64_t check_rate_ppm;
+  unsigned check_first_runs;
+  unsigned check_quarantine;
+  uint64_t check_window_ms;
   cgs_log_level log_level;
 } cgs_config;
 

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cgs_checks.h"
 #include "cgs_peers.h"
 #include "cgs_store.h"
 
@@ -56,8 +57,9 @@ typedef struct cgs_metrics_gauges {
   unsigned busy_workers;    /* workers whose cores run a job */
   uint64_t inline_jobs;     /* jobs the completion-queue thread ran */
   unsigned workers;
-  unsigned shm_regions;  /* shared-memory regions registered */
-  cgs_store_stats store; /* zero without a store */
+  unsigned shm_regions;       /* shared-memory regions registered */
+  cgs_store_stats store;      /* zero without a store */
+  cgs_checks_counters checks; /* the result checks' counters */
 } cgs_metrics_gauges;
 
 typedef void (*cgs_metrics_gauges_cb)(void *data, cgs_metrics_gauges *out);

@@ -21,6 +21,7 @@
 
 #include "cg/engine.h"
 #include "cg/layer.h"
+#include "cgs_checks.h"
 #include "cgs_config.h"
 
 typedef struct cgs_pool cgs_pool;
@@ -43,6 +44,9 @@ typedef struct cgs_job {
   char err[256]; /* message for rc */
   cg_run_info info[CG_GRAD_COUNT]; /* of each output, valid when rc == 0 */
   double queue_ms;                 /* submit -> a worker picked it up */
+  /* CG_GRAD_BIT()s of the outputs checked (cgs_checks.h), and of those
+   * answered recomputed after a failed check. */
+  unsigned checked, recomputed;
   unsigned worker; /* index of the worker that ran it, or CGS_POOL_CQ */
   /* Pool-private. */
   uint64_t t_submit;
@@ -125,6 +129,8 @@ unsigned cgs_pool_idle(cgs_pool *p);
  * thread, while the pool is open. */
 void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy,
                    uint64_t *inline_jobs);
+/* The result checks the pool's jobs go through (owned by the pool). */
+cgs_checks *cgs_pool_checks(cgs_pool *p);
 /* Mean time a job held its worker, over the last few jobs (0 before the
  * first): what retry hints are made of. Thread-safe. */
 double cgs_pool_mean_run_ms(cgs_pool *p);

@@ -26,6 +26,7 @@ typedef enum {
   OPT_POLICY, /* cgs_threads_policy */
   OPT_MODE,   /* unsigned field, a file mode in octal */
   OPT_SHM,    /* cgs_shm_policy */
+  OPT_RATE,   /* uint64_t field of millionths, given as a fraction 0..1 */
   OPT_FLAG    /* unsigned field, 0 or 1: a flag without a value; its
                  variable takes 1/0, true/false, yes/no */
 } opt_type;
@@ -223,6 +224,24 @@ static const opt_def opt_table[] = {
      "address every 2 s. 0 = no limit"},
     {"log-level", OPT_LEVEL, offsetof(cgs_config, log_level), "info", 0, 3,
      "error, warn, info or debug"},
+    {"check-rate", OPT_RATE, offsetof(cgs_config, check_rate_ppm),
+     CGS_CHECK_RATE_DEFAULT, 0, 1000000,
+     "fraction of calls whose results are checked by the adjoint identity "
+     "before they are answered (proto/SEMANTICS.md \"Result checks\"); a "
+     "failed check is recomputed on another implementation, else "
+     "DATA_LOSS. 0 = only the first runs below"},
+    {"check-first-runs", OPT_UINT, offsetof(cgs_config, check_first_runs), "3",
+     0, 1000000,
+     "outputs whose primitives have run at most this many times on their "
+     "worker (a shape, thread count or implementation new to it) are "
+     "checked whatever --check-rate says"},
+    {"check-quarantine", OPT_UINT, offsetof(cgs_config, check_quarantine), "3",
+     0, 64,
+     "failed result checks within --check-window after which the replica "
+     "reports NOT_SERVING in the health service (and checks every call) "
+     "until restarted. 0 = never"},
+    {"check-window", OPT_MS, offsetof(cgs_config, check_window_ms), "600", 1,
+     30ull * 86400 * 1000, "seconds of the --check-quarantine window"},
 };
 #define OPT_COUNT_ALL (sizeof opt_table / sizeof opt_table[0])
 
@@ -381,6 +400,19 @@ static int opt_apply(cgs_config *c, const opt_def *o, const char *value,
   case OPT_COUNT:
     rc = parse_u64(value, 0, &v);
     break;
+  case OPT_RATE: {
+    char *end;
+    errno = 0;
+    double f = strtod(value, &end);
+    if (!isdigit((unsigned char)*value) || *end || errno || !(f >= 0) ||
+        f > 1) {
+      snprintf(err, errlen, "%s: expected a fraction in [0, 1], got '%s'",
+               origin, value);
+      return -1;
+    }
+    v = (uint64_t)(f * 1e6 + 0.5);
+    break;
+  }
   case OPT_MODE: {
     char *end;
     errno = 0;
@@ -687,6 +719,8 @@ void cgs_config_usage(FILE *out, const char *argv0) {
     else if (o->type == OPT_MS)
       fprintf(out, "      bounds: %g .. %g seconds\n", (double)o->min / 1000.0,
               (double)o->max / 1000.0);
+    else if (o->type == OPT_RATE)
+      fprintf(out, "      bounds: 0 .. 1\n");
   }
   fprintf(out, "  -h, --help\n      print this help and exit\n"
                "  --version\n      print the versions of the server, oneDNN "

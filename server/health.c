@@ -42,6 +42,7 @@ typedef struct watcher {
 struct cgs_health {
   cgs_server *s;
   int serving;
+  int quarantined; /* failed result checks (cgs_checks.h) */
   watcher *watchers;
   unsigned nwatchers;
 };
@@ -70,7 +71,7 @@ static int known_service(const char *name) {
 static int status_of(const cgs_health *h, int known) {
   if (!known)
     return ST_UNKNOWN_SERVICE;
-  return h->serving ? ST_SERVING : ST_NOT_SERVING;
+  return h->serving && !h->quarantined ? ST_SERVING : ST_NOT_SERVING;
 }
 
 static grpc_byte_buffer *pack_status(int status) {
@@ -277,6 +278,17 @@ void cgs_health_set_serving(cgs_health *h, int serving) {
     return;
   h->serving = serving;
   cgs_info("health: %s", serving ? "SERVING" : "NOT_SERVING");
+  for (watcher *w = h->watchers; w; w = w->next)
+    watcher_step(w);
+}
+
+void cgs_health_set_quarantined(cgs_health *h, int quarantined,
+                                const char *why) {
+  if (h->quarantined == quarantined)
+    return;
+  h->quarantined = quarantined;
+  if (quarantined)
+    cgs_error("health: NOT_SERVING: quarantined: %s", why);
   for (watcher *w = h->watchers; w; w = w->next)
     watcher_step(w);
 }

@@ -141,6 +141,21 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   info.limits = &limits;
   info.shm = (char *)cgs_shm_policy_name(cfg->shm);
   info.store = s->store ? &store : NULL;
+  Convgrad__V1__ResultChecks checks = CONVGRAD__V1__RESULT_CHECKS__INIT;
+  cgs_checks_counters cc;
+  char why[512];
+  cgs_checks_read(cgs_pool_checks(s->pool), &cc, why, sizeof why);
+  checks.rate = cgs_checks_rate(cgs_pool_checks(s->pool));
+  checks.first_runs = cfg->check_first_runs;
+  checks.quarantine = cfg->check_quarantine;
+  checks.window_ms = cfg->check_window_ms;
+  checks.checked = cc.checked;
+  checks.failed = cc.failed;
+  checks.recomputed = cc.recomputed;
+  checks.data_loss = cc.lost;
+  checks.quarantined = cc.quarantined;
+  checks.quarantine_reason = why;
+  info.result_checks = &checks;
   cgs_cq_reply(&s->cq, call, cgw_pack(&info.base), GRPC_STATUS_OK, NULL);
 }
 

@@ -277,6 +277,29 @@ static void render_calls(text *t, const figures *f) {
   put(t, "convgrad_staged_received_bytes_total %" PRIu64 "\n", f->staged_bytes);
 }
 
+/* The result checks' counters (cgs_checks.h). */
+static void render_checks(text *t, const cgs_checks_counters *c) {
+  family(t, "convgrad_result_checks_total", "counter",
+         "Computed outputs checked by the adjoint identity before they were "
+         "answered (--check-rate, --check-first-runs).");
+  put(t, "convgrad_result_checks_total %" PRIu64 "\n", c->checked);
+  family(t, "convgrad_result_check_failures_total", "counter",
+         "Result checks that failed: a wrong result a kernel or a core "
+         "computed.");
+  put(t, "convgrad_result_check_failures_total %" PRIu64 "\n", c->failed);
+  family(t, "convgrad_result_recomputes_total", "counter",
+         "Failed outputs recomputed on another implementation, verified and "
+         "answered.");
+  put(t, "convgrad_result_recomputes_total %" PRIu64 "\n", c->recomputed);
+  family(t, "convgrad_result_data_loss_total", "counter",
+         "Failed outputs no recomputation verified: answered DATA_LOSS.");
+  put(t, "convgrad_result_data_loss_total %" PRIu64 "\n", c->lost);
+  family(t, "convgrad_quarantined", "gauge",
+         "1 when failed result checks quarantined this replica "
+         "(--check-quarantine): health reports NOT_SERVING.");
+  put(t, "convgrad_quarantined %d\n", c->quarantined);
+}
+
 static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   family(t, "convgrad_inflight_bytes", "gauge",
          "Tensor bytes reserved by admitted Compute calls.");
@@ -317,6 +340,7 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   family(t, "convgrad_store_expired_total", "counter",
          "Staged tensors dropped after --store-ttl unused.");
   put(t, "convgrad_store_expired_total %" PRIu64 "\n", st->expired);
+  render_checks(t, &g->checks);
 }
 
 /* ---- process_* ----------------------------------------------------------- */

@@ -66,6 +66,7 @@ struct cgs_pool {
    * they missed the cq engine's cache, by the hash's low bits. */
   uint64_t worker_built[WORKER_BUILT_SLOTS];
   uint64_t inline_jobs; /* under mu: jobs the cq thread ran */
+  cgs_checks *checks;   /* the jobs' result checks (thread-safe) */
 
   cgs_pool_warm warm;   /* empty without --warmup */
   unsigned warm_active; /* under mu: workers still warming up */
@@ -219,9 +220,11 @@ static int run_slices(cg_engine *engine, cgs_job *job, unsigned threads) {
   return 0;
 }
 
-/* Every output of job in order, checking between them whether the job is
- * still wanted. */
-static int run_outputs(cg_engine *engine, cgs_job *job, unsigned threads) {
+/* Every output of job in order, each through the result checks (none
+ * when checks is NULL), checking between them whether the job is still
+ * wanted. */
+static int run_outputs(cgs_checks *checks, cg_engine *engine, cgs_job *job,
+                       unsigned threads) {
   const cg_layer *l = job->layer;
   int done = 0;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
@@ -234,6 +237,8 @@ static int run_outputs(cg_engine *engine, cgs_job *job, unsigned threads) {
                : cg_engine_run_output(engine, l, (cg_grad)g, job->in,
                                       job->out[g], &job->info[g], job->err,
                                       sizeof job->err);
+    if (rc == 0 && checks)
+      rc = cgs_checks_output(checks, engine, job, (cg_grad)g, (int)threads);
     if (rc != 0)
       return rc;
     done++;
@@ -263,6 +268,7 @@ static int job_begin(cgs_job *job, unsigned runner, uint64_t t0) {
   job->worker = runner;
   job->err[0] = '\0';
   memset(job->info, 0, sizeof job->info);
+  job->checked = job->recomputed = 0;
   if (!atomic_load(&job->discard))
     return 0;
   /* Cancelled after it was picked: nobody wants the result. */
@@ -279,7 +285,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   cgs_crash_job_start(w->index, job->call_id, job->peer, job->layer);
   job->rc = pin_team(w, engine, threads, job->err, sizeof job->err);
   if (job->rc == 0)
-    job->rc = run_outputs(engine, job, (unsigned)threads);
+    job->rc = run_outputs(w->pool->checks, engine, job, (unsigned)threads);
   cgs_crash_job_end(w->index);
 }
 
@@ -287,7 +293,8 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
  * failure's code with job->err filled. */
 static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n) {
   int rc = pin_team(w, engine, n, job->err, sizeof job->err);
-  return rc ? rc : run_outputs(engine, job, (unsigned)n);
+  /* Zeroed inputs: nothing for the result checks to check. */
+  return rc ? rc : run_outputs(NULL, engine, job, (unsigned)n);
 }
 
 /* Runs layer l once on zeroed inputs (its own buffers, freed here into
@@ -384,6 +391,10 @@ static void unlink_job(cgs_pool *p, cgs_job *job) {
   job->prev = job->next = NULL;
   p->queued--;
   job->queued = 0;
+}
+
+cgs_checks *cgs_pool_checks(cgs_pool *p) {
+  return p->checks;
 }
 
 /* Jobs the moving average of run times spans, about. */
@@ -483,6 +494,7 @@ static void pool_free(cgs_pool *p) {
   }
   free(p->workers);
   cg_engine_free(p->cq_engine);
+  cgs_checks_free(p->checks);
   free(p);
 }
 
@@ -515,7 +527,7 @@ int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->ready_cv, NULL);
   p->workers = calloc(p->nworkers, sizeof *p->workers);
-  if (!p->workers) {
+  if (!p->workers || cgs_checks_new(&p->checks, cfg) != 0) {
     rc = cg_errorf(err, errlen, CG_ENOMEM, "pool: out of memory");
     goto fail_workers;
   }
@@ -734,7 +746,7 @@ int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
 
   if (job_begin(job, CGS_POOL_CQ, t0) == 0) {
     cgs_crash_job_start(CGS_CRASH_CQ, job->call_id, job->peer, job->layer);
-    job->rc = run_outputs(p->cq_engine, job, 1);
+    job->rc = run_outputs(p->checks, p->cq_engine, job, 1);
     cgs_crash_job_end(CGS_CRASH_CQ);
   }
   uint64_t t1 = uv_hrtime();

@@ -216,6 +216,10 @@ static void report_suppressed(const cgs_peer *e) {
  * training loop calls far more often than that and keeps it warm. */
 static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
+  cgs_checks_counters cc;
+  char why[512];
+  cgs_checks_read(cgs_pool_checks(s->pool), &cc, why, sizeof why);
+  cgs_health_set_quarantined(s->health, cc.quarantined, why);
   cgs_peers_sweep(s->peers, uv_hrtime(), report_suppressed);
   cgs_shm_sweep(s);
   if (s->store)
@@ -363,6 +367,7 @@ static void read_gauges(void *data, cgs_metrics_gauges *g) {
   g->shm_regions = s->regions ? (unsigned)cgs_regions_count(s->regions) : 0;
   if (s->store)
     cgs_store_stats_get(s->store, &g->store);
+  cgs_checks_read(cgs_pool_checks(s->pool), &g->checks, NULL, 0);
 }
 
 /* The figures always, the endpoint with --metrics-listen. */

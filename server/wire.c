@@ -18,6 +18,8 @@ grpc_status_code cgs_wire_status(int cg_rc) {
     return GRPC_STATUS_RESOURCE_EXHAUSTED;
   case CG_EUNSUPPORTED:
     return GRPC_STATUS_UNIMPLEMENTED;
+  case CG_EDATALOSS:
+    return GRPC_STATUS_DATA_LOSS;
   default:
     return GRPC_STATUS_INTERNAL;
   }

@@ -40,10 +40,13 @@ echo "== fuzz: ${FUZZ_SECONDS:-30} s"
   "$root/tests/fuzz/corpus" 2>&1 | grep -v '^#[0-9]'
 rm -rf "$fuzz_work"
 run_config release -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON
+# The sanitizer build is also the fault-injection build (CG_FAULT_INJECT:
+# inert unless a test sets CONVGRAD_FAULT_*), where server_checks runs its
+# injected-fault and broken-kernel tests, without a build of its own.
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
   run_config sanitize -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON \
-    -DCG_WERROR=ON
+    -DCG_FAULT_INJECT=ON -DCG_WERROR=ON
 # ThreadSanitizer (options and tests/tsan.supp come with each test's
 # environment): the server's unit and end-to-end tests, where its threads
 # meet (loop, completion queue, workers). Not server_attacks: its floods

@@ -170,6 +170,35 @@ static void expect_bad(const char *name, const char *value, const char *want) {
   }
 }
 
+/* --check-rate is a fraction 0..1, kept in millionths; its variable
+ * works as every option's. */
+static void test_check_rate(void **state) {
+  (void)state;
+  cgs_config c;
+  char err[256];
+  assert_int_equal(cgs_config_defaults(&c, err, sizeof err), 0);
+  assert_int_equal(c.check_rate_ppm, 2000); /* 0.002 */
+  assert_int_equal(c.check_first_runs, 3);
+  assert_int_equal(c.check_quarantine, 3);
+  assert_int_equal(c.check_window_ms, 600000);
+  assert_int_equal(cgs_config_set(&c, "check-rate", "0.25", err, sizeof err),
+                   0);
+  assert_int_equal(c.check_rate_ppm, 250000);
+  assert_int_equal(cgs_config_set(&c, "check-rate", "1", err, sizeof err), 0);
+  assert_int_equal(c.check_rate_ppm, 1000000);
+  setenv("CONVGRAD_CHECK_RATE", "0", 1);
+  char *argv[] = {"convgrad-server", NULL};
+  assert_int_equal(cgs_config_load(&c, 1, argv, stdout, err, sizeof err), 0);
+  unsetenv("CONVGRAD_CHECK_RATE");
+  assert_int_equal(c.check_rate_ppm, 0);
+  expect_bad("check-rate", "1.5",
+             "--check-rate: expected a fraction in [0, 1]");
+  expect_bad("check-rate", "-0.1", "expected a fraction");
+  expect_bad("check-rate", "nan", "expected a fraction");
+  expect_bad("check-rate", "0.5x", "expected a fraction");
+  expect_bad("check-quarantine", "65", "[0, 64]");
+}
+
 static void test_bounds(void **state) {
   (void)state;
   expect_bad("workers", "257", "--workers: expected a number in [0, 256]");
@@ -346,6 +375,7 @@ int main(void) {
       cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_cgroup_memory_limit),
       cmocka_unit_test(test_env_then_flags),
+      cmocka_unit_test(test_check_rate),
       cmocka_unit_test(test_bounds),
       cmocka_unit_test(test_service_limits),
       cmocka_unit_test(test_threads_policy),

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include <cmocka.h>
-#include <grpc/byte_buffer_reader.h>
 
 #include "cg/limits.h"
 #include "ts.h"
@@ -356,25 +355,7 @@ static void test_inline_result(void **state) {
 
 static void test_server_info(void **state) {
   (void)state;
-  ts_call c;
-  assert_int_equal(
-      ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/GetServerInfo", 10000), 0);
-  Convgrad__V1__ServerInfoRequest req = CONVGRAD__V1__SERVER_INFO_REQUEST__INIT;
-  assert_int_equal(ts_call_send_msg(&c, &req.base), 0);
-  ts_call_close_send(&c);
-  grpc_byte_buffer *bb = NULL;
-  assert_int_equal(ts_call_recv(&c, &bb), 0);
-  assert_non_null(bb);
-  assert_int_equal(ts_call_finish(&c, NULL, 0), GRPC_STATUS_OK);
-  grpc_byte_buffer_reader rd;
-  grpc_byte_buffer_reader_init(&rd, bb);
-  grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
-  grpc_byte_buffer_reader_destroy(&rd);
-  Convgrad__V1__ServerInfo *info = convgrad__v1__server_info__unpack(
-      NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-  grpc_slice_unref(s);
-  grpc_byte_buffer_destroy(bb);
-  ts_call_free(&c);
+  Convgrad__V1__ServerInfo *info = ts_server_info(ch);
   assert_non_null(info);
   assert_string_equal(info->version, CGS_TEST_VERSION);
   assert_int_equal(info->n_ops, 6);

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 
@@ -953,4 +954,72 @@ int ts_fixture_stop(ts_server *s, grpc_channel *ch) {
   int rc = ts_server_stop(s, SIGTERM, 30000);
   grpc_shutdown();
   return rc == 0 ? 0 : -1;
+}
+
+Convgrad__V1__ServerInfo *ts_server_info(grpc_channel *ch) {
+  ts_call c;
+  Convgrad__V1__ServerInfo *info = NULL;
+  grpc_byte_buffer *bb = NULL;
+  if (ts_call_open(&c, ch, "/convgrad.v1.ConvGrad/GetServerInfo", 10000) != 0)
+    return NULL;
+  Convgrad__V1__ServerInfoRequest req = CONVGRAD__V1__SERVER_INFO_REQUEST__INIT;
+  if (ts_call_send_msg(&c, &req.base) == 0 && ts_call_close_send(&c) == 0 &&
+      ts_call_recv(&c, &bb) == 0 && bb &&
+      ts_call_finish(&c, NULL, 0) == GRPC_STATUS_OK) {
+    grpc_byte_buffer_reader rd;
+    grpc_byte_buffer_reader_init(&rd, bb);
+    grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    info = convgrad__v1__server_info__unpack(NULL, GRPC_SLICE_LENGTH(s),
+                                             GRPC_SLICE_START_PTR(s));
+    grpc_slice_unref(s);
+  }
+  if (bb)
+    grpc_byte_buffer_destroy(bb);
+  ts_call_free(&c);
+  return info;
+}
+
+/* splitmix64 */
+static uint64_t rnd(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static int64_t rnd_in(uint64_t *state, int64_t lo, int64_t hi) {
+  return lo + (int64_t)(rnd(state) % (uint64_t)(hi - lo + 1));
+}
+
+int ts_random_problem(ts_problem *tp, uint64_t *state) {
+  static const cg_op ops[4] = {CG_OP_CONV_BWD_DATA, CG_OP_CONV_BWD_WEIGHTS,
+                               CG_OP_DECONV_BWD_DATA, CG_OP_DECONV_BWD_WEIGHTS};
+  static const cg_dtype dts[3] = {CG_DTYPE_F32, CG_DTYPE_BF16, CG_DTYPE_F16};
+  for (int attempt = 0; attempt < 100; attempt++) {
+    ts_desc d;
+    memset(&d, 0, sizeof d);
+    d.op = ops[rnd_in(state, 0, 3)];
+    d.dtype = dts[rnd_in(state, 0, 2)];
+    int deconv = d.op >= CG_OP_DECONV_BWD_DATA;
+    d.dfmt = rnd_in(state, 0, 1) ? CG_DATA_NCX : CG_DATA_NXC;
+    d.wfmt = (cg_weights_format)rnd_in(state, 1, deconv ? 4 : 2);
+    d.nsp = (int)rnd_in(state, 1, 3);
+    d.groups = rnd_in(state, 1, 2);
+    d.mb = rnd_in(state, 1, 2);
+    int64_t wide = rnd_in(state, 0, 3) == 0 ? 8 : 1;
+    d.ic = d.groups * rnd_in(state, 1, 4) * wide;
+    d.oc = d.groups * rnd_in(state, 1, 4);
+    d.stride = rnd_in(state, 1, 2);
+    d.dil = rnd_in(state, 1, 2);
+    d.pad = rnd_in(state, 0, 1);
+    for (int a = 0; a < d.nsp; a++) {
+      d.ks[a] = rnd_in(state, 1, 3);
+      d.is[a] = rnd_in(state, 2, d.nsp == 3 ? 4 : 7);
+    }
+    d.seed = rnd(state);
+    if (ts_problem_init(tp, &d) == 0)
+      return 0;
+  }
+  return -1;
 }

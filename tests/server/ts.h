@@ -212,6 +212,16 @@ void ts_watch_join(ts_watch *w);
 int ts_server_wait_log(const ts_server *s, const char *needle, int count,
                        int timeout_ms);
 
+/* GetServerInfo of the server behind ch, or NULL (freed with
+ * convgrad__v1__server_info__free_unpacked). */
+Convgrad__V1__ServerInfo *ts_server_info(grpc_channel *ch);
+
+/* A random valid small problem of one of the four ops, f32/bf16/f16,
+ * ranks 1-3, either data format, any weights format of the op, groups,
+ * strides, pads and dilations, drawn from *state (which advances).
+ * Returns 0 or -1. */
+int ts_random_problem(ts_problem *tp, uint64_t *state);
+
 /* Monotonic milliseconds. Thread-safe. */
 double ts_now_ms(void);
 
