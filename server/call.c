@@ -120,12 +120,16 @@ struct cgs_call {
   cgs_upload up;     /* the request's tensors and, once resolved, its layer */
   uint64_t reserved; /* bytes counted in s->inflight_bytes */
 
-  /* result: the outputs of layer, sent one after another in cg_grad order */
+  /* result: the outputs of layer, sent one after another in cg_grad order,
+   * each as soon as it is computed (diff_src while the worker computes the
+   * weights' gradients) */
   cgs_job job;
   outbuf *out[CG_GRAD_COUNT];
-  int cur_out;     /* the output being sent */
-  size_t sent;     /* bytes of it sent */
-  size_t sent_all; /* bytes of every output sent */
+  unsigned computed_grads; /* CG_GRAD_BIT of the outputs computed */
+  int send_waiting; /* an output went out whole, the next is not computed */
+  int cur_out;      /* the output being sent */
+  size_t sent;      /* bytes of it sent */
+  size_t sent_all;  /* bytes of every output sent */
 };
 
 #define DUE_NEVER UINT64_MAX
@@ -615,7 +619,10 @@ static void send_next(cgs_call *c) {
   size_t left = left_to_send(c);
   int next = next_output(c, c->cur_out);
   if (left == 0 && next >= 0) {
-    send_header(c, next);
+    if (c->computed_grads & CG_GRAD_BIT(next))
+      send_header(c, next);
+    else
+      c->send_waiting = 1; /* answer() goes on */
     return;
   }
   size_t len = left < c->up.chunk_bytes ? left : c->up.chunk_bytes;
@@ -743,21 +750,54 @@ static void on_send(cgs_tag *t, int ok) {
 
 /* ---- the worker's answer ---------------------------------------------- */
 
-/* The job ran (c->mu held): the thread that ran it starts the answer. */
+/* Starts sending from output g, computed (c->mu held), unless the call
+ * has ended: its regions are checked first, as the client may have
+ * changed them under the call. */
+static void send_from(cgs_call *c, int g) {
+  grpc_status_code code;
+  char msg[sizeof c->msg];
+  if (c->finished)
+    return;
+  if (cgs_upload_regions_check(&c->up, &code, msg, sizeof msg) != 0)
+    finish(c, code, "%s", msg);
+  else
+    send_header(c, g);
+}
+
+/* The job ran (c->mu held): the thread that ran it starts the answer, or
+ * goes on with it after the outputs that went out early. */
 static void answer(cgs_call *c) {
   c->job_picked = 1;
   snprintf(c->worker, sizeof c->worker, "%s",
            cgs_pool_worker_name(c->s->pool, c->job.worker));
   if (c->finished)
     return;
-  grpc_status_code code;
-  char msg[sizeof c->msg];
-  if (c->job.rc != 0)
+  if (c->job.rc != 0) {
     finish(c, cgs_wire_status(c->job.rc), "%s", c->job.err);
-  else if (cgs_upload_regions_check(&c->up, &code, msg, sizeof msg) != 0)
-    finish(c, code, "%s", msg);
-  else
-    send_header(c, next_output(c, -1));
+    return;
+  }
+  c->computed_grads = c->up.layer.grads;
+  if (c->st != ST_SENDING) {
+    send_from(c, next_output(c, -1));
+  } else if (c->send_waiting) {
+    c->send_waiting = 0;
+    send_from(c, next_output(c, c->cur_out));
+  } /* else the send under way goes on with the rest (on_send) */
+}
+
+/* On the worker: output g is computed and others follow. It goes out
+ * now if it is the first (diff_src: the caller's backward pass waits for
+ * it, not for the weights' gradients). */
+static void output_done(cgs_job *job, int g) {
+  cgs_call *c = cgs_container_of(job, cgs_call, job);
+  pthread_mutex_lock(&c->mu);
+  c->computed_grads |= CG_GRAD_BIT(g);
+  if (c->st == ST_QUEUED && g == next_output(c, -1)) {
+    snprintf(c->worker, sizeof c->worker, "%s",
+             cgs_pool_worker_name(c->s->pool, job->worker));
+    send_from(c, g);
+  }
+  release(c);
 }
 
 /* The worker that ran the job starts the answer itself (see cgs_call.h). */
@@ -843,6 +883,7 @@ static void inputs_complete(cgs_call *c) {
   for (int i = 0; i < 3; i++)
     c->job.in[i] = c->up.in_buf[i];
   atomic_init(&c->job.discard, 0);
+  c->job.output_done = output_done;
   c->place_held = 0; /* the job's from here: the pool gives it back */
   if (cgs_pool_run_inline(c->s->pool, &c->job, &c->flow->turn)) {
     /* A tiny job ran here: no hand-off to a worker and back. */

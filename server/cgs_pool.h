@@ -1,8 +1,10 @@
 /* cgs_pool.h - the compute worker pool: pthreads pinned to configured
  * cores, each owning a cg_engine, fed from one bounded queue in which the
  * callers' flows take turns (start-time fair queueing with one unit a
- * job: round robin between flows, first come first served within one); a
- * new job wakes an idle worker on the submitting core if there is one.
+ * job: round robin between flows, first come first served within one,
+ * but that a flow's data-gradient job passes its own waiting
+ * weight-gradient jobs); a new job wakes an idle worker on the submitting
+ * core if there is one.
  *
  * Threads: any thread may call these functions (one mutex) but
  * cgs_pool_new and cgs_pool_close, and the completion-queue thread's own
@@ -39,6 +41,11 @@ typedef struct cgs_job {
   const char *peer;
   atomic_int discard; /* set by the loop: skip the run if not started,
                          and the rest of a sliced run */
+  /* Optional: called on the worker as soon as output g is computed when
+   * other outputs follow (diff_src before the weights' gradients), so
+   * that it can go out while they are computed; out[g] is final then.
+   * Not for the last output, nor on the completion-queue thread. */
+  void (*output_done)(struct cgs_job *job, int g);
   /* Filled by the pool before done_cb. */
   int rc;        /* 0 or a CG_E* code; CG_EINTERNAL when discarded */
   char err[256]; /* message for rc */
@@ -50,8 +57,9 @@ typedef struct cgs_job {
   unsigned worker; /* index of the worker that ran it, or CGS_POOL_CQ */
   /* Pool-private. */
   uint64_t t_submit;
-  uint64_t cq_key; /* not 0: the layer, which missed the cq engine */
-  uint64_t turn;   /* its place in the fair order */
+  uint64_t cq_key;      /* not 0: the layer, which missed the cq engine */
+  uint64_t turn;        /* its place in the fair order */
+  const uint64_t *flow; /* its flow's turn state: which flow it is */
   int queued;
   struct cgs_job *prev, *next;
 } cgs_job;
@@ -98,7 +106,10 @@ void cgs_pool_unreserve(cgs_pool *p);
  * the flow job belongs to (0 for a new one), which the caller keeps and
  * only the pool touches, under its lock: the job runs after the waiting
  * jobs of every flow that has had fewer turns, so a flow with one job
- * waiting passes before another's long line. */
+ * waiting passes before another's long line. A job whose only output is
+ * diff_src goes before its own flow's first waiting job that computes a
+ * weight or bias gradient, in that job's turn: a trainer's backward pass
+ * waits for grad_input, and its weight gradients can wait. */
 void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
 /* Takes job back if no worker has picked it up: returns 1 and done_cb will
  * not run for it. Returns 0 when it is running or finished (done_cb will

@@ -222,9 +222,10 @@ static int run_slices(cg_engine *engine, cgs_job *job, unsigned threads) {
 
 /* Every output of job in order, each through the result checks (none
  * when checks is NULL), checking between them whether the job is still
- * wanted. */
+ * wanted; with early, job->output_done hears of each but the last as
+ * soon as it is computed and checked. */
 static int run_outputs(cgs_checks *checks, cg_engine *engine, cgs_job *job,
-                       unsigned threads) {
+                       unsigned threads, int early) {
   const cg_layer *l = job->layer;
   int done = 0;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
@@ -241,7 +242,8 @@ static int run_outputs(cgs_checks *checks, cg_engine *engine, cgs_job *job,
       rc = cgs_checks_output(checks, engine, job, (cg_grad)g, (int)threads);
     if (rc != 0)
       return rc;
-    done++;
+    if (++done < cg_layer_noutputs(l) && early && job->output_done)
+      job->output_done(job, g);
   }
   return 0;
 }
@@ -285,7 +287,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   cgs_crash_job_start(w->index, job->call_id, job->peer, job->layer);
   job->rc = pin_team(w, engine, threads, job->err, sizeof job->err);
   if (job->rc == 0)
-    job->rc = run_outputs(w->pool->checks, engine, job, (unsigned)threads);
+    job->rc = run_outputs(w->pool->checks, engine, job, (unsigned)threads, 1);
   cgs_crash_job_end(w->index);
 }
 
@@ -294,7 +296,7 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
 static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n) {
   int rc = pin_team(w, engine, n, job->err, sizeof job->err);
   /* Zeroed inputs: nothing for the result checks to check. */
-  return rc ? rc : run_outputs(NULL, engine, job, (unsigned)n);
+  return rc ? rc : run_outputs(NULL, engine, job, (unsigned)n, 0);
 }
 
 /* Runs layer l once on zeroed inputs (its own buffers, freed here into
@@ -635,14 +637,33 @@ static void take_turn(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   *flow_turn = job->turn + 1;
 }
 
+/* With p->mu held: the first waiting job of job's flow that computes a
+ * weight or bias gradient, which job passes if its only output is
+ * diff_src; else NULL. */
+static cgs_job *job_to_pass(const cgs_pool *p, const cgs_job *job) {
+  const unsigned data_only = CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
+  if (job->layer->grads != data_only)
+    return NULL;
+  for (cgs_job *q = p->head; q; q = q->next)
+    if (q->flow == job->flow && (q->layer->grads & ~data_only))
+      return q;
+  return NULL;
+}
+
 void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   pthread_mutex_lock(&p->mu);
   job->t_submit = uv_hrtime();
+  job->flow = flow_turn;
   take_turn(p, job, flow_turn);
   /* After every job of an earlier or the same turn: most jobs go at the
-   * tail, a light flow's a few places from the head. */
-  cgs_job *after = p->tail;
-  while (after && after->turn > job->turn)
+   * tail, a light flow's a few places from the head; a data-gradient job
+   * right before the weight-gradient job it passes, in its turn (the
+   * flow's turns count one job more, as they would at the tail). */
+  cgs_job *pass = job_to_pass(p, job);
+  if (pass)
+    job->turn = pass->turn;
+  cgs_job *after = pass ? pass->prev : p->tail;
+  while (!pass && after && after->turn > job->turn)
     after = after->prev;
   job->prev = after;
   job->next = after ? after->next : p->head;
@@ -746,7 +767,7 @@ int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
 
   if (job_begin(job, CGS_POOL_CQ, t0) == 0) {
     cgs_crash_job_start(CGS_CRASH_CQ, job->call_id, job->peer, job->layer);
-    job->rc = run_outputs(p->checks, p->cq_engine, job, 1);
+    job->rc = run_outputs(p->checks, p->cq_engine, job, 1, 0);
     cgs_crash_job_end(CGS_CRASH_CQ);
   }
   uint64_t t1 = uv_hrtime();

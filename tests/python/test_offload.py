@@ -8,6 +8,10 @@ gradients autograd wants; gradient accumulation, retain_graph, double
 backward, padding_mode, state_dict and optimizer, unbatched input,
 output_size, restore().
 
+The server sends grad_input first, as soon as it is computed (the
+client has it whole while grad_weight is computed), and offload hands it
+to autograd then by default, over bytes as over regions.
+
 Same host: the tensors go through shared-memory regions (no byte on the
 wire, regions registered once, not per call; the weights that train
 resident in the arena, no slot taken for them per step), with the weight
@@ -368,6 +372,69 @@ class Staging(unittest.TestCase):
         client.close()
 
 
+class DataFirst(unittest.TestCase):
+    """The server sends grad_input as soon as it is computed, and offload
+    hands it to autograd then, over bytes as over regions."""
+
+    def test_grad_input_whole_before_weight_gradient_computed(self):
+        # 3x3 64->64 at 56x56, batch 16: diff_src and diff_weights cost
+        # the same work. The outputs are slots of the arena, so that each
+        # arrives as its header: the client has diff_src whole while
+        # diff_weights is computed, and from then to the call's end takes
+        # at least a quarter of the call's compute (about half; sent after
+        # diff_weights' compute, as before, a header's time). The outputs
+        # are torch's.
+        g = torch.Generator().manual_seed(3)
+        x, gy = (torch.randn(16, 64, 56, 56, generator=g) for _ in "ab")
+        w = torch.randn(64, 64, 3, 3, generator=g) / 24
+        want = torch.ops.aten.convolution_backward(
+            gy, x, w, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+            [True, True, False])
+        client = convgrad.Client(SERVER.target)
+        arena = client.arena()
+        self.assertIsNotNone(arena)
+        gaps = []
+        for _ in range(3):  # the first builds the primitives
+            out = {"diff_src": arena.tensor(x.shape, torch.float32),
+                   "diff_weights": arena.tensor(w.shape, torch.float32)}
+            f = client.conv_backward_async(
+                x, gy, w, outputs=list(out), out=out, with_result=True,
+                strides=[1, 1], pads_begin=[1, 1], pads_end=[1, 1],
+                dilations=[1, 1], groups=1, data_format="NCX",
+                weights_format="OIX")
+            f.output("diff_src")
+            t = time.perf_counter()
+            _, res = f.result()
+            gaps.append((time.perf_counter() - t) * 1e3 / res.compute_ms)
+            self.assertLess(cgtest.rel_err(out["diff_src"], want[0]), 2e-5)
+            self.assertLess(cgtest.rel_err(out["diff_weights"], want[1]),
+                            2e-5)
+        del out
+        client.close()
+        self.assertGreater(max(gaps), 0.25, gaps)
+
+    def test_over_bytes_grad_input_goes_on_before_weight_gradient(self):
+        # Offload's default over TCP: t2's grad_input goes on through
+        # autograd while its weight gradient is still on its way, in one
+        # call per layer; the gradients are local's.
+        local, remote = models(shm=False)
+        client = remote.c1._convgrad_client
+        client.stats(reset=True)
+        xl, xr = inputs(), inputs()
+        seen = []
+
+        def watch(m, inp):
+            inp[0].register_hook(lambda g: seen.append(m.weight.grad is None))
+        remote.t2.register_forward_pre_hook(watch)
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        self.assertEqual(seen, [True])
+        compare_grads(self, local, remote, xl, xr, 1e-5)
+        s = client.stats()
+        self.assertEqual((s["calls"], s["arena_bytes"]), (5, 0))
+        self.assertGreater(s["bytes_received"], 0)
+
+
 class Regions(unittest.TestCase):
     """Same host: shared memory, overlap, and the ways back to bytes."""
 
@@ -472,10 +539,9 @@ class Regions(unittest.TestCase):
                 loss_of(remote(*xr)).backward()
                 self.assertEqual(seen, [overlap])
                 self.compare(local, remote, xl, xr)
-                # overlapped, grad_input and the weight's gradients are
-                # two calls over the same regions
-                self.assertEqual(client.stats()["calls"],
-                                 10 if overlap else 5)
+                # one call per layer either way: the server sends
+                # grad_input first, the weight's gradients after it
+                self.assertEqual(client.stats()["calls"], 5)
 
     def test_overlap_after_a_failed_pass(self):
         # A pass that raises after t2 and c2b deferred runs no

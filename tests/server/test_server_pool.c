@@ -2,7 +2,8 @@
  * job submitted from a core wakes the idle worker pinned to that core; at
  * most workers + queue-depth places are held, and a finished job gives its
  * place back; a burst of jobs through a small queue all run correctly and
- * come back; a caller's job passes another's waiting line. Under the
+ * come back; a caller's job passes another's waiting line, and a
+ * caller's data-gradient job its own waiting weight-gradient job. Under the
  * adaptive policy a lone job runs on every core, one
  * team thread on each; two jobs at once get a core each; a job never
  * starts on a core lent to another. The layers given to warm up are in
@@ -32,10 +33,11 @@ typedef struct fixture {
   cgs_config cfg;
   cgs_pool *pool;
   ts_problem tp;
-  ts_problem big;  /* some milliseconds of work */
-  ts_problem slow; /* tens of milliseconds (no reference: its result is
-                      not checked) */
-  cg_layer tp_layer, big_layer, slow_layer;
+  ts_problem big;         /* some milliseconds of work */
+  ts_problem slow;        /* tens of milliseconds (no reference: its result is
+                             not checked) */
+  ts_problem big_weights; /* big's shape, ConvolutionBackwardWeights */
+  cg_layer tp_layer, big_layer, slow_layer, big_weights_layer;
   cg_layer warm_layers[2]; /* tp's and big's, warmed up at the start */
   int warmed;              /* under mu: the pool's warm-up done calls */
   cgs_job jobs[NJOBS];
@@ -140,12 +142,18 @@ static int setup(void **state) {
   d.mb = 8, d.ic = d.oc = 64, d.is[0] = d.is[1] = 28;
   if (ts_problem_init(&f.big, &d) != 0 || ts_problem_reference(&f.big) != 0)
     return -1;
+  d.op = CG_OP_CONV_BWD_WEIGHTS;
+  if (ts_problem_init(&f.big_weights, &d) != 0 ||
+      ts_problem_reference(&f.big_weights) != 0)
+    return -1;
+  d.op = CG_OP_CONV_BWD_DATA;
   d.mb = 64;
   if (ts_problem_init(&f.slow, &d) != 0)
     return -1;
   cg_layer_of_geom(&f.tp.g, &f.tp_layer);
   cg_layer_of_geom(&f.big.g, &f.big_layer);
   cg_layer_of_geom(&f.slow.g, &f.slow_layer);
+  cg_layer_of_geom(&f.big_weights.g, &f.big_weights_layer);
   size_t most = f.slow.g.out_bytes; /* the largest output */
   for (int i = 0; i < NJOBS; i++)
     if (!(f.out[i] = calloc(1, most)))
@@ -175,6 +183,7 @@ static int teardown(void **state) {
   ts_problem_free(&f->tp);
   ts_problem_free(&f->big);
   ts_problem_free(&f->slow);
+  ts_problem_free(&f->big_weights);
   return 0;
 }
 
@@ -440,6 +449,36 @@ static void test_flows_take_turns(void **state) {
   assert_true(started(&f->jobs[4]) <= started(&f->jobs[3]));
 }
 
+/* While two jobs of another caller hold the cores, a caller queues two
+ * weight-gradient jobs and then a data-gradient job: the last runs
+ * first (its backward pass waits for it), and all are right. First come,
+ * first served would start it once one of the others had ended. */
+static void test_data_gradients_pass_weight_gradients(void **state) {
+  fixture *f = *state;
+  wait_idle(f);
+  int done = done_count(f);
+  for (int i = 0; i < 5; i++) /* every place */
+    assert_int_equal(cgs_pool_reserve(f->pool), 0);
+  for (int i = 0; i < 2; i++) {
+    job_set(f, i, &f->slow_layer, &f->slow);
+    cgs_pool_submit(f->pool, &f->jobs[i], &f->third_flow);
+  }
+  for (int i = 2; i < 4; i++) {
+    job_set(f, i, &f->big_weights_layer, &f->big_weights);
+    cgs_pool_submit(f->pool, &f->jobs[i], &f->flow);
+  }
+  big_job(f, 4);
+  cgs_pool_submit(f->pool, &f->jobs[4], &f->flow);
+  wait_done(f, done + 5);
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(f->jobs[i].rc, 0);
+  for (int i = 2; i < 4; i++) {
+    assert_int_equal(ts_problem_check(&f->big_weights, f->out[i]), 0);
+    assert_true(started(&f->jobs[4]) <= started(&f->jobs[i]));
+  }
+  assert_int_equal(ts_problem_check(&f->big, f->out[4]), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_warmed_layers_are_cached),
@@ -449,6 +488,7 @@ int main(void) {
       cmocka_unit_test(test_jobs_at_once_get_a_core_each),
       cmocka_unit_test(test_no_job_starts_on_a_lent_core),
       cmocka_unit_test(test_flows_take_turns),
+      cmocka_unit_test(test_data_gradients_pass_weight_gradients),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

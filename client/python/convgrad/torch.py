@@ -11,11 +11,13 @@ for (needs_input_grad) among grad_input, grad_weight and grad_bias; a layer
 whose weight and bias are frozen asks ConvolutionBackwardData /
 ConvTransposeBackwardData for grad_input alone, without uploading the
 input. With the server on this host the tensors go through the client's
-arena of shared-memory regions (convgrad.Client's shm=), and with
-overlap=True grad_input goes on through autograd while the weight and bias
-gradients are computed, settled at the end of the backward pass. With the
-server on cores of this process, torch's idle threads are ended before
-each call (backward_threads=), not spinning on the server's cores."""
+arena of shared-memory regions (convgrad.Client's shm=). The server sends
+grad_input as soon as it is computed, before the weight's gradient, and
+(overlap=, on by default where it is safe) grad_input goes on through
+autograd while the weight and bias gradients are computed and sent,
+settled at the end of the backward pass. With the server on cores of
+this process, torch's idle threads are ended before each call
+(backward_threads=), not spinning on the server's cores."""
 import ctypes
 import functools
 import os
@@ -128,12 +130,12 @@ class _ConvFunction(torch.autograd.Function):
         if data_only:
             _data_call(client, ctx, gy, w, x.shape, out["diff_src"])
             return out["diff_src"].to(ctx.dtypes[0]), None, None, None, None
-        defer = need[0] and arena is not None and _may_defer(m)
-        layer = _Layer(ctx, x, gy, w, out, split=defer)
-        if defer:
-            # grad_input goes on through autograd as soon as it is in; the
-            # weight and bias gradients are settled at the end of the
-            # backward pass.
+        layer = _Layer(ctx, x, gy, w, out)
+        if need[0] and _may_defer(m):
+            # grad_input goes on through autograd as soon as it is in (the
+            # server sends it first, as soon as it is computed); the weight
+            # and bias gradients are settled at the end of the backward
+            # pass.
             gx = layer.output("diff_src")
             _defer(layer)
             return gx.to(ctx.dtypes[0]), None, None, None, None
@@ -260,20 +262,16 @@ def _with_fallback(client, call):
 
 
 class _Layer:
-    """One layer's backward in flight: one call, or with split (overlap
-    over the arena) two, grad_input's and then the weight's and bias's,
-    which read the same regions (nothing is sent twice) and let grad_input
-    come back as soon as the server computed it."""
+    """One layer's backward in flight: one call, whose outputs can be
+    taken one by one as the server sends them (grad_input first)."""
 
-    def __init__(self, ctx, x, gy, w, out, split=False):
+    def __init__(self, ctx, x, gy, w, out):
         self.ctx, self.m = ctx, ctx.m
         self.client = ctx.m._convgrad_client
         self.args = (x, gy, w)
         self.out = out
         self.given = set()  # outputs handed over already
-        names = list(out)
-        parts = [names[:1], names[1:]] if split else [names]
-        self.futures = [self._start(p) for p in parts]
+        self.future = self._start(list(out))
 
     def _start(self, outputs):
         layer = (self.client.conv_transpose_backward_async
@@ -287,33 +285,31 @@ class _Layer:
         if e.code not in _REGION_CODES or self.client.arena() is None:
             raise e
         self.client._drop_arena("a call over regions failed (%s)" % e)
-        for f in self.futures:
-            try:
-                f.result()  # each call is collected once
-            except Error:
-                pass
-        self.futures = [self._start([g for g in self.out
-                                     if g not in self.given])]
+        try:
+            self.future.result()  # each call is collected once
+        except Error:
+            pass
+        self.future = self._start([g for g in self.out
+                                   if g not in self.given])
 
     def output(self, name):
         try:
-            t = next(f for f in self.futures if name in f._names).output(name)
+            t = self.future.output(name)
         except Error as e:
             self._again(e)
-            t = self.futures[0].output(name)
+            t = self.future.output(name)
         self.given.add(name)
         return t
 
     def done(self):
-        return all(f.done() for f in self.futures)
+        return self.future.done()
 
     def result(self):
         try:
-            for f in self.futures:
-                f.result()
+            self.future.result()
         except Error as e:
             self._again(e)
-            self.futures[0].result()
+            self.future.result()
         self.args = None
         return self.out
 
@@ -634,7 +630,7 @@ for _base in _TRANSPOSED:
 _ORIGINAL = {v: k for k, v in _CLASSES.items()}
 
 
-def offload(model, target, overlap=False, backward_threads="auto",
+def offload(model, target, overlap=True, backward_threads="auto",
             stage=True, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
@@ -662,12 +658,17 @@ def offload(model, target, overlap=False, backward_threads="auto",
     their layer's first forward (the same Parameter objects with the same
     values, updated there by the optimizer; a view taken of a weight's
     .data before then keeps the old memory; restore() moves them back).
-    overlap: a layer's grad_input goes on through autograd as soon as the
-    server sent it, while its weight and bias gradients arrive, settled
-    before backward() returns (not under torch.distributed, nor for
-    torch.autograd.grad; see the README). A pass that raises leaves out
-    the weight and bias gradients of the layers it deferred (dropped at
-    the next offloaded forward).
+    overlap (default True): a layer's grad_input goes on through autograd
+    as soon as the server sent it (before it computes the weight's
+    gradient), over TCP as over the arena, while its weight and bias
+    gradients arrive, settled before backward() returns. Where that is
+    not safe the gradients come back from the layer's backward as with
+    overlap=False: under torch.distributed (DDP all-reduces each gradient
+    from its accumulator's hook, which a deferred one never passes), for
+    torch.autograd.grad and backward(inputs=) without the weights, and
+    for parameters with hooks or computed weights (see the README). A
+    pass that raises leaves out the weight and bias gradients of the
+    layers it deferred (dropped at the next offloaded forward).
 
     backward_threads: what torch's threads do while the server computes
     a layer. 'auto' (default): where the server is on this host (a unix
