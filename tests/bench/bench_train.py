@@ -7,8 +7,10 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          32x32 at batch 32), f32 and bf16 under torch.autocast. Modes, in
          rounds that rotate their order: local autograd; offload over TCP
          loopback (bytes on the wire: shm=False); offload over the unix
-         socket with shared-memory regions, with and without overlap,
-         and with torch's idle threads left spinning beside each call
+         socket with shared-memory regions; each with offload's defaults
+         (overlap: grad_input on through autograd as soon as the server
+         sent it) or +serial (overlap=False), and with torch's idle
+         threads left spinning beside each call
          (+keep: backward_threads=None) or the backward pass narrowed
          to one thread (+narrow: backward_threads=1) instead of ended
          before each call (offload's default).
@@ -99,8 +101,9 @@ class Mode:
 def make_modes(args, model0, tcp, unix, alt):
     """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
     alt:unix+shm (the second server), each optionally followed by
-    +overlap, +keep (backward_threads=None), +narrow (backward_threads=1)
-    and +nostage (stage=False: tcp's backward sends src and weights too)."""
+    +serial (overlap=False), +keep (backward_threads=None), +narrow
+    (backward_threads=1) and +nostage (stage=False: tcp's backward sends
+    src and weights too)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -109,14 +112,14 @@ def make_modes(args, model0, tcp, unix, alt):
         n = 2 if parts[1:2] == ["shm"] else 1
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
-        if not target or set(flags) - {"overlap", "keep", "narrow",
+        if not target or set(flags) - {"serial", "keep", "narrow",
                                        "nostage"}:
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         client = convgrad.Client(target, shm=False if base == "tcp" else
                                  "auto")
         model = ct.offload(copy.deepcopy(model0), client,
-                           overlap="overlap" in flags,
+                           overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else
                            1 if "narrow" in flags else "auto",
                            stage="nostage" not in flags)
@@ -215,9 +218,40 @@ def link_gbits(rate):
     return out.stdout.strip() or "?"
 
 
+# What one call costs beyond its bytes and compute, in ms: the client's
+# and the server's work per call (client/python/README.md, "When offload
+# pays").
+CALL_MS = 1.0
+
+
+def model_ms(local_ms, conv_ms, server_ms, up, down, staged, weights_down,
+             calls, gbits, overlap):
+    """The offloaded step the model of client/python/README.md ("When
+    offload pays") predicts, in ms: the trainer's step without its
+    convolutions' backward (local_ms - conv_ms), the server's compute
+    (server_ms), the backward's bytes up and down at gbits (None: nothing
+    on a wire) and CALL_MS per call. The bytes staged during the forward
+    cost only what of their wire time the trainer's own work does not
+    cover. With overlap the server sends grad_input first: the weights'
+    gradients (half the compute; weights_down of the bytes down) are off
+    the critical path but for what of their compute the next layer's
+    upload does not cover."""
+    def wire(nbytes):
+        return nbytes * 8 / (gbits * 1e9) * 1e3 if gbits else 0.0
+    trainer = local_ms - conv_ms
+    step = (trainer + calls * CALL_MS +
+            max(0.0, wire(staged) - trainer))
+    if not overlap:
+        return step + server_ms + wire(up + down)
+    half = server_ms / 2
+    return (step + half + max(0.0, half - wire(up)) +
+            wire(up + down - weights_down))
+
+
 def describe_host(args, info):
     """What this run ran on: the CPU and oneDNN's ISA, the rig (rate,
-    cores, quotas) and the machine's load."""
+    cores, quotas) and the machine's load. Sets args.link_gbits: what a
+    plain socket got through the rig's link (None off a rig)."""
     import subprocess
     import torch
     model = ""
@@ -240,10 +274,12 @@ def describe_host(args, info):
         conf = dict(line.split("=", 1) for line in subprocess.run(
             [cgtest.RIG, "show", os.environ["CG_RIG"]], check=True,
             stdout=subprocess.PIPE, text=True).stdout.split())
+        gbits = link_gbits(conf["rate"])
+        args.link_gbits = float(gbits) if gbits != "?" else None
         print("rig: rate %s (a plain socket: %s Gbit/s), burst %s, mtu %s; "
               "trainer cpus %s quota %s; server cpus %s quota %s "
               "(cgroup %s)" % (
-                  conf["rate"], link_gbits(conf["rate"]), conf["burst"],
+                  conf["rate"], gbits, conf["burst"],
                   conf["mtu"], conf["trn_cpus"], conf.get("trn_quota") or
                   "none", conf["srv_cpus"], conf.get("srv_quota") or "none",
                   conf["cgroup"]), flush=True)
@@ -292,20 +328,32 @@ def bench_train(args, tcp, unix, alt):
             torch.set_num_threads(args.threads)
             conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
                                        autocast)
-            print("  %-18s %9s %7s %6s %9s %9s %9s %11s %10s" % (
+            print("  %-18s %9s %7s %6s %9s %9s %9s %11s %10s %9s" % (
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
-                "MB staged", "compute ms", "arena MB"))
+                "MB staged", "compute ms", "arena MB", "model ms"))
+            local_ms = statistics.median(modes[0].times)
+            weights_down = sum(
+                p.numel() * (2 if autocast else 4)
+                for mod in modes[0].model.modules()
+                if isinstance(mod, torch.nn.Conv2d)
+                for p in mod.parameters())
             for m in modes:
                 ms = statistics.median(m.times)
                 line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
                 if m.client:
                     s = m.client.stats()
                     n = m.steps
-                    line += " %6.0f %9.1f %9.1f %9.1f %11.1f %10.0f" % (
-                        s["calls"] / n, s["bytes_sent"] / n / 1e6,
-                        s["bytes_received"] / n / 1e6,
-                        s["staged_bytes"] / n / 1e6, s["compute_ms"] / n,
-                        s["arena_bytes"] / 2**20)
+                    up, down = s["bytes_sent"] / n, s["bytes_received"] / n
+                    staged = s["staged_bytes"] / n
+                    predicted = model_ms(
+                        local_ms, conv_ms, s["compute_ms"] / n, up, down,
+                        staged, weights_down if down else 0, s["calls"] / n,
+                        args.link_gbits if down else None,
+                        "serial" not in m.name.split("+"))
+                    line += " %6.0f %9.1f %9.1f %9.1f %11.1f %10.0f %9.0f" % (
+                        s["calls"] / n, up / 1e6, down / 1e6, staged / 1e6,
+                        s["compute_ms"] / n, s["arena_bytes"] / 2**20,
+                        predicted)
                     m.client.close()
                 print(line + "   (rounds: %s)" % " ".join(
                     "%.0f" % t for t in m.times), flush=True)
@@ -405,13 +453,14 @@ def main():
                     choices=["f32", "bf16"])
     ap.add_argument("--modes", nargs="+",
                     default=["tcp", "unix+shm", "unix+shm+keep",
-                             "unix+shm+overlap"],
+                             "unix+shm+serial"],
                     help="offload modes beside local: tcp, unix+shm or "
                     "alt:unix+shm (a second server started with "
-                    "--alt-server-args), each optionally with +overlap, "
-                    "+keep (torch's threads kept through the backward "
-                    "pass) and +nostage (the backward sends src and "
-                    "weights instead of naming them staged)")
+                    "--alt-server-args), each optionally with +serial "
+                    "(overlap=False), +keep (torch's threads kept through "
+                    "the backward pass), +narrow (backward_threads=1) and "
+                    "+nostage (the backward sends src and weights instead "
+                    "of naming them staged)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
@@ -471,6 +520,7 @@ def main():
                             extra=args.alt_server_args.split())
     ok = True
     try:
+        args.link_gbits = None
         describe_host(args, convgrad.Client(server.target).info())
         if alt:
             print("alt server: %s" % args.alt_server_args)
