@@ -80,6 +80,10 @@ typedef struct ck_ctx {
   int threads;
   double u_out, acc, tiny, overflow; /* see the derivation above */
   int64_t lo_pos, hi_pos, kpos;      /* positions of a sample and kernel taps */
+  /* Per kernel tap k (row-major): its index on each padded axis, then its
+   * offset in the weights: ktab[4k .. 4k+3]. The loops look taps up
+   * rather than divide. */
+  int64_t *ktab;
 } ck_ctx;
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -233,34 +237,70 @@ static void unravel(int64_t i, const int64_t sp[3], int64_t out[3]) {
   out[0] = i / sp[1];
 }
 
-static int64_t w_offset(const cg__plan *pl, int64_t g, int64_t cl, int64_t ch,
+static int64_t w_offset(const ck_ctx *c, int64_t g, int64_t cl, int64_t ch,
                         int64_t k) {
-  int64_t kk[3];
-  unravel(k, pl->k, kk);
+  const cg__plan *pl = &c->pl;
   return g * pl->w_st[0] + cl * pl->w_st[1] + ch * pl->w_st[2] +
-         kk[0] * pl->w_st[3] + kk[1] * pl->w_st[4] + kk[2] * pl->w_st[5];
+         c->ktab[4 * k + 3];
 }
 
 /* ---- data outputs ----------------------------------------------------- */
+
+/* Calls fn(arg, g, cl, ch, k, offset) for every element of the weights,
+ * in the order of their memory: the loops nest by decreasing stride (a
+ * tap's by its innermost axis'), so that any layout is read in one
+ * sweep rather than a cache miss an element. */
+typedef void (*weights_fn)(void *arg, int64_t g, int64_t cl, int64_t ch,
+                           int64_t k, int64_t off);
+
+static void weights_walk(const ck_ctx *c, weights_fn fn, void *arg) {
+  const cg__plan *pl = &c->pl;
+  int64_t n[4] = {pl->groups, pl->lo_cg, pl->hi_cg, c->kpos};
+  int64_t st[4] = {pl->w_st[0], pl->w_st[1], pl->w_st[2], pl->w_st[5]};
+  int order[4] = {0, 1, 2, 3};
+  for (int a = 1; a < 4; a++) /* insertion sort, outermost first */
+    for (int b = a; b > 0 && st[order[b]] > st[order[b - 1]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1];
+      order[b - 1] = t;
+    }
+  int64_t ix[4];
+  for (ix[order[0]] = 0; ix[order[0]] < n[order[0]]; ix[order[0]]++)
+    for (ix[order[1]] = 0; ix[order[1]] < n[order[1]]; ix[order[1]]++)
+      for (ix[order[2]] = 0; ix[order[2]] < n[order[2]]; ix[order[2]]++)
+        for (ix[order[3]] = 0; ix[order[3]] < n[order[3]]; ix[order[3]]++)
+          fn(arg, ix[0], ix[1], ix[2], ix[3],
+             w_offset(c, ix[0], ix[1], ix[2], ix[3]));
+}
+
+typedef struct contract_arg {
+  const ck_ctx *c;
+  int out_is_hi;
+  const float *w;
+  const double *u;
+  double *wu, *wa;
+} contract_arg;
+
+static void contract_one(void *arg, int64_t g, int64_t cl, int64_t ch,
+                         int64_t k, int64_t off) {
+  const contract_arg *a = arg;
+  const cg__plan *pl = &a->c->pl;
+  int64_t cin = a->out_is_hi ? pl->lo_cg : pl->hi_cg;
+  int64_t cout = a->out_is_hi ? pl->hi_cg : pl->lo_cg;
+  int64_t keep = a->out_is_hi ? cl : ch, sum = a->out_is_hi ? ch : cl;
+  size_t i = (size_t)(((g * a->c->kpos) + k) * cin + keep);
+  double v = a->w[off], u = a->u[g * cout + sum];
+  a->wu[i] += u * v;
+  a->wa[i] += fabs(u) * fabs(v);
+}
 
 /* The weights contracted by u over the output's channels (hi for
  * out_is_hi, else lo), as [g][k][c] over the other side's channels c:
  * wu with the probes, wa with |u| |W|. */
 static void contract_weights(const ck_ctx *c, int out_is_hi, const float *w,
                              const double *u, double *wu, double *wa) {
-  const cg__plan *pl = &c->pl;
-  int64_t cin = out_is_hi ? pl->lo_cg : pl->hi_cg;
-  for (int64_t g = 0; g < pl->groups; g++)
-    for (int64_t cl = 0; cl < pl->lo_cg; cl++)
-      for (int64_t ch = 0; ch < pl->hi_cg; ch++)
-        for (int64_t k = 0; k < c->kpos; k++) {
-          double v = w[w_offset(pl, g, cl, ch, k)];
-          int64_t keep = out_is_hi ? cl : ch, sum = out_is_hi ? ch : cl;
-          int64_t cout = out_is_hi ? pl->hi_cg : pl->lo_cg;
-          size_t i = (size_t)(((g * c->kpos) + k) * cin + keep);
-          wu[i] += u[g * cout + sum] * v;
-          wa[i] += fabs(u[g * cout + sum]) * fabs(v);
-        }
+  contract_arg a = {c, out_is_hi, w, u, wu, wa};
+  weights_walk(c, contract_one, &a);
 }
 
 typedef struct data_bufs {
@@ -302,11 +342,10 @@ static void data_sample(const ck_ctx *c, int out_is_hi, const void *in_data,
   memset(b->y, 0, (size_t)(G * p_out) * sizeof *b->y);
   memset(b->ya, 0, (size_t)(G * p_out) * sizeof *b->ya);
   for (int64_t p = 0; p < c->lo_pos; p++) {
-    int64_t pp[3], kk[3];
+    int64_t pp[3];
     unravel(p, pl->lo_sp, pp);
     for (int64_t k = 0; k < c->kpos; k++) {
-      unravel(k, pl->k, kk);
-      int64_t q = tap(pl, pp, kk);
+      int64_t q = tap(pl, pp, &c->ktab[4 * k]);
       if (q < 0)
         continue;
       int64_t from = out_is_hi ? p : q, to = out_is_hi ? q : p;
@@ -445,11 +484,10 @@ static void weights_sample(const ck_ctx *c, int contract_lo, const void *lo,
                                  contract_lo ? pl->hi_st : pl->lo_st, G * fc,
                                  pf, n, b->tmp, b->f);
   for (int64_t p = 0; p < c->lo_pos; p++) {
-    int64_t pp[3], kk[3];
+    int64_t pp[3];
     unravel(p, pl->lo_sp, pp);
     for (int64_t k = 0; k < c->kpos; k++) {
-      unravel(k, pl->k, kk);
-      int64_t q = tap(pl, pp, kk);
+      int64_t q = tap(pl, pp, &c->ktab[4 * k]);
       if (q < 0)
         continue;
       int64_t xt = contract_lo ? p : q, xf = contract_lo ? q : p;
@@ -466,6 +504,31 @@ static void weights_sample(const ck_ctx *c, int contract_lo, const void *lo,
       }
     }
   }
+}
+
+/* The left sides of diff_weights' comparisons: z, h and hsq per (g, k,
+ * f), summed over the contracted channels as the weights are walked. */
+typedef struct left_arg {
+  const ck_ctx *c;
+  int contract_lo;
+  const float *w;
+  const double *v;
+  double *z, *h, *hsq; /* [g][k][f] */
+} left_arg;
+
+static void left_one(void *arg, int64_t g, int64_t cl, int64_t ch, int64_t k,
+                     int64_t off) {
+  const left_arg *a = arg;
+  const cg__plan *pl = &a->c->pl;
+  int64_t tc = a->contract_lo ? pl->lo_cg : pl->hi_cg;
+  int64_t fc = a->contract_lo ? pl->hi_cg : pl->lo_cg;
+  int64_t i = a->contract_lo ? cl : ch, f = a->contract_lo ? ch : cl;
+  int64_t at = (g * a->c->kpos + k) * fc + f;
+  float r = a->w[off];
+  double v = a->v[g * tc + i], e = fabs(v) * half_ulp(r, a->c->u_out);
+  a->z[at] += v * (double)r;
+  a->h[at] += e;
+  a->hsq[at] += e * e;
 }
 
 static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
@@ -487,7 +550,8 @@ static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
   float *w = alloc3(1, 1, welems, sizeof *w);
   float *fb = alloc3((size_t)T, 3, (size_t)stage, sizeof *fb);
   double *db = alloc3((size_t)T, 2, (size_t)(G * pt + ysize), sizeof *db);
-  if (!v || !w || !fb || !db) {
+  double *zs = alloc3(3, 1, (size_t)ysize, sizeof *zs);
+  if (!v || !w || !fb || !db || !zs) {
     rc = no_memory(err, errlen);
     goto out;
   }
@@ -509,23 +573,18 @@ static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
     }
   }
   cg_convert(CG_DTYPE_F32, w, c->dt, out, welems);
+  left_arg la = {c, contract_lo, w, v, zs, zs + ysize, zs + 2 * ysize};
+  weights_walk(c, left_one, &la);
   double L = (double)(pl->mb * c->lo_pos);
   for (int64_t g = 0; g < G; g++)
     for (int64_t k = 0; k < c->kpos; k++)
       for (int64_t f = 0; f < fc; f++) {
-        double z = 0, h = 0, hsq = 0;
-        for (int64_t i = 0; i < tc; i++) {
-          float r = w[contract_lo ? w_offset(pl, g, i, f, k)
-                                  : w_offset(pl, g, f, i, k)];
-          double e = fabs(v[g * tc + i]) * half_ulp(r, c->u_out);
-          z += v[g * tc + i] * (double)r;
-          h += e;
-          hsq += e * e;
-        }
         int64_t at = (g * c->kpos + k) * fc + f;
-        compare(c, z, sum.y[at], sum.ya[at], h, hsq, tc, L, g, k, f, res);
+        compare(c, la.z[at], sum.y[at], sum.ya[at], la.h[at], la.hsq[at], tc, L,
+                g, k, f, res);
       }
 out:
+  free(zs);
   free(db);
   free(fb);
   free(w);
@@ -543,6 +602,7 @@ static int ctx_init(ck_ctx *c, const cg_geom *g, int threads, char *err,
     return cg_errorf(err, errlen, CG_EINVAL, "check: invalid geometry");
   c->dt = g->dtype;
   c->threads = threads < 1 ? 1 : threads;
+  c->ktab = NULL;
   c->u_out = cg_dtype_epsilon(g->dtype);
   c->acc = LAMBDA * U_ACC;
   c->tiny = g->dtype == CG_DTYPE_F16 ? F16_TINY : FLUSH;
@@ -580,16 +640,30 @@ int cg_check_run(const cg_geom *geom, const void *in0, const void *in1,
   c.lo_pos = prod3(c.pl.lo_sp);
   c.hi_pos = prod3(c.pl.hi_sp);
   c.kpos = prod3(c.pl.k);
+  c.ktab = alloc3(4, 1, (size_t)c.kpos, sizeof *c.ktab);
+  if (!c.ktab)
+    return no_memory(err, errlen);
+  for (int64_t k = 0; k < c.kpos; k++) {
+    int64_t *t = &c.ktab[4 * k];
+    unravel(k, c.pl.k, t);
+    t[3] = t[0] * c.pl.w_st[3] + t[1] * c.pl.w_st[4] + t[2] * c.pl.w_st[5];
+  }
   switch (geom->op) {
   case CG_OP_CONV_BWD_DATA:
-    return check_data(&c, 1, in0, in1, out, seed, res, err, errlen);
+    rc = check_data(&c, 1, in0, in1, out, seed, res, err, errlen);
+    break;
   case CG_OP_DECONV_BWD_DATA:
-    return check_data(&c, 0, in0, in1, out, seed, res, err, errlen);
+    rc = check_data(&c, 0, in0, in1, out, seed, res, err, errlen);
+    break;
   case CG_OP_CONV_BWD_WEIGHTS: /* in0 = src = hi, in1 = diff_dst = lo */
-    return check_weights(&c, in1, in0, out, seed, res, err, errlen);
+    rc = check_weights(&c, in1, in0, out, seed, res, err, errlen);
+    break;
   default: /* in0 = src = lo, in1 = diff_dst = hi */
-    return check_weights(&c, in0, in1, out, seed, res, err, errlen);
+    rc = check_weights(&c, in0, in1, out, seed, res, err, errlen);
+    break;
   }
+  free(c.ktab);
+  return rc;
 }
 
 int cg_check_bias(const cg_geom *geom, const void *diff_dst,
