@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cg/dtype.h"
 #include "cg/layer.h"
@@ -263,7 +264,7 @@ static int cgc__cmp_double(const void *a, const void *b) {
 }
 
 /* The delay after which a part of key gets a backup: the 95th percentile
- * of its shape's latencies, and at least twice their median, so that a
+ * of its shape's latencies, and at least three times their median, so that a
  * pool without a straggler (a tight distribution) sends next to none, or
  * -1 while fewer than CGC__LAT_MIN are known. split_mu held. */
 static double cgc__hedge_after(struct cgc__split_stats *s, uint64_t key) {
@@ -274,7 +275,7 @@ static double cgc__hedge_after(struct cgc__split_stats *s, uint64_t key) {
   memcpy(v, l->ms, sizeof(double) * (size_t)l->n);
   qsort(v, (size_t)l->n, sizeof v[0], cgc__cmp_double);
   double p95 = v[(int)ceil(0.95 * l->n) - 1], p50 = v[(l->n - 1) / 2];
-  return p95 > 2 * p50 ? p95 : 2 * p50;
+  return p95 > 3 * p50 ? p95 : 3 * p50;
 }
 
 /* ---- the plan -------------------------------------------------------- */
@@ -435,10 +436,37 @@ static void cgc__part_init(const cgc__plan *plan, const cgc_request *req, int k,
 
 /* ---- running the parts ---------------------------------------------- */
 
+/* State of one split call while its parts run. */
+typedef struct cgc__run {
+  cgc_channel *ch;
+  const cgc__plan *plan;
+  cgc__part *parts;
+  double deadline; /* cgc__now_ms() clock */
+  int left;        /* parts without a winner */
+  int rc;          /* the first permanent failure */
+  cgc_status st;
+  /* Told by the engine's thread of each attempt that ended. */
+  pthread_mutex_t ev_mu;
+  pthread_cond_t ev;
+  unsigned ended;
+} cgc__run;
+
+/* cgc_call_start_notify's listener: wakes the split call. */
+static void cgc__on_try_end(cgc_call *c, void *arg) {
+  cgc__run *run = arg;
+  (void)c;
+  pthread_mutex_lock(&run->ev_mu);
+  run->ended++;
+  pthread_cond_signal(&run->ev);
+  pthread_mutex_unlock(&run->ev_mu);
+}
+
 /* Starts an attempt of part pt on replica r, deadline_ms from now.
  * split_mu held. Returns 0 or the start's failure with st filled. */
-static int cgc__try_start(cgc_channel *ch, const cgc__plan *plan, cgc__part *pt,
-                          int r, int64_t deadline_ms, cgc_status *st) {
+static int cgc__try_start(cgc__run *run, cgc__part *pt, int r,
+                          int64_t deadline_ms, cgc_status *st) {
+  cgc_channel *ch = run->ch;
+  const cgc__plan *plan = run->plan;
   cgc__ptry *t = &pt->tries[pt->ntries];
   void *data[CG_GRAD_COUNT] = {NULL};
   size_t cap[CG_GRAD_COUNT] = {0};
@@ -458,8 +486,8 @@ static int cgc__try_start(cgc_channel *ch, const cgc__plan *plan, cgc__part *pt,
                                      : plan->layer.out_bytes[g];
     }
   pt->req.deadline_ms = deadline_ms > 0 ? deadline_ms : 1;
-  int rc =
-      cgc_call_start(ch->replicas[r].ch, &pt->req, data, cap, &t->call, st);
+  int rc = cgc_call_start_notify(ch->replicas[r].ch, &pt->req, data, cap,
+                                 cgc__on_try_end, run, &t->call, st);
   if (rc) {
     free(t->buf);
     t->buf = NULL;
@@ -515,17 +543,6 @@ static int cgc__retryable(int rc, const cgc_status *st) {
   }
 }
 
-/* State of one split call while its parts run. */
-typedef struct cgc__run {
-  cgc_channel *ch;
-  const cgc__plan *plan;
-  cgc__part *parts;
-  double deadline; /* cgc__now_ms() clock */
-  int left;        /* parts without a winner */
-  int rc;          /* the first permanent failure */
-  cgc_status st;
-} cgc__run;
-
 /* Ends attempt i of part pt, which is done; split_mu held. */
 static void cgc__try_end(cgc__run *run, cgc__part *pt, int i) {
   cgc_channel *ch = run->ch;
@@ -563,8 +580,7 @@ static void cgc__try_end(cgc__run *run, cgc__part *pt, int i) {
   if (cgc__retryable(rc, &st) && pt->live == 0 && pt->ntries < CGC__TRIES_MAX &&
       now < run->deadline) {
     int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, t->replica, now);
-    if (cgc__try_start(ch, run->plan, pt, to, (int64_t)(run->deadline - now),
-                       &st) == 0)
+    if (cgc__try_start(run, pt, to, (int64_t)(run->deadline - now), &st) == 0)
       return;
   }
   if (pt->live == 0) { /* nothing left to wait for */
@@ -589,39 +605,46 @@ static void cgc__maybe_hedge(cgc__run *run, cgc__part *pt, double now) {
   int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, first->replica, now);
   cgc_status st;
   if (to != first->replica &&
-      cgc__try_start(ch, run->plan, pt, to, (int64_t)(run->deadline - now),
-                     &st) == 0) {
+      cgc__try_start(run, pt, to, (int64_t)(run->deadline - now), &st) == 0) {
     pt->hedged = 1;
     s->hedges++;
   }
 }
 
-/* Runs every part to a winner or a permanent failure; split_mu held. */
+/* Runs every part to a winner or a permanent failure; split_mu held.
+ * Sleeps until an attempt ends, or CGC__POLL_MS for the hedge delays. */
 static void cgc__run_parts(cgc__run *run) {
   cgc_channel *ch = run->ch;
   while (run->left > 0 && !run->rc) {
+    pthread_mutex_lock(&run->ev_mu);
+    unsigned seen = run->ended;
+    pthread_mutex_unlock(&run->ev_mu);
     int progressed = 0;
-    cgc_call *wait_on = NULL;
     double now = cgc__now_ms();
     for (int k = 0; k < run->plan->nparts && !run->rc; k++) {
       cgc__part *pt = &run->parts[k];
-      for (int i = 0; i < pt->ntries; i++) {
-        if (!pt->tries[i].call)
-          continue;
-        if (cgc_call_done(pt->tries[i].call)) {
+      for (int i = 0; i < pt->ntries; i++)
+        if (pt->tries[i].call && cgc_call_done(pt->tries[i].call)) {
           cgc__try_end(run, pt, i);
           progressed = 1;
-        } else if (!wait_on) {
-          wait_on = pt->tries[i].call;
         }
-      }
       if (ch->opts.hedge_budget > 0)
         cgc__maybe_hedge(run, pt, now);
     }
-    if (progressed || !wait_on)
+    if (progressed)
       continue;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += CGC__POLL_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_unlock(&ch->split_mu);
-    cgc_call_wait(wait_on, 0, CGC__POLL_MS, NULL);
+    pthread_mutex_lock(&run->ev_mu);
+    if (run->ended == seen)
+      pthread_cond_timedwait(&run->ev, &run->ev_mu, &until);
+    pthread_mutex_unlock(&run->ev_mu);
     pthread_mutex_lock(&ch->split_mu);
   }
 }
@@ -781,6 +804,12 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
   }
   run.deadline =
       t0 + (double)(req->deadline_ms ? req->deadline_ms : ch->opts.deadline_ms);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&run.ev, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&run.ev_mu, NULL);
   double finish[CGC__REPLICAS_MAX];
   pthread_mutex_lock(&ch->split_mu);
   for (int k = 0; k < plan.nparts; k++)
@@ -794,8 +823,7 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
     cgc__part *pt = &run.parts[k];
     int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, t0);
     finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, t0);
-    run.rc =
-        cgc__try_start(ch, &plan, pt, r, (int64_t)(run.deadline - t0), &run.st);
+    run.rc = cgc__try_start(&run, pt, r, (int64_t)(run.deadline - t0), &run.st);
   }
   cgc__run_parts(&run);
   for (int k = 0; k < plan.nparts; k++)
@@ -823,5 +851,7 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
     for (int i = 0; i < run.parts[k].ntries; i++)
       free(run.parts[k].tries[i].buf);
   free(run.parts);
+  pthread_cond_destroy(&run.ev);
+  pthread_mutex_destroy(&run.ev_mu);
   return rc;
 }

@@ -153,7 +153,7 @@ typedef struct cgc_options {
   uint64_t split_min_flops;
   /* Backup parts sent at most, as a fraction of the parts sent (default
    * 0.05); 0: none. A part gets one when it has not answered after the
-   * 95th percentile of the latencies of its shape and twice their median
+   * 95th percentile of the latencies of its shape and 3 x their median
    * (once 8 are known). */
   double hedge_budget;
 } cgc_options;
