@@ -39,7 +39,7 @@ void cgc__call_cancel(cgc_call *c);
 typedef struct cgc__replica {
   cgc_channel *ch;      /* owned */
   double ms_per_gflop;  /* server compute, a moving average; 0: unknown */
-  double measured_ms;   /* when ms_per_gflop last moved (cgc__now_ms) */
+  double measured_ms;   /* when a part last measured it (cgc__now_ms) */
   double bytes_per_ms;  /* the link, a moving average; 0: unknown */
   int outstanding;      /* parts and calls in flight on it */
   double down_until_ms; /* after a failure: picked only if all are down */

@@ -184,7 +184,8 @@ void cgc__replicas_free(cgc_channel *ch) {
 }
 
 /* Expected milliseconds of flops and bytes on replica r at now. A speed
- * measured more than CGC__STALE_MS ago counts as the guess again, so that
+ * and link measured more than CGC__STALE_MS ago count as the guesses
+ * again, so that
  * a replica left out for being slow gets a part now and then and shows
  * whether it still is. split_mu held. */
 static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes,
@@ -192,7 +193,8 @@ static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes,
   int fresh = now - r->measured_ms < CGC__STALE_MS;
   double ms_gf =
       r->ms_per_gflop > 0 && fresh ? r->ms_per_gflop : CGC__GUESS_MS_PER_GFLOP;
-  double link = r->bytes_per_ms > 0 ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
+  double link =
+      r->bytes_per_ms > 0 && fresh ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
   return flops / 1e9 * ms_gf + (double)bytes / link;
 }
 
@@ -239,6 +241,7 @@ static void cgc__measure(cgc__replica *r, const cgc_result *res, double flops) {
                           ? r->bytes_per_ms + CGC__EWMA * (v - r->bytes_per_ms)
                           : v;
   }
+  r->measured_ms = cgc__now_ms();
 }
 
 /* ---- latencies and hedges ------------------------------------------- */
