@@ -660,6 +660,40 @@ class TLS(unittest.TestCase):
         self.assertIn("does not match", cm.exception.message)
 
 
+class Replicas(unittest.TestCase):
+    """Client(replicas=2) over two servers: a layer call split into parts
+    (cgc_options.replicas through the ctypes struct) equals the unsplit
+    call, and a replica count the target cannot have is refused."""
+
+    def test_split_layer_call(self):
+        other = cgtest.Server(ARGS.server)
+        try:
+            pair = SERVER.target + "," + other.target
+            rng = np.random.default_rng(4)
+            x = rng.standard_normal((8, 8, 12, 12), dtype=np.float32)
+            dy = rng.standard_normal((8, 16, 12, 12), dtype=np.float32)
+            w = rng.standard_normal((16, 8, 3, 3), dtype=np.float32)
+            a = dict(data_format="NCX", weights_format="OIX",
+                     pads_begin=[1, 1], pads_end=[1, 1])
+            with convgrad.Client(SERVER.target) as one, \
+                    convgrad.Client(pair, replicas=2, split_parts=4,
+                                    split_min_flops=1000) as two:
+                want = one.conv_backward(x, dy, w, **a)
+                got, res = two.conv_backward(x, dy, w, with_result=True, **a)
+            self.assertEqual(res.worker, "4 parts")
+            for g in want:
+                self.assertEqual(got[g].shape, want[g].shape, g)
+                self.assertLess(cgtest.rel_err(got[g],
+                                               torch.from_numpy(want[g])),
+                                cgtest.TOLERANCE["f32"], g)
+            with self.assertRaises(convgrad.InvalidArgument) as cm:
+                convgrad.Client(pair, replicas=3)
+            self.assertIn("replicas: 3, but the target lists 2",
+                          cm.exception.message)
+        finally:
+            other.stop()
+
+
 def main():
     global ARGS, SERVER
     ARGS = cgtest.parse_args(__doc__)
