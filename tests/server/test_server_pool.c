@@ -422,12 +422,10 @@ static void test_no_job_starts_on_a_lent_core(void **state) {
   assert_int_equal(ts_problem_check(&f->big, f->out[1]), 0);
 }
 
-/* Flows take turns: while two jobs of a third caller hold the cores for
- * tens of milliseconds, one caller queues two jobs, then another caller
- * one, which runs before the first caller's second job rather than after
- * it. */
-static void test_flows_take_turns(void **state) {
-  fixture *f = *state;
+/* On an idle pool, takes every place and has jobs[0..1], a third
+ * caller's, hold the cores for tens of milliseconds; returns the count of
+ * jobs done before them. */
+static int hold_cores(fixture *f) {
   wait_idle(f);
   int done = done_count(f);
   for (int i = 0; i < 5; i++) /* every place */
@@ -436,6 +434,16 @@ static void test_flows_take_turns(void **state) {
     job_set(f, i, &f->slow_layer, &f->slow);
     cgs_pool_submit(f->pool, &f->jobs[i], &f->third_flow);
   }
+  return done;
+}
+
+/* Flows take turns: while two jobs of a third caller hold the cores for
+ * tens of milliseconds, one caller queues two jobs, then another caller
+ * one, which runs before the first caller's second job rather than after
+ * it. */
+static void test_flows_take_turns(void **state) {
+  fixture *f = *state;
+  int done = hold_cores(f);
   for (int i = 2; i < 5; i++) {
     big_job(f, i);
     cgs_pool_submit(f->pool, &f->jobs[i], i < 4 ? &f->flow : &f->other_flow);
@@ -455,14 +463,7 @@ static void test_flows_take_turns(void **state) {
  * first served would start it once one of the others had ended. */
 static void test_data_gradients_pass_weight_gradients(void **state) {
   fixture *f = *state;
-  wait_idle(f);
-  int done = done_count(f);
-  for (int i = 0; i < 5; i++) /* every place */
-    assert_int_equal(cgs_pool_reserve(f->pool), 0);
-  for (int i = 0; i < 2; i++) {
-    job_set(f, i, &f->slow_layer, &f->slow);
-    cgs_pool_submit(f->pool, &f->jobs[i], &f->third_flow);
-  }
+  int done = hold_cores(f);
   for (int i = 2; i < 4; i++) {
     job_set(f, i, &f->big_weights_layer, &f->big_weights);
     cgs_pool_submit(f->pool, &f->jobs[i], &f->flow);
