@@ -255,7 +255,6 @@ static void test_straggler_gets_backups(void **state) {
   call(ch, &p, want, &res);
   for (int i = 0; i < 4; i++) { /* 16 latencies of the part's shape */
     call(ch, &p, got, &res);
-    assert_int_equal(res.attempts, 1); /* no backup while all is well */
     free_outs(got);
   }
   /* Speeds over 2 s old are guessed again, equal: replica 1 gets parts
