@@ -250,12 +250,6 @@ static void log_call(cgs_call *c, const call_record *r) {
   cg_text_str(&t, r->computed
                       ? (r->path == CG_PATH_NATIVE ? "native" : "f32_convert")
                       : "-");
-  cg_text_str(&t, " check=");
-  cg_text_str(&t, !c->job_picked              ? "-"
-                  : c->job.recomputed         ? "recomputed"
-                  : c->job.rc == CG_EDATALOSS ? "failed"
-                  : c->job.checked            ? "passed"
-                                              : "-");
   cg_text_str(&t, " worker=");
   cg_text_str(&t, c->job_picked ? c->worker : "-");
   cg_text_str(&t, " status=");
@@ -264,6 +258,14 @@ static void log_call(cgs_call *c, const call_record *r) {
     cgs_log_value(msg, sizeof msg, c->msg);
     cg_text_str(&t, " msg=");
     cg_text_str(&t, msg);
+  }
+  /* Last, and only for a checked job, so that other lines keep their
+   * form. */
+  if (c->job_picked && (c->job.checked || c->job.rc == CG_EDATALOSS)) {
+    cg_text_str(&t, " check=");
+    cg_text_str(&t, c->job.recomputed           ? "recomputed"
+                    : c->job.rc == CG_EDATALOSS ? "failed"
+                                                : "passed");
   }
   cgs_log_str(level, line);
 }
