@@ -113,7 +113,7 @@ class EngineConfig(C.Structure):
 class RunInfo(C.Structure):
     _fields_ = [("path", C.c_int), ("cache_hit", C.c_int),
                 ("impl", C.c_char_p), ("compute_ms", C.c_double),
-                ("threads", C.c_int)]
+                ("threads", C.c_int), ("runs", C.c_uint64)]
 
 
 def load_library(path):
