@@ -835,6 +835,11 @@ size_t cg_engine_cache_size(const cg_engine *e) {
   return e ? e->cache.count : 0;
 }
 
+void cg_engine_forget_runs(cg_engine *e) {
+  for (cg__cache_entry *c = e ? e->cache.head : NULL; c; c = c->lru_next)
+    ((eng_entry *)c)->runs = 0;
+}
+
 /* A geom's spatial rank is checked before key_build reads its arrays. */
 static int rank_usable(const cg_geom *g) {
   return g && g->nsp >= 1 && g->nsp <= CG_MAX_SPATIAL;

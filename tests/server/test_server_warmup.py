@@ -27,6 +27,18 @@ def health(cli, target):
     return r.stdout.strip(), r.returncode
 
 
+def wait_log(log, needle):
+    """The server log's lines with needle, once there is one (5 s at most:
+    a call's line is written when it ends, after its answer)."""
+    for _ in range(50):
+        log.seek(0)
+        lines = [ln for ln in log.read().splitlines() if needle in ln]
+        if lines:
+            return lines
+        time.sleep(0.1)
+    return []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--server", required=True)
@@ -39,8 +51,10 @@ def main():
     with open(warm, "w") as f:
         f.write(HEAVY)
     log = open(os.path.join(tmp, "server.log"), "w+")
+    # One first run checked: the warm-up's runs must not use it up.
     proc = subprocess.Popen([args.server, "--listen", target, "--workers", "2",
-                             "--warmup", warm], stdout=subprocess.PIPE,
+                             "--warmup", warm, "--check-first-runs", "1",
+                             "--check-rate", "0"], stdout=subprocess.PIPE,
                             stderr=log, text=True)
     try:
         seen = []
@@ -66,6 +80,14 @@ def main():
                             "mb2ic8ih4oc4oh8kh4sh2ph1", "--check"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.stdout, r.stderr)
+        # A caller's first run of a warmed shape is checked all the same.
+        r = subprocess.run([args.cli, "run", "--target", target, "--op",
+                            "ConvolutionBackwardData", "--problem",
+                            "mb8ic64ih56oc64oh56kh3ph1"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        first = [ln for ln in wait_log(log, "op=ConvolutionBackwardData ")]
+        assert first and "check=passed" in first[0], first
         print("health during warm-up: %d x NOT_SERVING, then SERVING"
               % (len(seen) - 1))
     finally:

@@ -125,6 +125,12 @@ CG_EXPORT size_t cg_engine_release(cg_engine *e);
 /* Number of problems cached in e. */
 CG_EXPORT size_t cg_engine_cache_size(const cg_engine *e);
 
+/* Counts the runs of every problem cached in e from zero again, so that
+ * runs made for the engine's own sake (a server's warm-up, on zeroed
+ * inputs) do not use up a caller's first runs (cg_run_info.runs), which
+ * the result checks always verify. Not thread-safe for one e. */
+CG_EXPORT void cg_engine_forget_runs(cg_engine *e);
+
 /* 1 when a run of geom on e, with its current thread count, takes its
  * primitives from e's cache and creates none (a new problem's primitive
  * creation, oneDNN's JIT compile, cost 0.2-0.8 ms for a tiny one here,
