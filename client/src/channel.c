@@ -1,6 +1,8 @@
 /* channel.c - cgc_channel: options, target rewriting (HOST:PORT lists to
  * gRPC ipv4:/ipv6: address lists), the round_robin service config, and the
- * channel's life. Deadlines and retries are retry.c's. */
+ * channel's life, with its replicas' channels (cgc_options.replicas; what
+ * a call does over them is split.c's). Deadlines and retries are
+ * retry.c's. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -324,6 +326,95 @@ static int cgc__credentials(const cgc_options *o,
   return *out ? 0
               : cg_errorf(err, errlen, CG_EINVAL,
                           "TLS: grpc would not create credentials");
+}
+
+/* The addresses of an "ipv4:a,b" / "ipv6:a,b" target, one target each,
+ * into out (n of them); any other target counts once, as itself. */
+static int cgc__addresses(const char *target, char ***out, int *n) {
+  const char *scheme = NULL;
+  if (!strncmp(target, "ipv4:", 5))
+    scheme = "ipv4:";
+  else if (!strncmp(target, "ipv6:", 5))
+    scheme = "ipv6:";
+  const char *list = scheme ? target + 5 : target;
+  int count = 1;
+  for (const char *p = list; scheme && *p; p++)
+    count += *p == ',';
+  char **v = calloc((size_t)count, sizeof *v);
+  if (!v)
+    return CG_ENOMEM;
+  for (int i = 0; i < count; i++) {
+    size_t len = scheme ? strcspn(list, ",") : strlen(list);
+    size_t cap = len + 8;
+    if (!(v[i] = malloc(cap))) {
+      while (i-- > 0)
+        free(v[i]);
+      free(v);
+      return CG_ENOMEM;
+    }
+    snprintf(v[i], cap, "%s%.*s", scheme ? scheme : "", (int)len, list);
+    list += len + (list[len] == ',');
+  }
+  *out = v;
+  *n = count;
+  return 0;
+}
+
+/* Frees ch's replicas and the split's state (cgc_channel_free, or a
+ * cgc__replicas_new that failed half way). */
+static void cgc__replicas_free(cgc_channel *ch) {
+  if (!ch->opts.replicas)
+    return;
+  for (int i = 0; i < ch->nreplicas; i++)
+    cgc_channel_free(ch->replicas[i].ch);
+  free(ch->replicas);
+  free(ch->stats);
+  ch->replicas = NULL;
+  ch->stats = NULL;
+  ch->nreplicas = 0;
+  pthread_mutex_destroy(&ch->split_mu);
+}
+
+/* Creates ch's replicas, a channel each, from its (rewritten) target,
+ * and the split's state (split.c uses both); a no-op without
+ * cgc_options.replicas. Returns 0 or a CG_E* code with err. */
+static int cgc__replicas_new(cgc_channel *ch, char *err, size_t errlen) {
+  int n = ch->opts.replicas, naddr = 0, rc = 0;
+  char **addr = NULL;
+  if (n == 0)
+    return 0;
+  pthread_mutex_init(&ch->split_mu, NULL);
+  if ((rc = cgc__addresses(ch->target, &addr, &naddr)) != 0)
+    return cg_errorf(err, errlen, rc, "out of memory");
+  if (naddr > 1 && naddr != n) {
+    rc = cg_errorf(err, errlen, CG_EINVAL,
+                   "replicas: %d, but the target lists %d addresses", n, naddr);
+    goto out;
+  }
+  ch->replicas = calloc((size_t)n, sizeof *ch->replicas);
+  ch->stats = calloc(1, sizeof *ch->stats);
+  if (!ch->replicas || !ch->stats) {
+    rc = cg_errorf(err, errlen, CG_ENOMEM, "out of memory");
+    goto out;
+  }
+  /* A replica's own failures are the split's to handle at once, on
+   * another replica: one retry, for a connection that just dropped. */
+  cgc_options o = ch->opts;
+  o.replicas = 0;
+  o.retries = o.retries < 1 ? o.retries : 1;
+  for (int i = 0; i < n && !rc; i++) {
+    rc = cgc__channel_new(&ch->replicas[i].ch, addr[naddr > 1 ? i : 0], &o, 1,
+                          err, errlen);
+    if (!rc)
+      ch->nreplicas++;
+  }
+out:
+  for (int i = 0; i < naddr; i++)
+    free(addr[i]);
+  free(addr);
+  if (rc)
+    cgc__replicas_free(ch);
+  return rc;
 }
 
 int cgc_channel_new(cgc_channel **out, const char *target,

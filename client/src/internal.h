@@ -33,9 +33,9 @@ void cgc__call_cancel(cgc_call *c);
 #define CGC__REPLICAS_MAX 64
 #define CGC__PARTS_MAX 256
 
-/* One replica of a channel with cgc_options.replicas (split.c): its own
- * channel and what the split has measured of it, under the parent's
- * split_mu. */
+/* One replica of a channel with cgc_options.replicas: its own channel
+ * (made and freed by channel.c) and what the split has measured of it
+ * (split.c), under the parent's split_mu. */
 typedef struct cgc__replica {
   cgc_channel *ch;      /* owned */
   double ms_per_gflop;  /* server compute, a moving average; 0: unknown */
@@ -44,6 +44,24 @@ typedef struct cgc__replica {
   int outstanding;      /* parts and calls in flight on it */
   double down_until_ms; /* after a failure: picked only if all are down */
 } cgc__replica;
+
+/* What the split of a channel with replicas has measured (split.c),
+ * allocated with the replicas (channel.c), under split_mu: latencies
+ * kept per part shape, and shapes tracked. */
+#define CGC__LAT_RING 32
+#define CGC__LAT_SHAPES 32
+
+/* Latencies of the parts of one shape, for the hedge delay. */
+typedef struct cgc__lat {
+  uint64_t key; /* 0: free */
+  double ms[CGC__LAT_RING];
+  int n, next;
+} cgc__lat;
+
+struct cgc__split_stats {
+  uint64_t parts, hedges; /* sent so far: parts first sent, backups */
+  cgc__lat lat[CGC__LAT_SHAPES];
+};
 
 /* Completion queues kept for reuse: one per call in flight at the
  * channel's busiest, up to this many. */
@@ -302,13 +320,8 @@ int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
                  const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
                  cgc_result *res, cgc_status *st);
 
-/* split.c: creates ch's replicas from its (rewritten) target; a no-op
- * without cgc_options.replicas. Returns 0 or a CG_E* code with err. */
-int cgc__replicas_new(cgc_channel *ch, char *err, size_t errlen);
-/* Frees the replicas. */
-void cgc__replicas_free(cgc_channel *ch);
-/* A call on a channel with replicas: split along the minibatch when it
- * pays, else whole on the least loaded replica. As cgc__compute. */
+/* split.c: a call on a channel with replicas: split along the minibatch
+ * when it pays, else whole on the least loaded replica. As cgc__compute. */
 int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
                        void *const *into, const size_t *into_cap,
                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,

@@ -1,6 +1,7 @@
 /* split.c - one call over several replicas (cgc_options.replicas): each
- * replica has a channel of its own; a call large enough is cut along the
- * minibatch into parts, each sent as an asynchronous call of its own
+ * replica has a channel of its own (made and freed with the channel, in
+ * channel.c); a call large enough is cut along the minibatch into parts,
+ * each sent as an asynchronous call of its own
  * (cgc_call_start) to the replica that should finish it first, and put
  * back together: diff_src concatenated, diff_weights and diff_bias summed
  * in part order. A part whose replica fails goes to another one; a part
@@ -46,23 +47,8 @@
 #define CGC__POLL_MS 2
 /* Attempts of one part: the first, failovers, one hedge. */
 #define CGC__TRIES_MAX 4
-/* Latencies kept per part shape, and shapes tracked. */
-#define CGC__LAT_RING 32
+/* Latencies a shape needs before its parts get backups. */
 #define CGC__LAT_MIN 8
-#define CGC__LAT_SHAPES 32
-
-/* Latencies of the parts of one shape, for the hedge delay. */
-typedef struct cgc__lat {
-  uint64_t key; /* 0: free */
-  double ms[CGC__LAT_RING];
-  int n, next;
-} cgc__lat;
-
-struct cgc__split_stats {
-  uint64_t parts, hedges; /* sent so far: parts first sent, backups */
-  cgc__lat lat[CGC__LAT_SHAPES];
-};
-
 /* One attempt of a part. */
 typedef struct cgc__part_try {
   cgc_call *call; /* NULL once finished */
@@ -98,90 +84,6 @@ typedef struct cgc__plan {
 } cgc__plan;
 
 /* ---- replicas -------------------------------------------------------- */
-
-/* The addresses of an "ipv4:a,b" / "ipv6:a,b" target, one target each,
- * into out (n of them); any other target counts once, as itself. */
-static int cgc__addresses(const char *target, char ***out, int *n) {
-  const char *scheme = NULL;
-  if (!strncmp(target, "ipv4:", 5))
-    scheme = "ipv4:";
-  else if (!strncmp(target, "ipv6:", 5))
-    scheme = "ipv6:";
-  const char *list = scheme ? target + 5 : target;
-  int count = 1;
-  for (const char *p = list; scheme && *p; p++)
-    count += *p == ',';
-  char **v = calloc((size_t)count, sizeof *v);
-  if (!v)
-    return CG_ENOMEM;
-  for (int i = 0; i < count; i++) {
-    size_t len = scheme ? strcspn(list, ",") : strlen(list);
-    size_t cap = len + 8;
-    if (!(v[i] = malloc(cap))) {
-      while (i-- > 0)
-        free(v[i]);
-      free(v);
-      return CG_ENOMEM;
-    }
-    snprintf(v[i], cap, "%s%.*s", scheme ? scheme : "", (int)len, list);
-    list += len + (list[len] == ',');
-  }
-  *out = v;
-  *n = count;
-  return 0;
-}
-
-int cgc__replicas_new(cgc_channel *ch, char *err, size_t errlen) {
-  int n = ch->opts.replicas, naddr = 0, rc = 0;
-  char **addr = NULL;
-  if (n == 0)
-    return 0;
-  pthread_mutex_init(&ch->split_mu, NULL);
-  if ((rc = cgc__addresses(ch->target, &addr, &naddr)) != 0)
-    return cg_errorf(err, errlen, rc, "out of memory");
-  if (naddr > 1 && naddr != n) {
-    rc = cg_errorf(err, errlen, CG_EINVAL,
-                   "replicas: %d, but the target lists %d addresses", n, naddr);
-    goto out;
-  }
-  ch->replicas = calloc((size_t)n, sizeof *ch->replicas);
-  ch->stats = calloc(1, sizeof *ch->stats);
-  if (!ch->replicas || !ch->stats) {
-    rc = cg_errorf(err, errlen, CG_ENOMEM, "out of memory");
-    goto out;
-  }
-  /* A replica's own failures are the split's to handle at once, on
-   * another replica: one retry, for a connection that just dropped. */
-  cgc_options o = ch->opts;
-  o.replicas = 0;
-  o.retries = o.retries < 1 ? o.retries : 1;
-  for (int i = 0; i < n && !rc; i++) {
-    rc = cgc__channel_new(&ch->replicas[i].ch, addr[naddr > 1 ? i : 0], &o, 1,
-                          err, errlen);
-    if (!rc)
-      ch->nreplicas++;
-  }
-out:
-  for (int i = 0; i < naddr; i++)
-    free(addr[i]);
-  free(addr);
-  if (rc)
-    cgc__replicas_free(ch);
-  return rc;
-}
-
-void cgc__replicas_free(cgc_channel *ch) {
-  if (!ch->opts.replicas)
-    return;
-  for (int i = 0; i < ch->nreplicas; i++)
-    cgc_channel_free(ch->replicas[i].ch);
-  free(ch->replicas);
-  free(ch->stats);
-  ch->replicas = NULL;
-  ch->stats = NULL;
-  ch->nreplicas = 0;
-  pthread_mutex_destroy(&ch->split_mu);
-}
 
 /* Expected milliseconds of flops and bytes on replica r at now. A speed
  * and link measured more than CGC__STALE_MS ago count as the guesses
