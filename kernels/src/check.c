@@ -610,7 +610,12 @@ static int ctx_init(ck_ctx *c, const cg_geom *g, int threads, char *err,
       cg_dtype_size(g->dtype) == 0)
     return cg_errorf(err, errlen, CG_EINVAL, "check: invalid geometry");
   c->dt = g->dtype;
+#ifdef CG_CHECK_ONE_THREAD
+  (void)threads; /* a ThreadSanitizer build (kernels/CMakeLists.txt) */
+  c->threads = 1;
+#else
   c->threads = threads < 1 ? 1 : threads;
+#endif
   c->ktab = NULL;
   c->u_out = cg_dtype_epsilon(g->dtype);
   c->acc = LAMBDA * U_ACC;
