@@ -15,13 +15,15 @@
 #include "internal.h"
 
 struct cgc_call {
-  cgc__job *job;
-  cgc_call_end_fn notify; /* may be NULL */
+  const cgc__call_ops *ops; /* a Compute job's, or a split call's */
+  void *obj;
+  cgc__call_whole_fn on_whole; /* may be NULL */
+  cgc_call_end_fn notify;      /* may be NULL */
   void *notify_arg;
   pthread_mutex_t mu;
   pthread_cond_t changed; /* an output became whole, or the call ended */
   unsigned whole;         /* outputs whole so far */
-  int ended;              /* the job's result is final */
+  int ended;              /* the call's result is final */
 };
 
 /* One thread drives the queue: a call's events are handled one at a time
@@ -85,17 +87,17 @@ void cgc__engine_close(cgc__engine *e) {
   pthread_mutex_destroy(&e->mu);
 }
 
-/* Told by the call, on the engine's thread, of each output that became
- * whole. */
-static void cgc__call_whole(void *arg, unsigned whole) {
+void cgc__call_whole(void *arg, unsigned whole) {
   cgc_call *c = arg;
   pthread_mutex_lock(&c->mu);
   c->whole = whole;
   pthread_cond_broadcast(&c->changed);
+  if (c->on_whole)
+    c->on_whole(c, c->notify_arg, whole);
   pthread_mutex_unlock(&c->mu);
 }
 
-static void cgc__call_ended(void *arg) {
+void cgc__call_ended(void *arg) {
   cgc_call *c = arg;
   /* Read before the call is marked ended: from then on a waiter may
    * finish and free it. */
@@ -111,51 +113,66 @@ static void cgc__call_ended(void *arg) {
   pthread_mutex_unlock(&c->mu);
 }
 
-int cgc_call_start_notify(cgc_channel *ch, const cgc_request *req,
-                          void *const data[CG_GRAD_COUNT],
-                          const size_t cap[CG_GRAD_COUNT],
-                          cgc_call_end_fn notify, void *arg, cgc_call **out,
-                          cgc_status *st) {
+cgc_call *cgc__call_new(const cgc__call_ops *ops, void *obj,
+                        cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
+                        void *arg) {
+  cgc_call *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->ops = ops;
+  c->obj = obj;
+  c->on_whole = on_whole;
+  c->notify = notify;
+  c->notify_arg = arg;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->changed, NULL);
+  return c;
+}
+
+static unsigned cgc__job_ops_wants(const void *j) {
+  return cgc__job_wants(j);
+}
+static int cgc__job_ops_result(void *j, cgc_result *res, cgc_status *st) {
+  return cgc__job_result(j, res, st);
+}
+static void cgc__job_ops_take(void *j, cgc_tensor *out[CG_GRAD_COUNT]) {
+  cgc__job_take(j, out);
+}
+static void cgc__job_ops_free(void *j) {
+  cgc__job_free(j);
+}
+static void cgc__job_ops_cancel(void *j) {
+  cgc__job_cancel(j);
+}
+static const cgc__call_ops cgc__job_ops = {
+    cgc__job_ops_wants, cgc__job_ops_result, cgc__job_ops_take,
+    cgc__job_ops_free, cgc__job_ops_cancel};
+
+int cgc__call_start(cgc_channel *ch, const cgc_request *req,
+                    void *const data[CG_GRAD_COUNT],
+                    const size_t cap[CG_GRAD_COUNT],
+                    cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
+                    void *arg, cgc_call **out, cgc_status *st) {
   cgc__job *job;
   *out = NULL;
   int rc = cgc__job_new(&job, ch, req, data, cap, st);
   if (rc)
     return rc;
-  unsigned wants = cgc__job_wants(job);
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if ((wants & CG_GRAD_BIT(g)) && !data[g]) {
-      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
-                      "data[%d]: NULL buffer for %s", g,
-                      cg_grad_name((cg_grad)g));
-      cgc__job_free(job);
-      return CG_EINVAL;
-    }
   grpc_completion_queue *cq = cgc__engine_cq(ch, st);
-  cgc_call *c = cq ? calloc(1, sizeof *c) : NULL;
+  cgc_call *c =
+      cq ? cgc__call_new(&cgc__job_ops, job, on_whole, notify, arg) : NULL;
   if (!c) {
     cgc__job_free(job);
     if (cq)
       cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return CG_ENOMEM;
   }
-  c->job = job;
-  c->notify = notify;
-  c->notify_arg = arg;
-  pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->changed, NULL);
   *out = c;
   cgc__status_ok(st);
   /* The call may end, and be told so, before this returns. */
   cgc__job_start(job, cq, cgc__deadline(ch, req->deadline_ms), cgc__call_whole,
                  cgc__call_ended, c);
   return 0;
-}
-
-int cgc_call_start(cgc_channel *ch, const cgc_request *req,
-                   void *const data[CG_GRAD_COUNT],
-                   const size_t cap[CG_GRAD_COUNT], cgc_call **out,
-                   cgc_status *st) {
-  return cgc_call_start_notify(ch, req, data, cap, NULL, NULL, out, st);
 }
 
 /* c->mu held: 1 once the outputs in grads are whole or the call ended. */
@@ -165,7 +182,7 @@ static int cgc__call_settled(const cgc_call *c, unsigned grads) {
 
 int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
                   cgc_status *st) {
-  unsigned wants = cgc__job_wants(c->job);
+  unsigned wants = c->ops->wants(c->obj);
   grads = grads ? grads & wants : wants;
   struct timespec until;
   if (timeout_ms >= 0) {
@@ -185,7 +202,7 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
   if ((c->whole & grads) == grads)
     rc = 0;
   else if (c->ended) {
-    rc = cgc__job_result(c->job, NULL, st);
+    rc = c->ops->result(c->obj, NULL, st);
     if (!rc)
       rc = CGC_EPROTO; /* ended well without an output */
   } else {
@@ -200,7 +217,7 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
 }
 
 void cgc__call_cancel(cgc_call *c) {
-  cgc__job_cancel(c->job);
+  c->ops->cancel(c->obj);
 }
 
 int cgc_call_done(cgc_call *c) {
@@ -217,17 +234,17 @@ int cgc_call_finish(cgc_call *c, cgc_tensor out[CG_GRAD_COUNT], cgc_result *res,
   while (!c->ended)
     pthread_cond_wait(&c->changed, &c->mu);
   pthread_mutex_unlock(&c->mu);
-  int rc = cgc__job_result(c->job, res, st);
+  int rc = c->ops->result(c->obj, res, st);
   memset(out, 0, CG_GRAD_COUNT * sizeof *out);
   if (!rc) {
-    cgc__job_take(c->job, outs);
+    c->ops->take(c->obj, outs);
     for (int g = 0; g < CG_GRAD_COUNT; g++)
       if (outs[g]) {
         out[g] = *outs[g];
         free(outs[g]); /* the struct; the data is the caller's */
       }
   }
-  cgc__job_free(c->job);
+  c->ops->free(c->obj);
   pthread_cond_destroy(&c->changed);
   pthread_mutex_destroy(&c->mu);
   free(c);

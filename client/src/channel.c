@@ -365,6 +365,7 @@ static int cgc__addresses(const char *target, char ***out, int *n) {
 static void cgc__replicas_free(cgc_channel *ch) {
   if (!ch->opts.replicas)
     return;
+  cgc__split_close(ch);
   for (int i = 0; i < ch->nreplicas; i++)
     cgc_channel_free(ch->replicas[i].ch);
   free(ch->replicas);

@@ -26,8 +26,41 @@ typedef struct cgc__engine {
 void cgc__engine_init(cgc__engine *e);
 /* Ends the engine's thread and queue (no call may be in flight). */
 void cgc__engine_close(cgc__engine *e);
-/* Cancels c (cgc__job_cancel); it must still be finished. */
+/* Cancels c, a call of cgc__call_start (cgc__job_cancel); it must still
+ * be finished. */
 void cgc__call_cancel(cgc_call *c);
+
+/* What a cgc_call runs, behind cgc_call_wait and cgc_call_finish: one
+ * Compute job (async.c) or a call split over replicas (split.c). */
+typedef struct cgc__call_ops {
+  unsigned (*wants)(const void *obj); /* the outputs asked for */
+  /* The ended call's code, result and status (res and st may be NULL). */
+  int (*result)(void *obj, cgc_result *res, cgc_status *st);
+  /* Hands over the outputs of a call that ended with 0 (structs owned by
+   * the taker, data in the caller's buffers). */
+  void (*take)(void *obj, cgc_tensor *out[CG_GRAD_COUNT]);
+  void (*free)(void *obj);
+  void (*cancel)(void *obj); /* NULL: the call cannot be cancelled */
+} cgc__call_ops;
+/* Hears that outputs of c became whole (whole: all so far), on the
+ * thread that drives c, holding c's lock (as cgc_call_end_fn). */
+typedef void (*cgc__call_whole_fn)(cgc_call *c, void *arg, unsigned whole);
+/* A call running obj, told of its outputs by cgc__call_whole and of its
+ * end by cgc__call_ended (arg: the call); on_whole and notify (may be
+ * NULL) hear of them with arg. NULL when out of memory. */
+cgc_call *cgc__call_new(const cgc__call_ops *ops, void *obj,
+                        cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
+                        void *arg);
+void cgc__call_whole(void *c, unsigned whole); /* a cgc__whole_fn */
+void cgc__call_ended(void *c);                 /* a cgc__end_fn */
+/* cgc_call_start_notify on ch's one server (a channel without replicas,
+ * or one replica's), with on_whole (may be NULL) told of the outputs as
+ * they become whole. data[g] must be set for each output asked for. */
+int cgc__call_start(cgc_channel *ch, const cgc_request *req,
+                    void *const data[CG_GRAD_COUNT],
+                    const size_t cap[CG_GRAD_COUNT],
+                    cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
+                    void *arg, cgc_call **out, cgc_status *st);
 
 /* Bounds of cgc_options.replicas and split_parts. */
 #define CGC__REPLICAS_MAX 64
@@ -58,9 +91,22 @@ typedef struct cgc__lat {
   int n, next;
 } cgc__lat;
 
+typedef struct cgc__split cgc__split;
+
 struct cgc__split_stats {
   uint64_t parts, hedges; /* sent so far: parts first sent, backups */
   cgc__lat lat[CGC__LAT_SHAPES];
+  /* The thread that drives the channel's split calls (split.c), started
+   * with the first, and the calls it drives. */
+  cgc__split *active;
+  pthread_t driver;
+  int driver_on, stop;
+  /* Counts what the replicas' engine threads tell of the parts (outputs
+   * whole, calls ended): they hold a part's call lock, so they take
+   * this lock, never split_mu. Made with the driver. */
+  pthread_mutex_t ev_mu;
+  pthread_cond_t ev;
+  unsigned events;
 };
 
 /* Completion queues kept for reuse: one per call in flight at the
@@ -326,6 +372,14 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
                        void *const *into, const size_t *into_cap,
                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
                        cgc_status *st);
+/* cgc_call_start_notify on a channel with replicas: split as above, its
+ * parts driven by the channel's split thread, or whole on one replica. */
+int cgc__split_start(cgc_channel *ch, const cgc_request *req,
+                     void *const data[CG_GRAD_COUNT],
+                     const size_t cap[CG_GRAD_COUNT], cgc_call_end_fn notify,
+                     void *arg, cgc_call **out, cgc_status *st);
+/* Ends the split thread of ch (no call in flight): cgc_channel_free. */
+void cgc__split_close(cgc_channel *ch);
 
 /* region.c: shared-memory regions. */
 

@@ -16,6 +16,7 @@
  * into buffers of its own, so that a backup and the attempt it races never
  * write into the same bytes. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,15 +50,22 @@
 #define CGC__TRIES_MAX 4
 /* Latencies a shape needs before its parts get backups. */
 #define CGC__LAT_MIN 8
+typedef struct cgc__part cgc__part;
+
 /* One attempt of a part. */
 typedef struct cgc__part_try {
   cgc_call *call; /* NULL once finished */
+  cgc__split *split;
+  cgc__part *part;
   int replica;
   double t0;
   void *buf; /* every output of the part, one allocation, owned */
+  /* Told by the replica's engine thread, under the stats' ev_mu. */
+  unsigned whole;
+  int ended;
 } cgc__ptry;
 
-typedef struct cgc__part {
+struct cgc__part {
   int64_t row0, rows;
   cgc_request req; /* views into the caller's inputs */
   int64_t dst_shape[CG_MAX_RANK], shape_in[CG_MAX_RANK];
@@ -68,9 +76,10 @@ typedef struct cgc__part {
   int ntries, live;
   int won; /* 1 + the try that completed, 0 while none has */
   int hedged;
+  int src_placed; /* its diff_src rows are in the call's diff_src */
   cgc_tensor out[CG_GRAD_COUNT];
   cgc_result res;
-} cgc__part;
+};
 
 /* What a split call knows of its request. */
 typedef struct cgc__plan {
@@ -301,11 +310,19 @@ static uint64_t cgc__shape_key(const cgc_request *r) {
 static void cgc__part_init(const cgc__plan *plan, const cgc_request *req, int k,
                            cgc__part *pt) {
   const cg_layer *l = &plan->layer;
+  pt->req = *req;
+  pt->req.deadline_ms = 0; /* set when sent */
+  pt->key = cgc__shape_key(&pt->req);
+  pt->rows = plan->mb;
+  pt->flops = (double)cg_layer_flops(l);
+  pt->bytes = plan->part_out_bytes;
+  for (int i = 0; i < l->ninputs && i < 3; i++)
+    pt->bytes += l->in_bytes[i];
+  if (plan->nparts == 1) /* the call whole, staged inputs and all */
+    return;
   int64_t base = plan->mb / plan->nparts, extra = plan->mb % plan->nparts;
   pt->rows = base + (k < extra);
   pt->row0 = base * k + (k < extra ? k : extra);
-  pt->req = *req;
-  pt->req.deadline_ms = 0; /* set when sent */
   for (int i = 0; i < 3; i++) {
     cgc_tensor_view *v = &pt->req.inputs[i];
     if (!plan->data_in[i])
@@ -330,7 +347,7 @@ static void cgc__part_init(const cgc__plan *plan, const cgc_request *req, int k,
     pt->req.shape_input.v = pt->shape_in;
   }
   double share = (double)pt->rows / (double)plan->mb;
-  pt->flops = (double)cg_layer_flops(l) * share;
+  pt->flops *= share;
   pt->bytes = 0;
   for (int i = 0; i < l->ninputs && i < 3; i++)
     pt->bytes += plan->data_in[i] ? (size_t)((double)l->in_bytes[i] * share)
@@ -341,41 +358,70 @@ static void cgc__part_init(const cgc__plan *plan, const cgc_request *req, int k,
 
 /* ---- running the parts ---------------------------------------------- */
 
-/* State of one split call while its parts run. */
-typedef struct cgc__run {
+/* A split call: its plan, its parts, and the caller's buffers its
+ * outputs go to. Owned by its cgc_call (cgc__split_ops); once started it
+ * is driven by the channel's split thread, under split_mu. */
+struct cgc__split {
   cgc_channel *ch;
-  const cgc__plan *plan;
+  cgc__plan plan;
   cgc__part *parts;
-  double deadline; /* cgc__now_ms() clock */
-  int left;        /* parts without a winner */
-  int rc;          /* the first permanent failure */
+  void *dst[CG_GRAD_COUNT]; /* the caller's buffers */
+  size_t cap[CG_GRAD_COUNT];
+  double t0, deadline; /* cgc__now_ms() clock */
+  int left;            /* parts without a winner */
+  int src_left;        /* parts whose diff_src rows are not in dst */
+  unsigned whole;      /* outputs whole in dst */
+  int over;            /* every part won, or the call failed */
+  int rc;              /* the first permanent failure */
   cgc_status st;
-  /* Told by the engine's thread of each attempt that ended. */
-  pthread_mutex_t ev_mu;
-  pthread_cond_t ev;
-  unsigned ended;
-} cgc__run;
+  cgc_result res;
+  cgc_tensor *out[CG_GRAD_COUNT]; /* made at the end, for cgc_call_finish */
+  cgc_call *call;
+  cgc__split *next; /* in the channel's active list */
+};
 
-/* cgc_call_start_notify's listener: wakes the split call. */
-static void cgc__on_try_end(cgc_call *c, void *arg) {
-  cgc__run *run = arg;
+/* What a part's call tells, on its replica's engine thread. */
+static void cgc__tell(cgc__ptry *t, unsigned whole, int ended) {
+  struct cgc__split_stats *s = t->split->ch->stats;
+  pthread_mutex_lock(&s->ev_mu);
+  t->whole |= whole;
+  t->ended |= ended;
+  s->events++;
+  pthread_cond_signal(&s->ev);
+  pthread_mutex_unlock(&s->ev_mu);
+}
+
+static void cgc__on_try_whole(cgc_call *c, void *arg, unsigned whole) {
   (void)c;
-  pthread_mutex_lock(&run->ev_mu);
-  run->ended++;
-  pthread_cond_signal(&run->ev);
-  pthread_mutex_unlock(&run->ev_mu);
+  cgc__tell(arg, whole, 0);
+}
+
+static void cgc__on_try_end(cgc_call *c, void *arg) {
+  (void)c;
+  cgc__tell(arg, 0, 1);
+}
+
+/* Where output g of attempt t of pt lands: the caller's buffer for the
+ * first attempt of a call that goes whole (no other attempt runs beside
+ * it until it is given up), else the attempt's own buffer. */
+static void *cgc__try_out(const cgc__split *s, const cgc__ptry *t, int g) {
+  return t->buf ? (char *)t->buf + s->plan.off[g] : s->dst[g];
 }
 
 /* Starts an attempt of part pt on replica r, deadline_ms from now.
  * split_mu held. Returns 0 or the start's failure with st filled. */
-static int cgc__try_start(cgc__run *run, cgc__part *pt, int r,
+static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
                           int64_t deadline_ms, cgc_status *st) {
-  cgc_channel *ch = run->ch;
-  const cgc__plan *plan = run->plan;
+  cgc_channel *ch = s->ch;
+  const cgc__plan *plan = &s->plan;
   cgc__ptry *t = &pt->tries[pt->ntries];
   void *data[CG_GRAD_COUNT] = {NULL};
   size_t cap[CG_GRAD_COUNT] = {0};
-  if (posix_memalign(&t->buf, 64,
+  memset(t, 0, sizeof *t);
+  t->split = s;
+  t->part = pt;
+  if ((plan->nparts > 1 || pt->ntries > 0) &&
+      posix_memalign(&t->buf, 64,
                      plan->part_out_bytes ? plan->part_out_bytes : 64) != 0) {
     t->buf = NULL;
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
@@ -385,14 +431,17 @@ static int cgc__try_start(cgc__run *run, cgc__part *pt, int r,
   }
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (plan->wants & CG_GRAD_BIT(g)) {
-      data[g] = (char *)t->buf + plan->off[g];
-      cap[g] = g == CG_GRAD_DIFF_SRC ? plan->layer.out_bytes[g] /
-                                           (size_t)plan->mb * (size_t)pt->rows
-                                     : plan->layer.out_bytes[g];
+      data[g] = cgc__try_out(s, t, g);
+      if (!t->buf)
+        cap[g] = s->cap[g];
+      else if (g == CG_GRAD_DIFF_SRC && plan->nparts > 1)
+        cap[g] = plan->layer.out_bytes[g] / (size_t)plan->mb * (size_t)pt->rows;
+      else
+        cap[g] = plan->layer.out_bytes[g];
     }
   pt->req.deadline_ms = deadline_ms > 0 ? deadline_ms : 1;
-  int rc = cgc_call_start_notify(ch->replicas[r].ch, &pt->req, data, cap,
-                                 cgc__on_try_end, run, &t->call, st);
+  int rc = cgc__call_start(ch->replicas[r].ch, &pt->req, data, cap,
+                           cgc__on_try_whole, cgc__on_try_end, t, &t->call, st);
   if (rc) {
     free(t->buf);
     t->buf = NULL;
@@ -408,9 +457,9 @@ static int cgc__try_start(cgc__run *run, cgc__part *pt, int r,
 }
 
 /* Cancels the attempts of pt still running and finishes them, so that
- * none outlives the call (they borrow its request and the caller's
- * inputs). The server counts each as CANCELLED. split_mu held; released
- * while waiting. */
+ * none outlives the call (they borrow its request, the caller's inputs
+ * and maybe its buffers). The server counts each as CANCELLED. split_mu
+ * held; released while waiting. */
 static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
   for (int i = 0; i < pt->ntries; i++) {
     cgc__ptry *t = &pt->tries[i];
@@ -425,8 +474,6 @@ static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
     cgc_call_finish(call, out, NULL, NULL);
     pthread_mutex_lock(&ch->split_mu);
     ch->replicas[t->replica].outstanding--;
-    free(t->buf);
-    t->buf = NULL;
   }
 }
 
@@ -448,19 +495,38 @@ static int cgc__retryable(int rc, const cgc_status *st) {
   }
 }
 
-/* Ends attempt i of part pt, which is done; split_mu held. */
-static void cgc__try_end(cgc__run *run, cgc__part *pt, int i) {
-  cgc_channel *ch = run->ch;
+/* Part pt's diff_src rows, whole in attempt t, into the caller's
+ * diff_src (once: they are final from then on); the call's diff_src is
+ * whole once every part's is. split_mu held. */
+static void cgc__place_src(cgc__split *s, cgc__part *pt, const cgc__ptry *t) {
+  const int g = CG_GRAD_DIFF_SRC;
+  size_t row = s->plan.mb ? s->plan.layer.out_bytes[g] / (size_t)s->plan.mb : 0;
+  void *to = (char *)s->dst[g] + row * (size_t)pt->row0;
+  const void *from = cgc__try_out(s, t, g);
+  if (from != to)
+    memcpy(to, from, row * (size_t)pt->rows);
+  pt->src_placed = 1;
+  if (--s->src_left == 0) {
+    s->whole |= CG_GRAD_BIT(g);
+    cgc__call_whole(s->call, s->whole);
+  }
+}
+
+/* Ends attempt i of part pt, which is done; split_mu held, released
+ * while it is finished. */
+static void cgc__try_end(cgc__split *s, cgc__part *pt, int i) {
+  cgc_channel *ch = s->ch;
   cgc__ptry *t = &pt->tries[i];
   cgc_tensor out[CG_GRAD_COUNT];
   cgc_result res;
   cgc_status st;
   double now = cgc__now_ms();
-  pthread_mutex_unlock(&ch->split_mu);
-  int rc = cgc_call_finish(t->call, out, &res, &st);
-  pthread_mutex_lock(&ch->split_mu);
+  cgc_call *call = t->call;
   t->call = NULL;
   pt->live--;
+  pthread_mutex_unlock(&ch->split_mu);
+  int rc = cgc_call_finish(call, out, &res, &st);
+  pthread_mutex_lock(&ch->split_mu);
   cgc__replica *r = &ch->replicas[t->replica];
   r->outstanding--;
   if (rc == 0) {
@@ -472,183 +538,462 @@ static void cgc__try_end(cgc__run *run, cgc__part *pt, int i) {
     pt->won = i + 1;
     memcpy(pt->out, out, sizeof out);
     pt->res = res;
-    run->left--;
+    s->left--;
     cgc__give_up(ch, pt); /* a hedge or the first, still running */
+    if ((s->plan.wants & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) && !pt->src_placed)
+      cgc__place_src(s, pt, t);
     return;
   }
-  free(t->buf);
-  t->buf = NULL;
-  if (run->rc)
+  if (s->rc)
     return;
   if (cgc__retryable(rc, &st))
     r->down_until_ms = now + CGC__DOWN_MS;
   if (cgc__retryable(rc, &st) && pt->live == 0 && pt->ntries < CGC__TRIES_MAX &&
-      now < run->deadline) {
+      now < s->deadline) {
     int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, t->replica, now);
-    if (cgc__try_start(run, pt, to, (int64_t)(run->deadline - now), &st) == 0)
+    if (cgc__try_start(s, pt, to, (int64_t)(s->deadline - now), &st) == 0)
       return;
   }
   if (pt->live == 0) { /* nothing left to wait for */
-    run->rc = rc;
-    run->st = st;
+    s->rc = rc;
+    s->st = st;
   }
+}
+
+/* 1 when part pt may get a backup: one attempt running, none won, the
+ * budget not spent. split_mu held. */
+static int cgc__may_hedge(const cgc__split *s, const cgc__part *pt) {
+  const cgc_channel *ch = s->ch;
+  const struct cgc__split_stats *ss = ch->stats;
+  return ch->opts.hedge_budget > 0 && !pt->hedged && !pt->won &&
+         pt->live == 1 && ch->nreplicas > 1 && pt->ntries < CGC__TRIES_MAX &&
+         (double)(ss->hedges + 1) <= ch->opts.hedge_budget * (double)ss->parts;
+}
+
+/* When pt should get a backup (cgc__now_ms() clock), or INFINITY. */
+static double cgc__hedge_at(cgc__split *s, const cgc__part *pt) {
+  if (!cgc__may_hedge(s, pt))
+    return INFINITY;
+  double after = cgc__hedge_after(s->ch->stats, pt->key);
+  return after < 0 ? INFINITY : pt->tries[pt->ntries - 1].t0 + after;
 }
 
 /* Sends a backup of pt, which has run past its shape's 95th percentile,
  * to another replica, within the hedge budget; split_mu held. */
-static void cgc__maybe_hedge(cgc__run *run, cgc__part *pt, double now) {
-  cgc_channel *ch = run->ch;
-  struct cgc__split_stats *s = ch->stats;
-  if (pt->hedged || pt->won || pt->live != 1 || ch->nreplicas < 2 ||
-      pt->ntries >= CGC__TRIES_MAX ||
-      (double)(s->hedges + 1) > ch->opts.hedge_budget * (double)s->parts)
+static void cgc__maybe_hedge(cgc__split *s, cgc__part *pt, double now) {
+  if (now < cgc__hedge_at(s, pt))
     return;
+  cgc_channel *ch = s->ch;
   const cgc__ptry *first = &pt->tries[pt->ntries - 1];
-  double after = cgc__hedge_after(s, pt->key);
-  if (after < 0 || now - first->t0 < after)
-    return;
   int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, first->replica, now);
   cgc_status st;
   if (to != first->replica &&
-      cgc__try_start(run, pt, to, (int64_t)(run->deadline - now), &st) == 0) {
+      cgc__try_start(s, pt, to, (int64_t)(s->deadline - now), &st) == 0) {
     pt->hedged = 1;
-    s->hedges++;
+    ch->stats->hedges++;
   }
 }
 
-/* Runs every part to a winner or a permanent failure; split_mu held.
- * Sleeps until an attempt ends, or CGC__POLL_MS for the hedge delays. */
-static void cgc__run_parts(cgc__run *run) {
-  cgc_channel *ch = run->ch;
-  while (run->left > 0 && !run->rc) {
-    pthread_mutex_lock(&run->ev_mu);
-    unsigned seen = run->ended;
-    pthread_mutex_unlock(&run->ev_mu);
-    int progressed = 0;
-    double now = cgc__now_ms();
-    for (int k = 0; k < run->plan->nparts && !run->rc; k++) {
-      cgc__part *pt = &run->parts[k];
-      for (int i = 0; i < pt->ntries; i++)
-        if (pt->tries[i].call && cgc_call_done(pt->tries[i].call)) {
-          cgc__try_end(run, pt, i);
-          progressed = 1;
-        }
-      if (ch->opts.hedge_budget > 0)
-        cgc__maybe_hedge(run, pt, now);
+/* Takes in what the parts' calls told since the last step: diff_src rows
+ * placed, ended attempts finished (failovers started), backups sent.
+ * Returns 1 once every part has won or the call failed. split_mu held,
+ * released while attempts are finished. */
+static int cgc__step(cgc__split *s, double now) {
+  struct cgc__split_stats *ss = s->ch->stats;
+  int src = (s->plan.wants & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) != 0;
+  for (int k = 0; k < s->plan.nparts && !s->rc; k++) {
+    cgc__part *pt = &s->parts[k];
+    for (int i = 0; i < pt->ntries && !s->rc; i++) {
+      cgc__ptry *t = &pt->tries[i];
+      if (!t->call)
+        continue;
+      pthread_mutex_lock(&ss->ev_mu);
+      unsigned whole = t->whole;
+      int ended = t->ended;
+      pthread_mutex_unlock(&ss->ev_mu);
+      if (src && !pt->src_placed && (whole & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)))
+        cgc__place_src(s, pt, t);
+      if (ended)
+        cgc__try_end(s, pt, i);
     }
-    if (progressed)
-      continue;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += CGC__POLL_MS * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_unlock(&ch->split_mu);
-    pthread_mutex_lock(&run->ev_mu);
-    if (run->ended == seen)
-      pthread_cond_timedwait(&run->ev, &run->ev_mu, &until);
-    pthread_mutex_unlock(&run->ev_mu);
-    pthread_mutex_lock(&ch->split_mu);
+    if (!s->rc)
+      cgc__maybe_hedge(s, pt, now);
   }
+  return s->rc || s->left == 0;
+}
+
+/* The earliest backup any part of s is due, or INFINITY. */
+static double cgc__next_hedge(cgc__split *s) {
+  double at = INFINITY;
+  for (int k = 0; k < s->plan.nparts; k++) {
+    double h = cgc__hedge_at(s, &s->parts[k]);
+    at = h < at ? h : at;
+  }
+  return at;
 }
 
 /* ---- putting the parts together ------------------------------------- */
 
 /* diff_weights or diff_bias of every part, summed in part order into dst
  * (n elements of dt): f32 in f32, bf16 and f16 in f32 rounded once. */
-static void cgc__sum(const cgc__run *run, int g, cg_dtype dt, size_t n,
+static void cgc__sum(const cgc__split *s, int g, cg_dtype dt, size_t n,
                      void *dst) {
-  const cgc__plan *plan = run->plan;
+  const cgc__plan *plan = &s->plan;
   if (dt == CG_DTYPE_F32) {
     float *d = dst;
-    memcpy(d, run->parts[0].out[g].data, n * sizeof(float));
+    memcpy(d, s->parts[0].out[g].data, n * sizeof(float));
     for (int k = 1; k < plan->nparts; k++) {
-      const float *s = run->parts[k].out[g].data;
+      const float *src = s->parts[k].out[g].data;
       for (size_t i = 0; i < n; i++)
-        d[i] += s[i];
+        d[i] += src[i];
     }
     return;
   }
   for (size_t i = 0; i < n; i++) {
-    float acc = cg_load_f32(dt, run->parts[0].out[g].data, i);
+    float acc = cg_load_f32(dt, s->parts[0].out[g].data, i);
     for (int k = 1; k < plan->nparts; k++)
-      acc += cg_load_f32(dt, run->parts[k].out[g].data, i);
+      acc += cg_load_f32(dt, s->parts[k].out[g].data, i);
     cg_store_f32(dt, dst, i, acc);
   }
 }
 
-/* The outputs of the parts into out[g]: into[g] when given, else a new
- * allocation. Returns 0 or a CG_E* code with st filled. */
-static int cgc__assemble(const cgc__run *run, void *const *into,
-                         const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
-                         cgc_status *st) {
-  const cgc__plan *plan = run->plan;
+/* The outputs of the parts into the caller's buffers and s->out (diff_src
+ * is there already). Returns 0 or CG_ENOMEM with st filled. */
+static int cgc__assemble(cgc__split *s, cgc_status *st) {
+  const cgc__plan *plan = &s->plan;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!(plan->wants & CG_GRAD_BIT(g)))
       continue;
-    const cgc_tensor *first = &run->parts[0].out[g];
-    size_t n = plan->layer.out_bytes[g];
+    const cgc_tensor *first = &s->parts[0].out[g];
+    size_t n = plan->nparts > 1 ? plan->layer.out_bytes[g] : first->nbytes;
     cgc_tensor *t = calloc(1, sizeof *t);
-    void *data = into && into[g] ? into[g] : NULL;
-    if (data && into_cap[g] < n) {
-      free(t);
-      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                      "%s: the result needs %zu bytes, the buffer holds %zu",
-                      cg_grad_name((cg_grad)g), n, into_cap[g]);
-      return CG_ELIMIT;
-    }
-    if (!t || (!data && posix_memalign(&data, 64, (n + 63) & ~(size_t)63))) {
-      free(t);
-      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                      "out of memory for a %zu-byte result", n);
+    if (!t) {
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
       return CG_ENOMEM;
     }
     *t = *first;
-    t->data = data;
+    t->data = s->dst[g];
     t->nbytes = n;
-    out[g] = t;
+    s->out[g] = t;
     if (g == CG_GRAD_DIFF_SRC) {
-      /* The minibatch is the outermost dim in NCX and NXC alike. */
-      t->dims[0] = plan->mb;
-      size_t row = n / (size_t)plan->mb;
-      for (int k = 0; k < plan->nparts; k++)
-        memcpy((char *)data + row * (size_t)run->parts[k].row0,
-               run->parts[k].out[g].data, row * (size_t)run->parts[k].rows);
-    } else {
-      cgc__sum(run, g, first->dtype, plan->layer.out_elems[g], data);
-    }
+      if (plan->nparts > 1) /* the outermost dim in NCX and NXC alike */
+        t->dims[0] = plan->mb;
+    } else if (plan->nparts > 1)
+      cgc__sum(s, g, first->dtype, plan->layer.out_elems[g], s->dst[g]);
+    else if (first->data != s->dst[g])
+      memcpy(s->dst[g], first->data, n);
   }
   return 0;
 }
 
 /* The call's figures from its parts': server times summed, the wall
  * time, bytes and attempts of all. */
-static void cgc__result(const cgc__run *run, double t0, cgc_result *res) {
-  memset(res, 0, sizeof *res);
-  *res = run->parts[0].res;
+static void cgc__result(cgc__split *s) {
+  cgc_result *res = &s->res;
+  *res = s->parts[0].res;
   res->compute_ms = res->queue_ms = 0;
   res->bytes_sent = res->bytes_received = 0;
   res->upload_ms = res->download_ms = 0;
   memset(res->output_compute_ms, 0, sizeof res->output_compute_ms);
   res->attempts = 1; /* and one more for each failover or hedge */
-  for (int k = 0; k < run->plan->nparts; k++) {
-    const cgc_result *p = &run->parts[k].res;
+  for (int k = 0; k < s->plan.nparts; k++) {
+    const cgc_result *p = &s->parts[k].res;
     res->compute_ms += p->compute_ms;
     res->queue_ms = p->queue_ms > res->queue_ms ? p->queue_ms : res->queue_ms;
     res->bytes_sent += p->bytes_sent;
     res->bytes_received += p->bytes_received;
     for (int g = 0; g < CG_GRAD_COUNT; g++)
       res->output_compute_ms[g] += p->output_compute_ms[g];
-    res->attempts += run->parts[k].ntries - 1;
+    res->attempts += s->parts[k].ntries - 1;
   }
-  res->total_ms = cgc__now_ms() - t0;
-  snprintf(res->worker, sizeof res->worker, "%d parts", run->plan->nparts);
+  res->total_ms = cgc__now_ms() - s->t0;
+  if (s->plan.nparts > 1)
+    snprintf(res->worker, sizeof res->worker, "%d parts", s->plan.nparts);
+}
+
+/* Ends s, over: the attempts still running given up, and on success the
+ * outputs put together. split_mu held, released while waiting. */
+static void cgc__finish(cgc__split *s) {
+  for (int k = 0; k < s->plan.nparts; k++)
+    cgc__give_up(s->ch, &s->parts[k]);
+  if (!s->rc)
+    s->rc = cgc__assemble(s, &s->st);
+  if (!s->rc) {
+    cgc__result(s);
+    cgc__status_ok(&s->st);
+    s->whole = s->plan.wants;
+  }
+  for (int k = 0; k < s->plan.nparts; k++)
+    for (int i = 0; i < s->parts[k].ntries; i++) {
+      free(s->parts[k].tries[i].buf);
+      s->parts[k].tries[i].buf = NULL;
+    }
+}
+
+/* ---- the split thread ----------------------------------------------- */
+
+/* Drives every split call of ch: takes in what their parts' calls tell,
+ * sleeping until one tells more or a backup is due, and ends each call
+ * (outside split_mu: its listener may start another) once it is over. */
+static void *cgc__driver_main(void *arg) {
+  cgc_channel *ch = arg;
+  struct cgc__split_stats *ss = ch->stats;
+  pthread_mutex_lock(&ch->split_mu);
+  while (!ss->stop) {
+    pthread_mutex_lock(&ss->ev_mu);
+    unsigned seen = ss->events;
+    pthread_mutex_unlock(&ss->ev_mu);
+    double now = cgc__now_ms(), wake = INFINITY;
+    /* Calls started while split_mu is released for a finish join the
+     * head of the list: the rest of it stays as it was. */
+    for (cgc__split *s = ss->active; s; s = s->next) {
+      if (cgc__step(s, now)) {
+        cgc__finish(s);
+        s->over = 1;
+      } else {
+        double h = cgc__next_hedge(s);
+        wake = h < wake ? h : wake;
+      }
+    }
+    cgc__split *over = NULL;
+    for (cgc__split **pp = &ss->active; *pp;) {
+      cgc__split *s = *pp;
+      if (!s->over) {
+        pp = &s->next;
+        continue;
+      }
+      *pp = s->next;
+      s->next = over;
+      over = s;
+    }
+    if (over) {
+      pthread_mutex_unlock(&ch->split_mu);
+      while (over) {
+        cgc__split *s = over;
+        over = s->next; /* s is the caller's once told */
+        if (!s->rc)
+          cgc__call_whole(s->call, s->whole);
+        cgc__call_ended(s->call);
+      }
+      pthread_mutex_lock(&ch->split_mu);
+      continue;
+    }
+    pthread_mutex_unlock(&ch->split_mu);
+    pthread_mutex_lock(&ss->ev_mu);
+    if (ss->events == seen && !ss->stop) {
+      if (isinf(wake)) {
+        pthread_cond_wait(&ss->ev, &ss->ev_mu);
+      } else {
+        double ms = wake - cgc__now_ms();
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long ns = ms > 0 ? (long)(ms * 1e6) : 0;
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec += ns % 1000000000L;
+        if (until.tv_nsec >= 1000000000L) {
+          until.tv_sec++;
+          until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&ss->ev, &ss->ev_mu, &until);
+      }
+    }
+    pthread_mutex_unlock(&ss->ev_mu);
+    pthread_mutex_lock(&ch->split_mu);
+  }
+  pthread_mutex_unlock(&ch->split_mu);
+  return NULL;
+}
+
+/* Starts ch's split thread unless it runs; split_mu held. Signals stay
+ * with the caller's threads, as with the engine's. */
+static int cgc__driver_start(cgc_channel *ch, cgc_status *st) {
+  struct cgc__split_stats *ss = ch->stats;
+  if (ss->driver_on)
+    return 0;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ss->ev, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&ss->ev_mu, NULL);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&ss->driver, NULL, cgc__driver_main, ch);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    pthread_cond_destroy(&ss->ev);
+    pthread_mutex_destroy(&ss->ev_mu);
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                    "cannot start the channel's split thread");
+    return CG_ENOMEM;
+  }
+  pthread_setname_np(ss->driver, "cgc-split");
+  ss->driver_on = 1;
+  return 0;
+}
+
+void cgc__split_close(cgc_channel *ch) {
+  struct cgc__split_stats *ss = ch->stats;
+  if (!ss || !ss->driver_on)
+    return;
+  pthread_mutex_lock(&ch->split_mu);
+  pthread_mutex_lock(&ss->ev_mu);
+  ss->stop = 1;
+  pthread_cond_signal(&ss->ev);
+  pthread_mutex_unlock(&ss->ev_mu);
+  pthread_mutex_unlock(&ch->split_mu);
+  pthread_join(ss->driver, NULL);
+  pthread_cond_destroy(&ss->ev);
+  pthread_mutex_destroy(&ss->ev_mu);
+  ss->driver_on = 0;
+}
+
+/* ---- starting a split call ------------------------------------------ */
+
+static unsigned cgc__split_wants(const void *obj) {
+  return ((const cgc__split *)obj)->plan.wants;
+}
+
+static int cgc__split_result(void *obj, cgc_result *res, cgc_status *st) {
+  cgc__split *s = obj;
+  if (res)
+    *res = s->res;
+  if (st)
+    *st = s->st;
+  return s->rc;
+}
+
+static void cgc__split_take(void *obj, cgc_tensor *out[CG_GRAD_COUNT]) {
+  cgc__split *s = obj;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    out[g] = s->out[g];
+    s->out[g] = NULL;
+  }
+}
+
+/* Frees s, ended (cgc__finish freed the parts' buffers), or never
+ * started. */
+static void cgc__split_free(void *obj) {
+  cgc__split *s = obj;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    free(s->out[g]);
+  for (int k = 0; k < s->plan.nparts; k++)
+    for (int i = 0; i < s->parts[k].ntries; i++)
+      free(s->parts[k].tries[i].buf);
+  free(s->parts);
+  free(s);
+}
+
+static const cgc__call_ops cgc__split_ops = {cgc__split_wants,
+                                             cgc__split_result, cgc__split_take,
+                                             cgc__split_free, NULL};
+
+/* Starts the call req of plan, its outputs into dst (cap: the buffers'
+ * sizes, NULL when checked to hold them), on ch's split thread: every
+ * part sent to the replica that should finish it first. Returns 0 with
+ * *out, or a negative code with st filled and nothing running. */
+static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
+                            const cgc__plan *plan,
+                            void *const dst[CG_GRAD_COUNT], const size_t *cap,
+                            cgc_call_end_fn notify, void *arg, cgc_call **out,
+                            cgc_status *st) {
+  *out = NULL;
+  cgc__split *s = calloc(1, sizeof *s);
+  if (s)
+    s->parts = calloc((size_t)plan->nparts, sizeof *s->parts);
+  if (!s || !s->parts) {
+    free(s);
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return CG_ENOMEM;
+  }
+  s->ch = ch;
+  s->plan = *plan;
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    s->dst[g] = dst[g];
+    s->cap[g] = cap ? cap[g] : plan->layer.out_bytes[g];
+  }
+  s->left = s->src_left = plan->nparts;
+  s->t0 = cgc__now_ms();
+  s->deadline = s->t0 + (double)(req->deadline_ms ? req->deadline_ms
+                                                  : ch->opts.deadline_ms);
+  double finish[CGC__REPLICAS_MAX];
+  pthread_mutex_lock(&ch->split_mu);
+  int rc = cgc__driver_start(ch, st);
+  for (int k = 0; k < plan->nparts; k++)
+    cgc__part_init(plan, req, k, &s->parts[k]);
+  /* The backlog of each replica: its calls in flight, each as a part. */
+  for (int i = 0; i < ch->nreplicas; i++)
+    finish[i] = ch->replicas[i].outstanding *
+                cgc__estimate(&ch->replicas[i], s->parts[0].flops,
+                              s->parts[0].bytes, s->t0);
+  for (int k = 0; k < plan->nparts && !rc; k++) {
+    cgc__part *pt = &s->parts[k];
+    int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, s->t0);
+    finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, s->t0);
+    rc = cgc__try_start(s, pt, r, (int64_t)(s->deadline - s->t0), st);
+  }
+  if (!rc) {
+    s->call = cgc__call_new(&cgc__split_ops, s, NULL, notify, arg);
+    if (!s->call) {
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+      rc = CG_ENOMEM;
+    }
+  }
+  if (rc) { /* nothing runs on: the parts started are given up */
+    for (int k = 0; k < plan->nparts; k++)
+      cgc__give_up(ch, &s->parts[k]);
+    pthread_mutex_unlock(&ch->split_mu);
+    cgc__split_free(s);
+    return rc;
+  }
+  s->next = ch->stats->active;
+  ch->stats->active = s;
+  pthread_mutex_unlock(&ch->split_mu);
+  *out = s->call;
+  return 0;
+}
+
+/* The plan of req on ch: the outputs it asks for, its parts. */
+static void cgc__plan_req(cgc_channel *ch, const cgc_request *req,
+                          cgc__plan *plan) {
+  unsigned wants = req->grads ? req->grads : CG_GRADS_ALL;
+  if (!cg_op_is_layer(req->op))
+    wants = cg_op_outputs_weights(req->op) ? CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)
+                                           : CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
+  cgc__plan_of(ch, req, wants, plan);
+}
+
+/* 0 when every buffer holds its output, else CG_ELIMIT with st filled. */
+static int cgc__check_caps(const cgc__plan *plan, void *const *into,
+                           const size_t *cap, cgc_status *st) {
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((plan->wants & CG_GRAD_BIT(g)) && into && into[g] &&
+        cap[g] < plan->layer.out_bytes[g]) {
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "%s: the result needs %zu bytes, the buffer holds %zu",
+                      cg_grad_name((cg_grad)g), plan->layer.out_bytes[g],
+                      cap[g]);
+      return CG_ELIMIT;
+    }
+  return 0;
+}
+
+int cgc__split_start(cgc_channel *ch, const cgc_request *req,
+                     void *const data[CG_GRAD_COUNT],
+                     const size_t cap[CG_GRAD_COUNT], cgc_call_end_fn notify,
+                     void *arg, cgc_call **out, cgc_status *st) {
+  cgc__plan plan;
+  cgc__plan_req(ch, req, &plan);
+  int rc = cgc__check_caps(&plan, data, cap, st);
+  if (!rc)
+    rc = cgc__split_begin(ch, req, &plan, data, cap, notify, arg, out, st);
+  return rc;
 }
 
 /* A call that goes whole: to the replica that should finish it first, and
- * to another when that one fails it (the ops are pure). */
+ * to another when that one fails it (the ops are pure). On this thread:
+ * the hop to the split thread and back would cost it two wake-ups. */
 static int cgc__whole(cgc_channel *ch, const cgc_request *req,
                       void *const *into, const size_t *into_cap,
                       const cgc__plan *plan, cgc_tensor *out[CG_GRAD_COUNT],
@@ -692,71 +1037,54 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
                        cgc_status *st) {
   cgc__plan plan;
-  unsigned wants = req->grads ? req->grads : CG_GRADS_ALL;
-  if (!cg_op_is_layer(req->op))
-    wants = cg_op_outputs_weights(req->op) ? CG_GRAD_BIT(CG_GRAD_DIFF_WEIGHTS)
-                                           : CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
-  double t0 = cgc__now_ms();
-  cgc__plan_of(ch, req, wants, &plan);
+  cgc__plan_req(ch, req, &plan);
   if (plan.nparts < 2)
     return cgc__whole(ch, req, into, into_cap, &plan, out, res, st);
-
-  cgc__run run = {.ch = ch, .plan = &plan, .left = plan.nparts};
-  run.parts = calloc((size_t)plan.nparts, sizeof *run.parts);
-  if (!run.parts) {
-    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-    return CG_ENOMEM;
+  int rc = cgc__check_caps(&plan, into, into_cap, st);
+  if (rc)
+    return rc;
+  /* Outputs without a caller's buffer get one of their own, handed over
+   * with the result. */
+  void *dst[CG_GRAD_COUNT] = {NULL};
+  unsigned own = 0;
+  for (int g = 0; g < CG_GRAD_COUNT && !rc; g++) {
+    if (!(plan.wants & CG_GRAD_BIT(g)))
+      continue;
+    dst[g] = into && into[g] ? into[g] : NULL;
+    if (dst[g])
+      continue;
+    size_t n = plan.layer.out_bytes[g];
+    if (posix_memalign(&dst[g], 64, (n + 63) & ~(size_t)63) != 0) {
+      dst[g] = NULL;
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                      "out of memory for a %zu-byte result", n);
+      rc = CG_ENOMEM;
+    }
+    own |= CG_GRAD_BIT(g);
   }
-  run.deadline =
-      t0 + (double)(req->deadline_ms ? req->deadline_ms : ch->opts.deadline_ms);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&run.ev, &ca);
-  pthread_condattr_destroy(&ca);
-  pthread_mutex_init(&run.ev_mu, NULL);
-  double finish[CGC__REPLICAS_MAX];
-  pthread_mutex_lock(&ch->split_mu);
-  for (int k = 0; k < plan.nparts; k++)
-    cgc__part_init(&plan, req, k, &run.parts[k]);
-  /* The backlog of each replica: its calls in flight, each as a part. */
-  for (int i = 0; i < ch->nreplicas; i++)
-    finish[i] = ch->replicas[i].outstanding *
-                cgc__estimate(&ch->replicas[i], run.parts[0].flops,
-                              run.parts[0].bytes, t0);
-  for (int k = 0; k < plan.nparts && !run.rc; k++) {
-    cgc__part *pt = &run.parts[k];
-    int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, t0);
-    finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, t0);
-    run.rc = cgc__try_start(&run, pt, r, (int64_t)(run.deadline - t0), &run.st);
-  }
-  cgc__run_parts(&run);
-  for (int k = 0; k < plan.nparts; k++)
-    cgc__give_up(ch, &run.parts[k]);
-  pthread_mutex_unlock(&ch->split_mu);
-
-  int rc = run.rc;
+  cgc_call *c = NULL;
+  cgc_tensor got[CG_GRAD_COUNT];
   if (!rc)
-    rc = cgc__assemble(&run, into, into_cap, out, &run.st);
-  if (rc) {
+    rc = cgc__split_begin(ch, req, &plan, dst, NULL, NULL, NULL, &c, st);
+  if (!rc)
+    rc = cgc_call_finish(c, got, res, st);
+  for (int g = 0; g < CG_GRAD_COUNT && !rc; g++) {
+    if (!(plan.wants & CG_GRAD_BIT(g)))
+      continue;
+    out[g] = malloc(sizeof *out[g]);
+    if (out[g]) {
+      *out[g] = got[g];
+    } else {
+      cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+      rc = CG_ENOMEM;
+    }
+  }
+  if (rc)
     for (int g = 0; g < CG_GRAD_COUNT; g++) {
-      if (out[g] && !(into && into[g]))
-        free(out[g]->data);
+      if (own & CG_GRAD_BIT(g))
+        free(dst[g]);
       free(out[g]);
       out[g] = NULL;
     }
-    if (st)
-      *st = run.st;
-  } else {
-    if (res)
-      cgc__result(&run, t0, res);
-    cgc__status_ok(st);
-  }
-  for (int k = 0; k < plan.nparts; k++)
-    for (int i = 0; i < run.parts[k].ntries; i++)
-      free(run.parts[k].tries[i].buf);
-  free(run.parts);
-  pthread_cond_destroy(&run.ev);
-  pthread_mutex_destroy(&run.ev_mu);
   return rc;
 }

@@ -1,7 +1,9 @@
-/* sync.c - the blocking Compute calls of client.h (cgc_compute*,
- * cgc_conv_bwd* and the other per-op forms): each checks which outputs the
- * call asks for and where they land, then runs it on the channel's
- * replicas (split.c) or on its one server (compute.c, on this thread). */
+/* sync.c - the Compute calls of client.h: the blocking ones (cgc_compute*,
+ * cgc_conv_bwd* and the other per-op forms) and the starts of the
+ * asynchronous ones (cgc_call_start*): each checks which outputs the call
+ * asks for and where they land, then runs it on the channel's replicas
+ * (split.c) or on its one server (compute.c on this thread, or the
+ * channel's engine, async.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +18,23 @@ static int cgc__run(cgc_channel *ch, const cgc_request *req, void *const *into,
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     out[g] = NULL;
   return cgc__split_compute(ch, req, into, into_cap, out, res, st);
+}
+
+/* 0 when data holds a buffer for every output req asks for, else
+ * CG_EINVAL with st filled. */
+static int cgc__check_into(const cgc_request *req, void *const *data,
+                           cgc_status *st) {
+  unsigned w = cgc__request_wants(req, st);
+  if (!w)
+    return CG_EINVAL;
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if ((w & CG_GRAD_BIT(g)) && !data[g]) {
+      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
+                      "data[%d]: NULL buffer for %s", g,
+                      cg_grad_name((cg_grad)g));
+      return CG_EINVAL;
+    }
+  return 0;
 }
 
 /* The one output a single-output call asks for; -1 after filling st. */
@@ -79,16 +98,8 @@ int cgc_compute_layer_into(cgc_channel *ch, const cgc_request *req,
                            cgc_tensor out[CG_GRAD_COUNT], cgc_result *res,
                            cgc_status *st) {
   cgc_tensor *outs[CG_GRAD_COUNT];
-  unsigned w = cgc__request_wants(req, st);
-  if (!w)
+  if (cgc__check_into(req, data, st) != 0)
     return CG_EINVAL;
-  for (int g = 0; g < CG_GRAD_COUNT; g++)
-    if ((w & CG_GRAD_BIT(g)) && !data[g]) {
-      cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
-                      "data[%d]: NULL buffer for %s", g,
-                      cg_grad_name((cg_grad)g));
-      return CG_EINVAL;
-    }
   int rc = cgc__run(ch, req, data, cap, outs, res, st);
   for (int g = 0; !rc && g < CG_GRAD_COUNT; g++) {
     memset(&out[g], 0, sizeof out[g]);
@@ -178,4 +189,24 @@ int cgc_deconv_bwd_weights(cgc_channel *ch, const cg_attrs *attrs,
                            cgc_status *st) {
   return cgc__op(ch, CG_OP_DECONV_BWD_WEIGHTS, attrs, src, diff_dst,
                  diff_weights, res, st);
+}
+
+int cgc_call_start_notify(cgc_channel *ch, const cgc_request *req,
+                          void *const data[CG_GRAD_COUNT],
+                          const size_t cap[CG_GRAD_COUNT],
+                          cgc_call_end_fn notify, void *arg, cgc_call **out,
+                          cgc_status *st) {
+  *out = NULL;
+  if (cgc__check_into(req, data, st) != 0)
+    return CG_EINVAL;
+  if (ch->nreplicas)
+    return cgc__split_start(ch, req, data, cap, notify, arg, out, st);
+  return cgc__call_start(ch, req, data, cap, NULL, notify, arg, out, st);
+}
+
+int cgc_call_start(cgc_channel *ch, const cgc_request *req,
+                   void *const data[CG_GRAD_COUNT],
+                   const size_t cap[CG_GRAD_COUNT], cgc_call **out,
+                   cgc_status *st) {
+  return cgc_call_start_notify(ch, req, data, cap, NULL, NULL, out, st);
 }

@@ -3,10 +3,10 @@
  * so that both compute a part alike), every op, dtype and data layout
  * split along the minibatch gives what the unsplit call gives, within the
  * dtype's tolerance of summing the parts, and the same bits run after
- * run; a tiny call goes whole; the options are checked; a stopped
- * replica's parts get backups on the other; and a replica
- * killed with SIGKILL in the middle of split calls costs nothing: every
- * call succeeds with the bits of the calls before the kill. */
+ * run, blocking or asynchronous (cgc_call_start); a tiny call goes whole; the
+ * options are checked; a stopped replica's parts get backups on the other; and
+ * a replica killed with SIGKILL in the middle of split calls costs nothing:
+ * every call succeeds with the bits of the calls before the kill. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -141,7 +141,51 @@ static void free_outs(cgc_tensor *out[CG_GRAD_COUNT]) {
     cgc_tensor_free(out[g]);
 }
 
-/* Split against unsplit, and split against split again. */
+/* Calls p on ch as cgc_call_start does, into buffers the size of like's
+ * outputs; out[g] owned by the caller. diff_src, when asked, is waited
+ * for alone first, and must be like's already (within tol_times its
+ * tolerance) while the rest of the call may go on. */
+static void call_async(cgc_channel *ch, const problem *p,
+                       cgc_tensor *const like[CG_GRAD_COUNT], double tol_times,
+                       cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res) {
+  void *data[CG_GRAD_COUNT] = {NULL};
+  size_t cap[CG_GRAD_COUNT] = {0};
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    if (like[g]) {
+      cap[g] = like[g]->nbytes;
+      data[g] = malloc(cap[g]);
+      assert_non_null(data[g]);
+    }
+  cgc_call *c;
+  cgc_status st;
+  int rc = cgc_call_start(ch, &p->req, data, cap, &c, &st);
+  if (rc != 0)
+    fail_msg("start: %s: %s", cgc_strerror(rc), st.message);
+  const int src = CG_GRAD_DIFF_SRC;
+  if (like[src]) {
+    assert_int_equal(cgc_call_wait(c, CG_GRAD_BIT(src), -1, &st), 0);
+    cgc_diff d;
+    cgc_compare_output(&p->layer, src, data[src], like[src]->data, &d);
+    if (d.max_abs > tol_times * d.tol)
+      fail_msg("diff_src as soon as whole: differs by %g", d.max_abs);
+  }
+  cgc_tensor t[CG_GRAD_COUNT];
+  rc = cgc_call_finish(c, t, res, &st);
+  if (rc != 0)
+    fail_msg("finish: %s: %s", cgc_strerror(rc), st.message);
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    out[g] = NULL;
+    if (!like[g])
+      continue;
+    assert_ptr_equal(t[g].data, data[g]);
+    out[g] = malloc(sizeof *out[g]);
+    assert_non_null(out[g]);
+    *out[g] = t[g];
+  }
+}
+
+/* Split against unsplit, and split against split again, blocking and
+ * asynchronous (cgc_call_start). */
 static void check_split(fixture *f, const char *desc, cg_op op, cg_dtype dt,
                         cg_data_format df) {
   problem p;
@@ -152,7 +196,9 @@ static void check_split(fixture *f, const char *desc, cg_op op, cg_dtype dt,
   call(f->split, &p, a, &res);
   if (!strstr(res.worker, " parts") || res.worker[0] < '2')
     fail_msg("%s %s: not split (%s)", desc, cg_op_name(op), res.worker);
-  call(f->split, &p, b, &res);
+  call_async(f->split, &p, whole, 4, b, &res);
+  if (!strstr(res.worker, " parts") || res.worker[0] < '2')
+    fail_msg("%s %s: async not split (%s)", desc, cg_op_name(op), res.worker);
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     if (!whole[g]) {
       assert_null(a[g]);
@@ -216,6 +262,12 @@ static void test_tiny_call_goes_whole(void **state) {
                CG_DATA_NXC, 3);
   call(ch, &p, out, &res);
   assert_non_null(strstr(res.worker, "cg-worker"));
+  cgc_tensor *again[CG_GRAD_COUNT];
+  call_async(ch, &p, out, 0, again, &res); /* whole: the same bits */
+  assert_non_null(strstr(res.worker, "cg-worker"));
+  for (int g = 0; g < CG_GRAD_COUNT; g++)
+    assert_memory_equal(again[g]->data, out[g]->data, out[g]->nbytes);
+  free_outs(again);
   free_outs(out);
   problem_free(&p);
   cgc_channel_free(ch);

@@ -144,7 +144,7 @@ typedef struct cgc_options {
    * part whose replica fails goes to another within the deadline, and a
    * part much slower than usual gets a backup on another replica (see
    * hedge_budget). Smaller calls go whole to the least loaded replica.
-   * Asynchronous calls (cgc_call_start) go whole, through round_robin. */
+   * Blocking and asynchronous calls (cgc_call_start) alike. */
   int replicas;
   /* Parts of one call at most; 0: 2 x replicas. */
   int split_parts;
@@ -403,7 +403,8 @@ typedef struct cgc_call cgc_call;
  * everything it points to (attribute lists, input data) and data[] are
  * borrowed until cgc_call_finish returns. On success *out must be ended
  * with cgc_call_finish. Returns 0, or CG_EINVAL / CG_ENOMEM / CG_ERANGE
- * with st filled and nothing started. Thread-safe. */
+ * (and, on a channel with replicas, CG_ELIMIT for a buffer smaller than
+ * its output) with st filled and nothing started. Thread-safe. */
 CGC_EXPORT int cgc_call_start(cgc_channel *ch, const cgc_request *req,
                               void *const data[CG_GRAD_COUNT],
                               const size_t cap[CG_GRAD_COUNT], cgc_call **out,

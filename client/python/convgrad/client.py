@@ -209,7 +209,7 @@ class Client:
     backoff_multiplier; replicas, split_parts, split_min_flops and
     hedge_budget: one call split along the minibatch over several replicas,
     client/README.md "Replicas"; the calls that return at once, such as
-    convgrad.torch.offload's, go whole to one replica). TLS: tls_ca (PEM roots the server's certificate
+    convgrad.torch.offload's, too). TLS: tls_ca (PEM roots the server's certificate
     must chain to), tls_cert and tls_key (this client's certificate, for a
     server that requires one), tls_server_name (the name the server's
     certificate must carry when the target's host is an address); paths,
