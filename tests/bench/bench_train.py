@@ -13,7 +13,8 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          threads left spinning beside each call
          (+keep: backward_threads=None) or the backward pass narrowed
          to one thread (+narrow: backward_threads=1) instead of ended
-         before each call (offload's default).
+         before each call (offload's default); +bf16: the opt-in bf16
+         wire (wire="bf16": f32 layers' tensors travel as bf16).
          Prints per mode the median over rounds of ms/step and of its
          ratio to local's in the same round, and per step the calls,
          bytes up and down, the server's compute and the arena's size;
@@ -22,7 +23,15 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          on tensors of its shapes). Before timing, one
          step from equal weights in every mode: each parameter gradient
          against local's, relative to its largest value (f32 must be
-         within 1e-5).
+         within 1e-5, a bf16 wire's within 5e-2).
+  wire   the bf16 wire's error against f32, in the settings of
+         --settings: per convolution of one step, its weight gradient
+         offloaded with wire="bf16" (over TCP) against local's, and, on
+         the local step's own tensors, one call's diff_weights and
+         diff_src in bf16 and the diff_weights an f32 answer to bf16
+         inputs would give (torch in f32 on the rounded inputs); then the
+         loss over --wire-steps steps of SGD from equal weights, local
+         against offloaded with each wire.
   layer  one 3x3 64->64 conv on 56x56 at batch 8, forward and backward
          (input and weight gradients), three ways interleaved: local
          torch, convgrad offload (unix socket and regions), and a
@@ -102,8 +111,8 @@ def make_modes(args, model0, tcp, unix, alt):
     """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
     alt:unix+shm (the second server), each optionally followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
-    (backward_threads=1) and +nostage (stage=False: tcp's backward sends
-    src and weights too)."""
+    (backward_threads=1), +nostage (stage=False: tcp's backward sends
+    src and weights too) and +bf16 (wire="bf16")."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -113,7 +122,7 @@ def make_modes(args, model0, tcp, unix, alt):
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
         if not target or set(flags) - {"serial", "keep", "narrow",
-                                       "nostage"}:
+                                       "nostage", "bf16"}:
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         client = convgrad.Client(target, shm=False if base == "tcp" else
@@ -122,7 +131,8 @@ def make_modes(args, model0, tcp, unix, alt):
                            overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else
                            1 if "narrow" in flags else "auto",
-                           stage="nostage" not in flags)
+                           stage="nostage" not in flags,
+                           wire="bf16" if "bf16" in flags else "f32")
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
 
@@ -160,8 +170,13 @@ def conv_backward_ms(model, x, autocast, reps=5):
     return total * 1e3
 
 
+def bf16_wire(mode):
+    return "bf16" in mode.name.split("+")
+
+
 def check_gradients(modes, x, y, autocast, tol):
-    """One step's gradients of every mode against local's."""
+    """One step's gradients of every mode against local's: within tol
+    (None: not checked), or a bf16 wire's within BF16_WIRE_TOL."""
     grads = []
     for m in modes:
         m.opt.zero_grad()
@@ -178,7 +193,9 @@ def check_gradients(modes, x, y, autocast, tol):
                 err, where = e, k
         worst.append((m.name, err, where))
     line = ", ".join("%s %.1e (%s)" % w for w in worst)
-    bad = tol is not None and any(e > tol for _, e, _ in worst)
+    bad = tol is not None and any(
+        e > (BF16_WIRE_TOL if bf16_wire(m) else tol)
+        for m, (_, e, _) in zip(modes[1:], worst))
     print("  gradients of one step against local, max relative to each "
           "tensor's largest: %s%s" % (line, "  FAIL" if bad else ""))
     return not bad
@@ -216,6 +233,12 @@ def link_gbits(rate):
     finally:
         sink.wait(timeout=60)
     return out.stdout.strip() or "?"
+
+
+# A bf16 wire's gradients of one ResNet-18 step against local f32's,
+# relative to each tensor's largest value: measured 0.3-1.5 % (the
+# "wire" part), a few bf16 roundings (2^-9 each) of the layers above.
+BF16_WIRE_TOL = 5e-2
 
 
 # What one call costs beyond its bytes and compute, in ms: the client's
@@ -332,12 +355,12 @@ def bench_train(args, tcp, unix, alt):
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
                 "MB staged", "compute ms", "arena MB", "model ms"))
             local_ms = statistics.median(modes[0].times)
-            weights_down = sum(
-                p.numel() * (2 if autocast else 4)
-                for mod in modes[0].model.modules()
-                if isinstance(mod, torch.nn.Conv2d)
-                for p in mod.parameters())
+            params = sum(p.numel() for mod in modes[0].model.modules()
+                         if isinstance(mod, torch.nn.Conv2d)
+                         for p in mod.parameters())
             for m in modes:
+                weights_down = params * (2 if autocast or bf16_wire(m)
+                                         else 4)
                 ms = statistics.median(m.times)
                 line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
                 if m.client:
@@ -361,6 +384,111 @@ def bench_train(args, tcp, unix, alt):
                   "offloaded step replaces; aten::convolution_backward of "
                   "each conv's shapes)" % conv_ms, flush=True)
     return ok
+
+
+def rel_err(got, ref):
+    ref = ref.double()
+    return ((got.double() - ref).abs().max() /
+            max(ref.abs().max().item(), 1e-30)).item()
+
+
+def bench_wire(args, tcp):
+    """The bf16 wire's error against f32 (the "wire" part, above)."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    import convgrad
+    import convgrad.torch as ct
+    for setting in args.settings:
+        hw, batch = SETTINGS[setting]
+        torch.manual_seed(0)
+        model0 = resnet18()
+        g = torch.Generator().manual_seed(1)
+        batches = [(torch.randn(batch, 3, hw, hw, generator=g),
+                    torch.randint(0, 10, (batch,), generator=g))
+                   for _ in range(4)]
+        print("bf16 wire against f32: resnet18 %dx%d batch %d"
+              % (hw, hw, batch), flush=True)
+        local = copy.deepcopy(model0)
+        seen = []  # each conv's input and grad_output in local's step
+
+        def keep(m, inp, out):
+            out.register_hook(lambda gy: seen.append(
+                (m, inp[0].detach(), gy.detach(), inp[0].requires_grad)))
+        convs = [m for m in local.modules() if isinstance(m, nn.Conv2d)]
+        handles = [m.register_forward_hook(keep) for m in convs]
+        F.cross_entropy(local(batches[0][0]), batches[0][1]).backward()
+        for h in handles:
+            h.remove()
+        client = convgrad.Client(tcp, shm=False)
+        remote = ct.offload(copy.deepcopy(model0), client, wire="bf16")
+        F.cross_entropy(remote(batches[0][0]), batches[0][1]).backward()
+        through = {id(m): rel_err(r.weight.grad, m.weight.grad)
+                   for m, r in zip(convs, (m for m in remote.modules()
+                                           if isinstance(m, nn.Conv2d)))}
+        print("  error: max |bf16 wire - f32| / max |f32| per tensor; "
+              "'one call': on local's tensors of the layer, 'step': the "
+              "offloaded step's weight gradient")
+        print("  %-24s %-18s %10s %10s %12s %10s" % (
+            "layer", "input", "dW (call)", "dX (call)", "dW f32 out",
+            "dW (step)"))
+        bf = torch.bfloat16
+        for m, x, gy, need_x in reversed(seen):  # forward order
+            w = m.weight.detach()
+            attrs = dict(strides=list(m.stride), pads_begin=list(m.padding),
+                         pads_end=list(m.padding),
+                         dilations=list(m.dilation), groups=m.groups,
+                         data_format="NCX", weights_format="OIX")
+            outputs = (["diff_src"] if need_x else []) + ["diff_weights"]
+            ref = torch.ops.aten.convolution_backward(
+                gy, x, w, [0], m.stride, m.padding, m.dilation, False,
+                [0, 0], m.groups, [need_x, True, False])
+            got = client.conv_backward(x.to(bf), gy.to(bf), w.to(bf),
+                                       outputs=outputs, **attrs)
+            # What diff_weights in f32 would be: bf16 products are exact
+            # in f32, so torch's f32 kernel on the rounded inputs is an
+            # f32-accumulated bf16 call's answer before its last rounding.
+            f32_out = torch.ops.aten.convolution_backward(
+                gy.to(bf).float(), x.to(bf).float(), w.to(bf).float(), [0],
+                m.stride, m.padding, m.dilation, False, [0, 0], m.groups,
+                [False, True, False])[1]
+            name = next(n for n, c in local.named_modules() if c is m)
+            print("  %-24s %-18s %10.1e %10s %12.1e %10.1e" % (
+                name, "x".join(map(str, x.shape)),
+                rel_err(got["diff_weights"], ref[1]),
+                "%.1e" % rel_err(got["diff_src"], ref[0]) if need_x
+                else "-", rel_err(f32_out, ref[1]), through[id(m)]))
+        client.close()
+        curves = {}
+        for wire in ("local", "f32", "bf16"):
+            model = copy.deepcopy(model0)
+            c = None
+            if wire != "local":
+                c = convgrad.Client(tcp, shm=False)
+                ct.offload(model, c, wire=wire)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            curves[wire] = []
+            for i in range(args.wire_steps):
+                x, y = batches[i % 4]
+                opt.zero_grad()
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                curves[wire].append(loss.item())
+            if c is not None:
+                c.close()
+        print("  loss over %d steps of SGD (lr 0.01, momentum 0.9, 4 "
+              "batches in turn) from equal weights:" % args.wire_steps)
+        for wire in ("local", "f32", "bf16"):
+            print("  %-6s %s" % (wire, " ".join(
+                "%.4f" % v for v in curves[wire])))
+        for wire in ("f32", "bf16"):
+            d = [abs(a - b) for a, b in zip(curves[wire], curves["local"])]
+            i = d.index(max(d))
+            print("  %s wire - local: max |difference| %.1e (step %d, "
+                  "local's loss %.4f), last step %.1e" % (
+                      wire, d[i], i + 1, curves["local"][i], d[-1]),
+                  flush=True)
 
 
 def ps_main(rank, port, threads):
@@ -477,7 +605,10 @@ def main():
     ap.add_argument("--alt-server-args",
                     help="flags of a second server, for the alt: modes "
                     "(e.g. '--workers 1 --threads-per-worker 2')")
-    ap.add_argument("--only", choices=("train", "layer"))
+    ap.add_argument("--only", choices=("train", "layer", "wire"),
+                    help="one part (default: train and layer)")
+    ap.add_argument("--wire-steps", type=int, default=20,
+                    help="steps of the wire part's loss curves")
     rig = ap.add_argument_group(
         "a shaped link (tests/net/rig.sh, as root)")
     rig.add_argument("--rate", help="the link's rate, tc's units (10gbit, "
@@ -524,11 +655,13 @@ def main():
         describe_host(args, convgrad.Client(server.target).info())
         if alt:
             print("alt server: %s" % args.alt_server_args)
-        if args.only != "layer":
+        if args.only in (None, "train"):
             ok = bench_train(args, server.target, "unix:" + sock,
                              alt and "unix:" + sock + ".alt")
-        if args.only != "train":
+        if args.only in (None, "layer"):
             bench_layer(args, "unix:" + sock)
+        if args.only == "wire":
+            bench_wire(args, server.target)
     finally:
         server.stop()
         if alt:

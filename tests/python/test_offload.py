@@ -372,6 +372,84 @@ class Staging(unittest.TestCase):
         client.close()
 
 
+class Wire(unittest.TestCase):
+    """offload's wire=: f32 layers' tensors travel as bf16 with "bf16"
+    (opt-in), as they are by default."""
+
+    def step(self, wire, **options):
+        """One step of local autograd and of an offloaded copy on a client
+        of its own; returns (local, remote, inputs local, inputs remote,
+        the client's stats)."""
+        local, remote = models(wire=wire, **options)
+        xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        client.stats(reset=True)
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        s = client.stats()
+        client.close()
+        return local, remote, xl, xr, s
+
+    def grads(self, model, xs):
+        return [(n, p.grad) for n, p in model.named_parameters()] + [
+            ("input %d" % i, x.grad) for i, x in enumerate(xs)
+            if x.requires_grad]
+
+    def test_bf16_wire_rounds_and_halves_the_bytes(self):
+        # Staging off: every input goes with the backward's call, so each
+        # byte sent and received is one of a tensor's.
+        local, f32, xl, xf, sf = self.step("f32", shm=False, stage=False)
+        _, bf16, _, xb, sb = self.step("bf16", shm=False, stage=False)
+        self.assertEqual(sb["calls"], sf["calls"])
+        self.assertEqual(sb["bytes_sent"] * 2, sf["bytes_sent"])
+        self.assertEqual(sb["bytes_received"] * 2, sf["bytes_received"])
+        # The default is f32 on the wire: local's gradients.
+        compare_grads(self, local, f32, xl, xf, 1e-6)
+        # bf16: f32 gradients, within a few bf16 roundings (8 significant
+        # bits, 2^-9 relative each) of local's but not equal to them.
+        for (name, ref), (_, got) in zip(self.grads(local, xl),
+                                         self.grads(bf16, xb)):
+            self.assertEqual(got.dtype, torch.float32, name)
+            self.assertLess(cgtest.rel_err(got, ref), 2e-2, name)
+            self.assertFalse(torch.equal(got, ref), name)
+
+    def test_bf16_wire_stages_bf16(self):
+        # Staging (the default over TCP): the weights the forward stages and
+        # the inputs are bf16, staged once each, and the backward sends
+        # diff_dst alone, as bf16.
+        local, remote = models(shm=False, wire="bf16")
+        client = remote.c1._convgrad_client
+        staged = []
+        stage_async = client.stage_async
+
+        def record(t):
+            staged.append(t.dtype)
+            return stage_async(t)
+        xl, xr = inputs(), inputs()
+        want = diff_dst_bytes(remote, xr) // 2
+        with mock.patch.object(client, "stage_async", record):
+            client.stats(reset=True)
+            loss_of(local(*xl)).backward()
+            loss_of(remote(*xr)).backward()
+        compare_grads(self, local, remote, xl, xr, 2e-2)
+        self.assertEqual(client.stats()["bytes_sent"], want)
+        self.assertFalse(client._stage_off)
+        # 5 weights, and the inputs of the 5 layers
+        self.assertEqual(staged, [torch.bfloat16] * 10)
+        client.close()
+
+    def test_bf16_wire_over_regions(self):
+        local, remote, xl, xr, s = self.step("bf16")
+        self.assertGreater(s["arena_bytes"], 0)
+        compare_grads(self, local, remote, xl, xr, 2e-2)
+        self.assertFalse(torch.equal(remote.c2a.weight.grad,
+                                     local.c2a.weight.grad))
+
+    def test_unknown_wire(self):
+        with self.assertRaisesRegex(ValueError, "wire='fp8'"):
+            ct.offload(Net(), SERVER.target, wire="fp8")
+
+
 class DataFirst(unittest.TestCase):
     """The server sends grad_input as soon as it is computed, and offload
     hands it to autograd then, over bytes as over regions."""

@@ -86,7 +86,9 @@ class _ConvFunction(torch.autograd.Function):
         # Saved as they are: the backward casts them to dt where they go
         # (the arena, or memory to upload from), in one pass.
         ctx.save_for_backward(x, weight)
-        ctx.dt = dt
+        # The dtype of the backward's call: dt, or bf16 for f32 on a bf16
+        # wire (offload's wire=).
+        ctx.dt = dt = _wire_dtype(m, dt)
         ctx.m = m
         ctx.dtypes = (x.dtype, weight.dtype,
                       None if bias is None else bias.dtype)
@@ -159,7 +161,7 @@ def _stage_inputs(m, needs, x, w, dt):
     fx = client.stage_async(x.detach().to(dt).contiguous()) \
         if needs[1] or needs[2] else None
     fw = m.__dict__.pop("_convgrad_wfut", None)
-    if fw is None or w.dtype != dt:
+    if fw is None or _wire_dtype(m, w.dtype) != dt:
         fw = client.stage_async(w.detach().to(dt).contiguous())
     return fx, fw
 
@@ -181,7 +183,16 @@ def _stage_weights(model, inputs):
         if not w.requires_grad or client._stage_off or \
                 client.arena() is not None:
             continue
-        m._convgrad_wfut = client.stage_async(w.detach().contiguous())
+        m._convgrad_wfut = client.stage_async(
+            w.detach().to(_wire_dtype(m, w.dtype)).contiguous())
+
+
+def _wire_dtype(m, dt):
+    """The dtype tensors of dt travel in to and from m's server: bf16 for
+    f32 on a bf16 wire (offload's wire=), else dt."""
+    if dt == torch.float32 and m._convgrad_wire == "bf16":
+        return torch.bfloat16
+    return dt
 
 
 def _staged_or(client, staged, x, w):
@@ -572,7 +583,7 @@ def _resident_weight(m, x):
     time), and only while the arena has room."""
     w = m.weight
     if not (torch.is_grad_enabled() and w.requires_grad and w.is_leaf and
-            w.dtype == x.dtype and w.is_contiguous()) or \
+            w.dtype == _wire_dtype(m, x.dtype) and w.is_contiguous()) or \
             torch.is_autocast_cpu_enabled():
         return
     arena = m._convgrad_client.arena()
@@ -630,8 +641,11 @@ for _base in _TRANSPOSED:
 _ORIGINAL = {v: k for k, v in _CLASSES.items()}
 
 
+_WIRES = ("f32", "bf16")
+
+
 def offload(model, target, overlap=True, backward_threads="auto",
-            stage=True, **options):
+            stage=True, wire="f32", **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -691,7 +705,21 @@ def offload(model, target, overlap=True, backward_threads="auto",
     turns staging off with a warning. Content the server holds already (a
     data-parallel rank's identical weights) is not sent again. Costs a
     SHA-256 pass over those bytes at forward time. False: the backward
-    call sends every input."""
+    call sends every input.
+
+    wire: the dtype f32 layers' tensors travel in. "f32" (default): as
+    they are, and the gradients are local's. "bf16" (opt-in, lossy): the
+    backward's inputs (staged ones too) are rounded to bf16 (torch's
+    .to(), round to nearest even), the server computes the layer in bf16
+    (f32 accumulation) and answers bf16 gradients, widened to f32 on
+    arrival: half the bytes each way, and gradients off by bf16's
+    rounding (8 significant bits: ~0.3-0.7 % of each tensor's largest
+    value on ResNet-18; client/python/README.md, "A bf16 wire"). Layers
+    that already run in bf16 or f16 (autocast, a model in that dtype) are
+    unchanged. A value other than these is a ValueError."""
+    if wire not in _WIRES:
+        raise ValueError("offload: wire=%r; accepted: %s"
+                         % (wire, ", ".join(map(repr, _WIRES))))
     threads = _Threads(backward_threads)
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
@@ -709,6 +737,7 @@ def offload(model, target, overlap=True, backward_threads="auto",
         m._convgrad_overlap = bool(overlap)
         m._convgrad_threads = threads
         m._convgrad_stage = bool(stage)
+        m._convgrad_wire = wire
     if stage and not hasattr(model, "_convgrad_stage_hook"):
         model._convgrad_stage_hook = model.register_forward_pre_hook(
             _stage_weights)
@@ -726,7 +755,7 @@ def restore(model):
                 m.weight.data = m.weight.detach().clone()
             m.__class__ = base
             del m._convgrad_client, m._convgrad_overlap, m._convgrad_threads
-            del m._convgrad_stage
+            del m._convgrad_stage, m._convgrad_wire
             m.__dict__.pop("_convgrad_grad_on", None)
             m.__dict__.pop("_convgrad_wfut", None)
     hook = model.__dict__.pop("_convgrad_stage_hook", None)
