@@ -758,8 +758,11 @@ static void cgc__on_sent(cgc__job *j, int success) {
   f->io.send_bb = NULL;
   if (!success)
     f->sending = 0; /* the call is over; the status says why */
-  else if (!f->sending)
+  else if (!f->sending) {
     a->res.upload_ms = cgc__now_ms() - f->t0;
+    if (a->on_whole)
+      a->on_whole(a->whole_arg, a->done | CGC__SENT);
+  }
   if (!f->sending)
     return;
   f->io.send_bb = cgc__encode_chunk(a);

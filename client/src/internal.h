@@ -93,9 +93,18 @@ typedef struct cgc__lat {
 
 typedef struct cgc__split cgc__split;
 
+/* The number of parts a channel with one replica cut a request's shape
+ * into, the first time it saw it (split.c, cgc__pipe_cut). */
+#define CGC__CUTS 64
+typedef struct cgc__cut {
+  uint64_t key; /* 0: free */
+  int nparts;
+} cgc__cut;
+
 struct cgc__split_stats {
   uint64_t parts, hedges; /* sent so far: parts first sent, backups */
   cgc__lat lat[CGC__LAT_SHAPES];
+  cgc__cut cuts[CGC__CUTS];
   /* The thread that drives the channel's split calls (split.c), started
    * with the first, and the calls it drives. */
   cgc__split *active;
@@ -319,8 +328,11 @@ void cgc__call_io_free(cgc__call_io *io);
  * (async.c) run it. */
 typedef struct cgc__job cgc__job;
 /* Hears, on the thread running the call, each time an output has become
- * whole: whole is every output whole so far (CG_GRAD_BIT()s). */
+ * whole: whole is every output whole so far (CG_GRAD_BIT()s), and
+ * CGC__SENT once the last chunk of a request longer than one message has
+ * been handed to the transport (its upload is over). */
 typedef void (*cgc__whole_fn)(void *arg, unsigned whole);
+#define CGC__SENT (1u << 31)
 /* Hears, once, that the call ended: its code, result and status are
  * final (cgc__job_result). The call is done with the job before it
  * tells, so the listener may hand it to another thread to take and free. */

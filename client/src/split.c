@@ -32,7 +32,7 @@
  * core at 100 GFLOP/s, well above what a call costs besides its compute
  * on loopback (0.1-0.3 ms). */
 #define CGC__MIN_PART_FLOPS 200e6
-/* Speed and link assumed of a replica not measured yet. */
+/* Speed and link assumed of a replica not measured yet (or not lately). */
 #define CGC__GUESS_MS_PER_GFLOP 10.0
 #define CGC__GUESS_BYTES_PER_MS 1e6
 /* The parts' tensors repeated in every part (the weights up, diff_weights
@@ -44,8 +44,15 @@
 #define CGC__DOWN_MS 1000.0
 /* A replica's speed older than this is guessed again (cgc__estimate). */
 #define CGC__STALE_MS 2000.0
-/* How often the split looks at its parts while none has ended. */
-#define CGC__POLL_MS 2
+/* Parts of a call pipelined over one replica at most, when split_parts
+ * does not say. */
+#define CGC__PIPE_PARTS 8
+/* What a part costs beside its bytes and flops, in ms: a call's header
+ * and status each way, the server's queue hop. */
+#define CGC__PART_MS 1.0
+/* One part more is taken only when it should end the call this share
+ * sooner than the best cut with fewer. */
+#define CGC__PIPE_GAIN 0.05
 /* Attempts of one part: the first, failovers, one hedge. */
 #define CGC__TRIES_MAX 4
 /* Latencies a shape needs before its parts get backups. */
@@ -77,9 +84,22 @@ struct cgc__part {
   int won; /* 1 + the try that completed, 0 while none has */
   int hedged;
   int src_placed; /* its diff_src rows are in the call's diff_src */
+  /* The replica picked for it, and the part before it there, whose
+   * upload it waits for (-1: none, it starts with the call). */
+  int replica, after;
+  int sent; /* its request is all sent (an attempt's, or it ended) */
   cgc_tensor out[CG_GRAD_COUNT];
   cgc_result res;
 };
+
+/* The bytes a call moves, whole or in k parts: what a whole call sends
+ * (its inputs not staged), the data inputs every part sends a share of
+ * (a part sends a staged one's bytes: its id names the whole tensor), the
+ * inputs each part repeats (the weights, unless staged), diff_src and the
+ * outputs every part repeats (diff_weights, diff_bias). */
+typedef struct cgc__bytes {
+  size_t up_whole, up_data, up_repeat, down_data, down_repeat;
+} cgc__bytes;
 
 /* What a split call knows of its request. */
 typedef struct cgc__plan {
@@ -99,13 +119,19 @@ typedef struct cgc__plan {
  * again, so that
  * a replica left out for being slow gets a part now and then and shows
  * whether it still is. split_mu held. */
+static void cgc__speeds(const cgc__replica *r, double now, double *ms_gf,
+                        double *link) {
+  int fresh = now - r->measured_ms < CGC__STALE_MS;
+  *ms_gf =
+      r->ms_per_gflop > 0 && fresh ? r->ms_per_gflop : CGC__GUESS_MS_PER_GFLOP;
+  *link =
+      r->bytes_per_ms > 0 && fresh ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
+}
+
 static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes,
                             double now) {
-  int fresh = now - r->measured_ms < CGC__STALE_MS;
-  double ms_gf =
-      r->ms_per_gflop > 0 && fresh ? r->ms_per_gflop : CGC__GUESS_MS_PER_GFLOP;
-  double link =
-      r->bytes_per_ms > 0 && fresh ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
+  double ms_gf, link;
+  cgc__speeds(r, now, &ms_gf, &link);
   return flops / 1e9 * ms_gf + (double)bytes / link;
 }
 
@@ -192,6 +218,27 @@ static double cgc__hedge_after(struct cgc__split_stats *s, uint64_t key) {
   return p95 > 3 * p50 ? p95 : 3 * p50;
 }
 
+/* A hash (FNV-1a, never 0) of what decides a request's latency on a
+ * replica: op, outputs and the inputs' dtypes, layouts and dims. */
+static uint64_t cgc__shape_key(const cgc_request *r) {
+  uint64_t h = 1469598103934665603ull;
+  int64_t v[3 + 3 * (2 + CG_MAX_RANK)];
+  int n = 0;
+  v[n++] = r->op;
+  v[n++] = r->grads;
+  v[n++] = r->output_layout;
+  for (int i = 0; i < 3; i++) {
+    v[n++] = (int64_t)r->inputs[i].dtype * 16 + r->inputs[i].layout;
+    v[n++] = r->inputs[i].rank;
+    for (int d = 0; d < CG_MAX_RANK; d++)
+      v[n++] = d < r->inputs[i].rank ? r->inputs[i].dims[d] : 0;
+  }
+  const unsigned char *b = (const unsigned char *)v;
+  for (size_t i = 0; i < (size_t)n * sizeof v[0]; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h | 1;
+}
+
 /* ---- the plan -------------------------------------------------------- */
 
 /* The kernels' problem of req, with the formats its views name. */
@@ -238,8 +285,66 @@ static int cgc__nparts(int64_t mb, double flops, size_t data, size_t repeat,
   return n < 2 ? 1 : (int)n;
 }
 
+/* The parts, of at most kmax, that should end a call of work flops and
+ * bytes b on replica r soonest, from its measured speed and link: k parts
+ * are a pipeline of three stages (a part's upload, its compute, its
+ * download), which takes the sum of one part's stages and k - 1 times its
+ * slowest, plus CGC__PART_MS a part. One part more must gain
+ * CGC__PIPE_GAIN. split_mu held. */
+static int cgc__pipe_parts(const cgc__replica *r, double flops,
+                           const cgc__bytes *b, int kmax, double now) {
+  double ms_gf, link;
+  cgc__speeds(r, now, &ms_gf, &link);
+  int best = 1;
+  double best_t = 0;
+  for (int k = 1; k <= kmax; k++) {
+    double up = k == 1 ? (double)b->up_whole
+                       : (double)b->up_data / k + (double)b->up_repeat;
+    double down = (double)b->down_data / k + (double)b->down_repeat;
+    double u = up / link, c = flops / 1e9 * ms_gf / k, d = down / link;
+    double stage = u > c ? (u > d ? u : d) : (c > d ? c : d);
+    double t = u + c + d + (k - 1) * stage + k * CGC__PART_MS;
+    if (k == 1 || t < (1 - CGC__PIPE_GAIN) * best_t) {
+      best = k;
+      best_t = t;
+    }
+  }
+  return best;
+}
+
+/* The parts of req on ch's one replica, at most kmax: chosen by
+ * cgc__pipe_parts the first time the channel sees req's shape (and which
+ * of its inputs are staged), and kept for it, so that the cut, and so the
+ * result's bits, stay the same from call to call while the measured link
+ * and speed move. */
+static int cgc__pipe_cut(cgc_channel *ch, const cgc_request *req, double flops,
+                         const cgc__bytes *b, int kmax) {
+  uint64_t key = cgc__shape_key(req);
+  for (int i = 0; i < 3; i++)
+    if (req->inputs[i].staged)
+      key ^= (uint64_t)(i + 1) << 40;
+  key |= 1;
+  cgc__cut *cuts = ch->stats->cuts, *c = NULL, *free_slot = NULL;
+  pthread_mutex_lock(&ch->split_mu);
+  for (int i = 0; i < CGC__CUTS && !c; i++) {
+    if (cuts[i].key == key)
+      c = &cuts[i];
+    else if (!cuts[i].key && !free_slot)
+      free_slot = &cuts[i];
+  }
+  if (!c) { /* a new shape, or one forgotten: the one the key hashes to */
+    c = free_slot ? free_slot : &cuts[key % CGC__CUTS];
+    c->key = key;
+    c->nparts =
+        cgc__pipe_parts(&ch->replicas[0], flops, b, kmax, cgc__now_ms());
+  }
+  int n = c->nparts < kmax ? c->nparts : kmax;
+  pthread_mutex_unlock(&ch->split_mu);
+  return n;
+}
+
 /* Fills plan for req; plan->nparts 1: the call goes whole. */
-static void cgc__plan_of(const cgc_channel *ch, const cgc_request *req,
+static void cgc__plan_of(cgc_channel *ch, const cgc_request *req,
                          unsigned wants, cgc__plan *plan) {
   memset(plan, 0, sizeof *plan);
   plan->nparts = 1;
@@ -255,21 +360,32 @@ static void cgc__plan_of(const cgc_channel *ch, const cgc_request *req,
   /* The inputs that hold the minibatch: data tensors, not weights. */
   int weights_op =
       req->op == CG_OP_CONV_BWD_WEIGHTS || req->op == CG_OP_DECONV_BWD_WEIGHTS;
-  size_t data = 0, repeat = 0;
+  cgc__bytes b = {0};
   for (int i = 0; i < nin; i++) {
+    int staged = req->inputs[i].staged != NULL;
     plan->data_in[i] = layer ? i < 2 : (weights_op || i == 0);
-    *(plan->data_in[i] ? &data : &repeat) += l->in_bytes[i];
+    b.up_whole += staged ? 0 : l->in_bytes[i];
+    *(plan->data_in[i] ? &b.up_data : &b.up_repeat) +=
+        staged && !plan->data_in[i] ? 0 : l->in_bytes[i];
   }
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (wants & CG_GRAD_BIT(g))
-      *(g == CG_GRAD_DIFF_SRC ? &data : &repeat) += l->out_bytes[g];
+      *(g == CG_GRAD_DIFF_SRC ? &b.down_data : &b.down_repeat) +=
+          l->out_bytes[g];
   plan->mb = req->inputs[0].dims[0];
-  int max_parts =
-      ch->opts.split_parts ? ch->opts.split_parts : 2 * ch->nreplicas;
+  /* One replica: the parts pipeline over it, as many as the model says
+   * (unless split_parts fixes the cut). */
+  int pipe = ch->nreplicas == 1 && !ch->opts.split_parts;
+  int max_parts = ch->opts.split_parts ? ch->opts.split_parts
+                  : pipe               ? CGC__PIPE_PARTS
+                                       : 2 * ch->nreplicas;
   double min_flops = ch->opts.split_min_flops ? (double)ch->opts.split_min_flops
                                               : CGC__MIN_PART_FLOPS;
-  plan->nparts = cgc__nparts(plan->mb, (double)cg_layer_flops(l), data, repeat,
-                             max_parts, min_flops);
+  double flops = (double)cg_layer_flops(l);
+  plan->nparts = cgc__nparts(plan->mb, flops, b.up_data + b.down_data,
+                             b.up_repeat + b.down_repeat, max_parts, min_flops);
+  if (pipe && plan->nparts > 1)
+    plan->nparts = cgc__pipe_cut(ch, req, flops, &b, plan->nparts);
   /* A part's buffer: its diff_src rows (the first parts have the most)
    * and the whole of the other outputs, each 64-byte aligned. */
   int64_t most = (plan->mb + plan->nparts - 1) / plan->nparts;
@@ -283,27 +399,6 @@ static void cgc__plan_of(const cgc_channel *ch, const cgc_request *req,
       off += (n + 63) & ~(size_t)63;
     }
   plan->part_out_bytes = off;
-}
-
-/* A hash (FNV-1a, never 0) of what decides a request's latency on a
- * replica: op, outputs and the inputs' dtypes, layouts and dims. */
-static uint64_t cgc__shape_key(const cgc_request *r) {
-  uint64_t h = 1469598103934665603ull;
-  int64_t v[3 + 3 * (2 + CG_MAX_RANK)];
-  int n = 0;
-  v[n++] = r->op;
-  v[n++] = r->grads;
-  v[n++] = r->output_layout;
-  for (int i = 0; i < 3; i++) {
-    v[n++] = (int64_t)r->inputs[i].dtype * 16 + r->inputs[i].layout;
-    v[n++] = r->inputs[i].rank;
-    for (int d = 0; d < CG_MAX_RANK; d++)
-      v[n++] = d < r->inputs[i].rank ? r->inputs[i].dims[d] : 0;
-  }
-  const unsigned char *b = (const unsigned char *)v;
-  for (size_t i = 0; i < (size_t)n * sizeof v[0]; i++)
-    h = (h ^ b[i]) * 1099511628211ull;
-  return h | 1;
 }
 
 /* Part k of plan: rows, request, flops and bytes. */
@@ -611,10 +706,21 @@ static int cgc__step(cgc__split *s, double now) {
       unsigned whole = t->whole;
       int ended = t->ended;
       pthread_mutex_unlock(&ss->ev_mu);
+      pt->sent |= ended || whole != 0;
       if (src && !pt->src_placed && (whole & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)))
         cgc__place_src(s, pt, t);
       if (ended)
         cgc__try_end(s, pt, i);
+    }
+    if (!s->rc && pt->ntries == 0 && pt->after >= 0 &&
+        s->parts[pt->after].sent) {
+      cgc_status st;
+      int rc =
+          cgc__try_start(s, pt, pt->replica, (int64_t)(s->deadline - now), &st);
+      if (rc) {
+        s->rc = rc;
+        s->st = st;
+      }
     }
     if (!s->rc)
       cgc__maybe_hedge(s, pt, now);
@@ -889,6 +995,14 @@ static const cgc__call_ops cgc__split_ops = {cgc__split_wants,
                                              cgc__split_result, cgc__split_take,
                                              cgc__split_free, NULL};
 
+/* The bytes a request's inputs send (those not staged). */
+static size_t cgc__sent_bytes(const cgc_request *req) {
+  size_t n = 0;
+  for (int i = 0; i < 3; i++)
+    n += req->inputs[i].staged ? 0 : req->inputs[i].nbytes;
+  return n;
+}
+
 /* Starts the call req of plan, its outputs into dst (cap: the buffers'
  * sizes, NULL when checked to hold them), on ch's split thread: every
  * part sent to the replica that should finish it first. Returns 0 with
@@ -927,11 +1041,24 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     finish[i] = ch->replicas[i].outstanding *
                 cgc__estimate(&ch->replicas[i], s->parts[0].flops,
                               s->parts[0].bytes, s->t0);
+  /* A replica gets its parts' uploads one after the other: sent side by
+   * side they would share the link, and the first could start computing
+   * only once all were in. A part that fits one message goes at once. */
+  size_t one_message =
+      ch->opts.upload_chunk_bytes ? ch->opts.upload_chunk_bytes : 1 << 20;
+  int last[CGC__REPLICAS_MAX];
+  for (int i = 0; i < ch->nreplicas; i++)
+    last[i] = -1;
   for (int k = 0; k < plan->nparts && !rc; k++) {
     cgc__part *pt = &s->parts[k];
     int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, s->t0);
     finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, s->t0);
-    rc = cgc__try_start(s, pt, r, (int64_t)(s->deadline - s->t0), st);
+    pt->replica = r;
+    pt->after = last[r];
+    if (cgc__sent_bytes(&pt->req) > one_message)
+      last[r] = k;
+    if (pt->after < 0)
+      rc = cgc__try_start(s, pt, r, (int64_t)(s->deadline - s->t0), st);
   }
   if (!rc) {
     s->call = cgc__call_new(&cgc__split_ops, s, NULL, notify, arg);

@@ -112,7 +112,10 @@ def make_modes(args, model0, tcp, unix, alt):
     alt:unix+shm (the second server), each optionally followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
-    src and weights too) and +bf16 (wire="bf16")."""
+    src and weights too), +bf16 (wire="bf16"), +pipe (Client(replicas=1):
+    a large call's parts pipelined over the server, as many as the
+    client's model of the link says) or +pipeN (N parts: split_parts=N)
+    and +whole (replicas=0: no pipelining whatever offload's default)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -121,12 +124,19 @@ def make_modes(args, model0, tcp, unix, alt):
         n = 2 if parts[1:2] == ["shm"] else 1
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
-        if not target or set(flags) - {"serial", "keep", "narrow",
-                                       "nostage", "bf16"}:
+        pipe = [f for f in flags if f.startswith("pipe")]
+        known = {"serial", "keep", "narrow", "nostage", "bf16", "whole"}
+        if not target or set(flags) - known - set(pipe) or \
+                any(f != "pipe" and not f[4:].isdigit() for f in pipe):
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
+        split = {}
+        if pipe:
+            split = dict(replicas=1, split_parts=int(pipe[0][4:] or 0))
+        elif "whole" in flags:
+            split = dict(replicas=0)
         client = convgrad.Client(target, shm=False if base == "tcp" else
-                                 "auto")
+                                 "auto", **split)
         model = ct.offload(copy.deepcopy(model0), client,
                            overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else

@@ -3,7 +3,8 @@
  * so that both compute a part alike), every op, dtype and data layout
  * split along the minibatch gives what the unsplit call gives, within the
  * dtype's tolerance of summing the parts, and the same bits run after
- * run, blocking or asynchronous (cgc_call_start); a tiny call goes whole; the
+ * run, blocking or asynchronous (cgc_call_start); one replica pipelines a
+ * call's parts over one server; a tiny call goes whole; the
  * options are checked; a stopped replica's parts get backups on the other; and
  * a replica killed with SIGKILL in the middle of split calls costs nothing:
  * every call succeeds with the bits of the calls before the kill. */
@@ -284,6 +285,62 @@ static void test_tiny_call_goes_whole(void **state) {
                    CG_EINVAL);
 }
 
+/* One replica: a call's parts pipeline over one server, each part's
+ * upload after the one before (chunks of 4 KiB make every part's upload
+ * long enough to wait for), blocking and asynchronous alike: equal to
+ * the unsplit call, and the same bits every time. With the parts left to
+ * the channel (split_parts 0), the cut it chose for a shape is kept. */
+static void test_one_server_pipeline(void **state) {
+  fixture *f = *state;
+  char one[64], err[256];
+  cgc_options o;
+  cgc_options_init(&o);
+  o.replicas = 1;
+  o.split_parts = 3;
+  o.split_min_flops = 1000;
+  o.upload_chunk_bytes = 4096;
+  snprintf(one, sizeof one, "127.0.0.1:%d", f->srv[0].port);
+  cgc_channel *ch;
+  assert_int_equal(cgc_channel_new(&ch, one, &o, err, sizeof err), 0);
+  problem p;
+  cgc_tensor *whole[CG_GRAD_COUNT], *a[CG_GRAD_COUNT], *b[CG_GRAD_COUNT];
+  cgc_result res;
+  problem_init(&p, "mb6ic8ih12oc8oh12kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
+               CG_DATA_NXC, 13);
+  call(f->one, &p, whole, &res);
+  call(ch, &p, a, &res);
+  assert_string_equal(res.worker, "3 parts");
+  call_async(ch, &p, whole, 4, b, &res);
+  assert_string_equal(res.worker, "3 parts");
+  for (int g = 0; g < CG_GRAD_COUNT; g++) {
+    cgc_diff d;
+    cgc_compare_output(&p.layer, g, a[g]->data, whole[g]->data, &d);
+    if (d.max_abs > 4 * d.tol)
+      fail_msg("%s differs by %g (tolerance %g)", cg_grad_name((cg_grad)g),
+               d.max_abs, 4 * d.tol);
+    assert_memory_equal(a[g]->data, b[g]->data, a[g]->nbytes);
+  }
+  free_outs(a);
+  free_outs(b);
+  cgc_channel_free(ch);
+  o.split_parts = 0;
+  assert_int_equal(cgc_channel_new(&ch, one, &o, err, sizeof err), 0);
+  char first[sizeof res.worker];
+  call(ch, &p, a, &res);
+  memcpy(first, res.worker, sizeof first);
+  for (int i = 0; i < 3; i++) {
+    call_async(ch, &p, whole, 4, b, &res);
+    assert_string_equal(res.worker, first);
+    for (int g = 0; g < CG_GRAD_COUNT; g++)
+      assert_memory_equal(a[g]->data, b[g]->data, a[g]->nbytes);
+    free_outs(b);
+  }
+  free_outs(a);
+  free_outs(whole);
+  problem_free(&p);
+  cgc_channel_free(ch);
+}
+
 /* Replica 1 stopped (SIGSTOP) under a call: its parts get backups on
  * replica 0 once they run past the latencies seen so far, the call ends
  * with the same bits, and the stuck copies are cancelled. */
@@ -389,6 +446,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_op_and_dtype),
       cmocka_unit_test(test_tiny_call_goes_whole),
+      cmocka_unit_test(test_one_server_pipeline),
       cmocka_unit_test(test_straggler_gets_backups),
       cmocka_unit_test(test_replica_killed_mid_call),
   };

@@ -313,6 +313,24 @@ def diff_dst_bytes(model, xs):
     return 4 * sum(sizes)
 
 
+def weight_bytes(model):
+    return sum(4 * p.numel() for n, p in model.named_parameters()
+               if n.endswith("weight"))
+
+
+def step_stats(case, local, remote, xl, xr):
+    """One backward of each, the gradients compared (f32), and the remote
+    client's figures of it: one call per layer."""
+    client = remote.c1._convgrad_client
+    client.stats(reset=True)
+    loss_of(local(*xl)).backward()
+    loss_of(remote(*xr)).backward()
+    compare_grads(case, local, remote, xl, xr, 1e-5)
+    s = client.stats()
+    case.assertEqual(s["calls"], 5)
+    return s
+
+
 class Staging(unittest.TestCase):
     """A server over TCP (no arena): each layer's forward stages its
     weights and src, and its backward sends diff_dst alone."""
@@ -325,15 +343,9 @@ class Staging(unittest.TestCase):
         for step in range(2):
             for m in (local, remote):
                 m.zero_grad()
-            client.stats(reset=True)
-            loss_of(local(*xl)).backward()
-            loss_of(remote(*xr)).backward()
-            compare_grads(self, local, remote, xl, xr, 1e-5)
-            s = client.stats()
-            self.assertEqual(s["calls"], 5)
+            s = step_stats(self, local, remote, xl, xr)
             self.assertEqual(s["bytes_sent"], want)
-            weights = sum(4 * p.numel() for n, p in remote.named_parameters()
-                          if n.endswith("weight"))
+            weights = weight_bytes(remote)
             if step == 0:
                 self.assertGreater(s["staged_bytes"], weights)
             else:  # the same weights: present, not sent again
@@ -343,14 +355,35 @@ class Staging(unittest.TestCase):
     def test_stage_false_sends_everything(self):
         local, remote = models(shm=False, stage=False)
         xl, xr = inputs(), inputs()
-        client = remote.c1._convgrad_client
-        client.stats(reset=True)
-        loss_of(local(*xl)).backward()
-        loss_of(remote(*xr)).backward()
-        compare_grads(self, local, remote, xl, xr, 1e-5)
-        s = client.stats()
+        s = step_stats(self, local, remote, xl, xr)
         self.assertEqual(s["staged_bytes"], 0)
         self.assertGreater(s["bytes_sent"], diff_dst_bytes(remote, xr))
+
+    def test_pipelined_stages_the_weights_only(self):
+        """Client(replicas=1): a layer call's parts pipeline over the one
+        server (conv_backward_async: 2 parts), and offload's forward
+        stages only the weights, which every part names (each part sends
+        its share of src); the gradients equal local's within f32's
+        summation tolerance."""
+        local, remote = models(shm=False, replicas=1, split_parts=2,
+                               split_min_flops=1)
+        xl, xr = inputs(), inputs()
+        client = remote.c1._convgrad_client
+        x, dy = xr[1].detach(), torch.ones(2, 8, 10, 10)
+        attrs = dict(pads_begin=[2, 2], pads_end=[2, 2], dilations=[2, 2],
+                     groups=2, data_format="NCX", weights_format="OIX")
+        got, res = client.conv_backward_async(
+            x, dy, remote.c2a.weight.detach(), with_result=True,
+            **attrs).result()
+        self.assertEqual(res.worker, "2 parts")
+        x.requires_grad_(True)
+        ref = torch.nn.functional.conv2d(x, remote.c2a.weight.detach(),
+                                         padding=2, dilation=2, groups=2)
+        ref.backward(dy)
+        self.assertLess((got["diff_src"] - x.grad).abs().max(), 1e-5)
+        s = step_stats(self, local, remote, xl, xr)
+        self.assertGreater(s["staged_bytes"], 0)
+        self.assertLessEqual(s["staged_bytes"], weight_bytes(remote))
 
     def test_staged_array_in_a_call(self):
         client = convgrad.Client(SERVER.target, shm=False)

@@ -146,7 +146,11 @@ typedef struct cgc_options {
    * hedge_budget). Smaller calls go whole to the least loaded replica.
    * Blocking and asynchronous calls (cgc_call_start) alike. */
   int replicas;
-  /* Parts of one call at most; 0: 2 x replicas. */
+  /* Parts of one call at most; 0: 2 x replicas, or with one replica as
+   * many as its measured link and speed say (at most 8), chosen the first
+   * time the channel sees a shape and kept (client/README.md,
+   * "Replicas"): set it for results that are the same bits from one
+   * process to the next. */
   int split_parts;
   /* Least work of a part, in flops (2 x multiply-adds); 0: 200 MFLOP. A
    * call under 2 parts' worth is never split. */

@@ -287,6 +287,8 @@ class Client:
                            compute_ms=0.0, queue_ms=0.0, total_ms=0.0,
                            staged_bytes=0)
         self._stager = None  # stage_async's threads, made on first use
+        # One replica: a call's parts pipeline over the one server.
+        self._pipelines = options.get("replicas") == 1
         self._stage_off = ""  # why offload stopped staging, once it did
 
     @property

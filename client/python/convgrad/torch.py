@@ -157,9 +157,12 @@ def _stage_inputs(m, needs, x, w, dt):
     if not (m._convgrad_stage and m._convgrad_grad_on and any(needs[:3])) \
             or client._stage_off or client.arena() is not None:
         return None
-    # The bytes the backward would send, cast and made contiguous now.
+    # The bytes the backward would send, cast and made contiguous now. A
+    # client that pipelines a call's parts over its server sends each part
+    # its share of src whatever is staged (a staged id names the whole
+    # tensor): only the weights, which every part names, are staged then.
     fx = client.stage_async(x.detach().to(dt).contiguous()) \
-        if needs[1] or needs[2] else None
+        if (needs[1] or needs[2]) and not client._pipelines else None
     fw = m.__dict__.pop("_convgrad_wfut", None)
     if fw is None or _wire_dtype(m, w.dtype) != dt:
         fw = client.stage_async(w.detach().to(dt).contiguous())
