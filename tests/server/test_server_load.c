@@ -1,7 +1,12 @@
 /* test_server_load.c - big tensors and many clients: an input above 64 MiB
  * and an output above 64 MiB (streamed in chunks, checked against the
  * reference), and 16 concurrent clients using libcgclient, each checking
- * every result. */
+ * every result. Under ThreadSanitizer the big tensors are a sixteenth of
+ * that (4-5 MB, still in several chunks): every byte through
+ * the instrumented server and client costs there (MemoryAccessRange on
+ * each copy), the threads meet in the chunked streaming whatever its
+ * length, and the release and ASan+UBSan builds run the sizes above
+ * 64 MiB. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -19,9 +24,21 @@
 static ts_server srv;
 static grpc_channel *ch;
 
+#define MIB (1024.0 * 1024.0)
+
+/* Past 64 MiB, or past 4 MiB under ThreadSanitizer (see the top). */
+static int tsan;
+static double big_bytes;
+static int64_t big_side(int64_t side) {
+  return tsan ? side / 4 : side;
+}
+
 static int setup(void **state) {
   (void)state;
   static const char *const args[] = {"--workers", "2", NULL};
+  const char *sanitized = getenv("CG_SANITIZED");
+  tsan = sanitized && strcmp(sanitized, "thread") == 0;
+  big_bytes = (tsan ? 4 : 64) * MIB;
   if (ts_fixture_start(&srv, &ch, args) != 0)
     return -1;
   return 0;
@@ -32,8 +49,6 @@ static int teardown(void **state) {
   return ts_fixture_stop(&srv, ch);
 }
 
-#define MIB (1024.0 * 1024.0)
-
 /* The server writes a call's log line as the call is freed, which can be
  * just after the client saw its status: wait for it, so that the next
  * test's log counts start from a settled log. */
@@ -43,7 +58,8 @@ static void run_logged(ts_problem *tp, const ts_opts *o) {
   assert_int_equal(ts_server_wait_log(&srv, "status=OK", ok + 1, 10000), 0);
 }
 
-/* diff_dst 1x16x1100x1100 f32 (77 MB) in, 77 MB diff_src out. */
+/* diff_dst 1x16x1100x1100 f32 (77 MB) in, 77 MB diff_src out (under
+ * TSan 1x16x275x275, 4.8 MB). */
 static void test_big_input_and_output(void **state) {
   (void)state;
   ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
@@ -54,7 +70,7 @@ static void test_big_input_and_output(void **state) {
                .ic = 16,
                .oc = 16,
                .nsp = 2,
-               .is = {1100, 1100},
+               .is = {big_side(1100), big_side(1100)},
                .ks = {1, 1},
                .stride = 1,
                .pad = 0,
@@ -62,8 +78,8 @@ static void test_big_input_and_output(void **state) {
                .seed = 21};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
-  assert_true(tp.g.in_bytes[0] > 64 * MIB);
-  assert_true(tp.g.out_bytes > 64 * MIB);
+  assert_true(tp.g.in_bytes[0] > big_bytes);
+  assert_true(tp.g.out_bytes > big_bytes);
   double t0 = ts_now_ms();
   ts_opts o = {.chunk_bytes = 1 << 20};
   run_logged(&tp, &o);
@@ -72,7 +88,8 @@ static void test_big_input_and_output(void **state) {
   ts_problem_free(&tp);
 }
 
-/* src and diff_dst 77 MB each in, a tiny diff_weights out. */
+/* src and diff_dst 72 MB each in, a tiny diff_weights out (under TSan
+ * 4.5 MB each). */
 static void test_big_inputs_small_output(void **state) {
   (void)state;
   ts_desc d = {.op = CG_OP_CONV_BWD_WEIGHTS,
@@ -83,7 +100,7 @@ static void test_big_inputs_small_output(void **state) {
                .ic = 16,
                .oc = 16,
                .nsp = 2,
-               .is = {1500, 1500},
+               .is = {big_side(1500), big_side(1500)},
                .ks = {1, 1},
                .stride = 1,
                .pad = 0,
@@ -91,7 +108,7 @@ static void test_big_inputs_small_output(void **state) {
                .seed = 22};
   ts_problem tp;
   assert_int_equal(ts_problem_init(&tp, &d), 0);
-  assert_true(tp.g.in_bytes[0] > 64 * MIB);
+  assert_true(tp.g.in_bytes[0] > big_bytes);
   ts_opts o = {.chunk_bytes = 3 << 20};
   run_logged(&tp, &o);
   ts_problem_free(&tp);
