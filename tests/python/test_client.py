@@ -531,6 +531,8 @@ class Errors(unittest.TestCase):
             a = np.zeros((1, 1, 2, 2), np.float32)
             with convgrad.Client(fake.target, token="busy-once-10") as c:
                 out, res = c.conv_backward_data(a, a, with_result=True)
+                self.assertEqual((c.stats()["calls"], c.stats()["retries"]),
+                                 (1, 1))
             self.assertEqual((res.attempts, res.worker), (2, "attempt=1"))
             np.testing.assert_array_equal(out.view(np.uint8).ravel(),
                                           np.arange(16))

@@ -283,7 +283,7 @@ class Client:
         self._ch = ch
         self._lock = threading.Lock()
         self._shm_lock = threading.Lock()
-        self._stats = dict(calls=0, bytes_sent=0, bytes_received=0,
+        self._stats = dict(calls=0, retries=0, bytes_sent=0, bytes_received=0,
                            compute_ms=0.0, queue_ms=0.0, total_ms=0.0,
                            staged_bytes=0)
         self._stager = None  # stage_async's threads, made on first use
@@ -338,7 +338,10 @@ class Client:
 
     def stats(self, reset=False):
         """Totals over the successful op calls of this client: calls,
-        bytes_sent, bytes_received, compute_ms, queue_ms, total_ms;
+        retries (attempts past each call's first: a replica that failed
+        or went away under the call, or lacked a staged input),
+        bytes_sent, bytes_received,
+        compute_ms, queue_ms, total_ms;
         staged_bytes, what stage() uploaded; and
         arena_bytes, the shared-memory regions its arena holds (0 when
         tensors travel as bytes). reset=True starts new totals after
@@ -356,6 +359,7 @@ class Client:
         with self._lock:
             s = self._stats
             s["calls"] += 1
+            s["retries"] += res.attempts - 1
             s["bytes_sent"] += res.bytes_sent
             s["bytes_received"] += res.bytes_received
             s["compute_ms"] += res.compute_ms

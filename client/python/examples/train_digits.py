@@ -12,7 +12,9 @@ squared error. SGD with momentum and SiLU keep training smooth: with ReLU
 and larger steps, a one-ulp difference of summation order flips an
 activation now and then, and the two runs drift apart.
 Each epoch prints the mean loss, the test accuracy, seconds per step, and
-the server calls and bytes per step of one process: one call per
+the server calls and bytes per step of one process (and its calls that
+needed more than one attempt: a replica that failed or went away, or one
+that lacked a staged input): one call per
 convolution (the layer op), and no bytes at all when the server is on this
 host (a unix socket or loopback target whose server serves shared-memory
 regions: the tensors go through the client's arena).
@@ -90,6 +92,7 @@ def train(args, rank, world, offload):
     per_rank = args.batch // world
     steps = len(ytr) // (per_rank * world)
     curve = []
+    label = "offloaded" if offload else "local"
     autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16,
                               enabled=args.dtype == "bf16")
     for epoch in range(args.epochs):
@@ -112,22 +115,26 @@ def train(args, rank, world, offload):
             dist.all_reduce(mean)
             curve.append(mean.item() / world)
             epoch_loss += curve[-1]
+            if rank == 0 and args.progress and len(curve) % args.progress == 0:
+                print("%s step %d/%d: loss %.4f" % (
+                    label, len(curve), steps * args.epochs, curve[-1]),
+                    flush=True)
         dt = (time.perf_counter() - t0) / steps
         acc = accuracy(model, xte, yte, autocast)
         if rank == 0:
             line = ("%s epoch %d: loss %.4f, test accuracy %.2f%%, "
-                    "%.1f ms/step" % ("offloaded" if offload else "local",
-                                      epoch + 1, epoch_loss / steps,
+                    "%.1f ms/step" % (label, epoch + 1, epoch_loss / steps,
                                       100 * acc, 1000 * dt))
             if client:
                 s = client.stats(reset=True)
                 line += (", %.0f calls/step, %.1f kB sent + %.1f kB "
-                         "received/step (%s), server compute %.1f ms/step" % (
+                         "received/step (%s), server compute %.1f ms/step, "
+                         "%d calls retried" % (
                              s["calls"] / steps, s["bytes_sent"] / steps / 1e3,
                              s["bytes_received"] / steps / 1e3,
                              "shared memory, %d MiB" % (s["arena_bytes"] >> 20)
                              if s["arena_bytes"] else "bytes",
-                             s["compute_ms"] / steps))
+                             s["compute_ms"] / steps, s["retries"]))
             print(line, flush=True)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return curve, weights, acc
@@ -193,6 +200,8 @@ def main():
                     help="offload's wire=: bf16 sends the f32 tensors as "
                     "bf16 (lossy, opt-in)")
     ap.add_argument("--compare", action="store_true")
+    ap.add_argument("--progress", type=int, default=0, metavar="N",
+                    help="print the step and its loss every N steps")
     ap.add_argument("--tolerance", type=float, default=None)
     args = ap.parse_args()
     if args.tolerance is None:
