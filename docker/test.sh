@@ -8,7 +8,10 @@
 # up and that the replicas' convgrad_requests_total adds up to the calls
 # the smoke client made, then its trainer
 # service (examples/train_digits.py, 2 processes, --compare: its exit code
-# decides, and every replica must have served some of its calls), then
+# decides, and every replica must have served some of its calls) with
+# replica 1 killed by SIGKILL in the middle of training (the trainer must
+# still match local training, the restart policy bring the replica back
+# and Prometheus scrape the new process), then
 # checks on each replica the image's HEALTHCHECK, the non-root user, that
 # round_robin sent it calls and that SIGTERM drains it to exit 0, and that
 # a one-core cpuset sizes the server to one worker. Then installs the Debian
@@ -256,31 +259,105 @@ step_time "prometheus"
 # The server logs one "compute ... status=OK" line per op call served.
 served() { podman logs "$1" 2>&1 | grep -c ' compute id=.* status=OK' || true; }
 
-# --- 3b. trainer -------------------------------------------------------------------
+# --- 3b. trainer, and a replica killed under it ------------------------------------
 # After the smoke run, against the replicas it left up. `compose run` gives
 # no exit code back, so the container is detached and waited for.
+# Chaos: when the trainer logs its first progress line (step 20 of its
+# 177 offloaded steps, with compose's defaults), replica 1's server
+# process is killed with SIGKILL by its host PID, as a crash or the OOM
+# killer would. Its calls in flight fail UNAVAILABLE and the client
+# retries them on the other replica (the ops are pure; a staged input the
+# restarted replica lost is sent again as bytes), so the trainer's
+# --compare must still pass: its loss curve within 1e-4 of local
+# training's, its test accuracy that of the local run. Then the restart
+# policy (`restart: unless-stopped`) must have started the replica again
+# (podman's conmon does it; no systemd needed), and Prometheus must scrape
+# the new process. `podman kill` would not do: podman counts it as stopped
+# by the user and does not restart the container.
 if [ "$trainer" = 1 ]; then
   before=()
   for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
     before[n]=$(served "${project}_server_$n")
   done
+  victim="${project}_server_1"
+  ip_of() { podman inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$1"; }
+  victim_pid=$(podman inspect -f '{{.State.Pid}}' "$victim")
+  victim_started=$(query "process_start_time_seconds{job=\"convgrad\",instance=\"$(ip_of "$victim"):9464\"}")
+  [ -n "$victim_started" ] || die "prometheus has no process_start_time_seconds of $victim"
   t="${project}_trainer"
   compose run -d -T --no-deps --name "$t" trainer >/dev/null ||
     die "podman-compose run trainer failed"
+  # The trainer's log, followed as it is written; the first progress line
+  # of the offloaded run pulls the trigger.
+  exec {follow}< <(timeout "$trainer_timeout" podman logs -f "$t" 2>&1)
+  follow_pid=$!
+  trigger=
+  while IFS= read -r -u "$follow" line; do
+    case "$line" in *'offloaded step '*) trigger=$line; break ;; esac
+  done
+  [ -n "$trigger" ] && kill -KILL "$victim_pid"
+  t_kill_ms=$(date +%s%3N)
+  kill "$follow_pid" 2>/dev/null || true
+  exec {follow}<&-
+  [ -n "$trigger" ] || die "the trainer ended without a progress line: $(podman logs "$t" 2>&1 | tail -5)"
+  # Conservative: steps logged while this snapshot was taken count as before.
+  steps_at_kill=$(podman logs "$t" 2>&1 | grep -c 'offloaded step' || true)
+  log "chaos: killed $victim (host pid $victim_pid) with SIGKILL at the trainer's '$trigger'"
   set +e
   trainer_rc=$(timeout "$trainer_timeout" podman wait "$t")
   wait_rc=$?
   set -e
-  podman logs "$t" 2>&1 | sed 's/^/trainer: /' >&2
+  trainer_log=$(podman logs "$t" 2>&1)
+  sed 's/^/trainer: /' <<<"$trainer_log" >&2
   [ "$wait_rc" = 124 ] && die "the trainer exceeded ${trainer_timeout} s"
   [ "$trainer_rc" = 0 ] || die "the trainer exited with ${trainer_rc:-no code}"
+  steps_total=$(grep -c 'offloaded step' <<<"$trainer_log" || true)
+  [ "$steps_total" -gt "$steps_at_kill" ] ||
+    die "the kill did not land mid-training: no offloaded step was logged after it"
+  # "test accuracy A% (local B%)": the same to within one of the 359 test
+  # images, 0.28 points (a near tie could flip with the 1e-5 weight
+  # differences of offloaded and local training, kill or no kill).
+  read -r acc lacc < <(sed -n 's/^compare: .*test accuracy \([0-9.]*\)% (local \([0-9.]*\)%).*/\1 \2/p' <<<"$trainer_log")
+  [ -n "$acc" ] || die "no 'compare:' line in the trainer's log"
+  awk -v a="$acc" -v b="$lacc" 'BEGIN { d = a - b; exit !(d * d <= 0.3 * 0.3) }' ||
+    die "test accuracy $acc% after the kill, $lacc% without it"
   for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
     c="${project}_server_$n"
     calls=$(($(served "$c") - before[n]))
     log "$c: served $calls trainer calls"
     [ "$calls" -gt 0 ] || die "$c served no trainer calls: round_robin did not reach it"
   done
-  step_time "trainer run"
+  # The restart policy: a new process, a restart counted, ready again and
+  # SERVING (the HEALTHCHECK's command).
+  state=
+  for _ in $(seq 1 60); do
+    state=$(podman inspect -f '{{.State.Status}} {{.State.Pid}} {{.RestartCount}} {{.State.StartedAt.UnixMilli}}' "$victim")
+    read -r status pid restarts started_ms <<<"$state"
+    [ "$status" = running ] && [ "$pid" != "$victim_pid" ] && [ "$restarts" -ge 1 ] &&
+      podman healthcheck run "$victim" >/dev/null 2>&1 && break
+    state=
+    sleep 0.5
+  done
+  [ -n "$state" ] || die "$victim was not restarted and healthy in 30 s: $(podman inspect -f '{{.State.Status}} exit {{.State.ExitCode}} restarts {{.RestartCount}}' "$victim")"
+  ready=$(podman logs "$victim" 2>&1 | grep -c 'convgrad-server ready' || true)
+  [ "$ready" = 2 ] || die "$victim logged $ready ready lines, not 2 (started, restarted)"
+  log "chaos: $victim restarted by its policy: restarts $restarts, pid $victim_pid -> $pid, started again $(awk -v a="$started_ms" -v b="$t_kill_ms" 'BEGIN { printf "%.1f", (a - b) / 1e3 }') s after the kill, healthy"
+  # Prometheus: the replica's target (its address, whether or not it
+  # changed) is up again and reports the new process's start time.
+  instance="$(ip_of "$victim"):9464"
+  up= started=
+  for _ in $(seq 1 60); do
+    up=$(query "up{job=\"convgrad\",instance=\"$instance\"}")
+    started=$(query "process_start_time_seconds{job=\"convgrad\",instance=\"$instance\"}")
+    [ "$up" = 1 ] && [ -n "$started" ] &&
+      awk -v a="$started" -v b="$victim_started" 'BEGIN { exit !(a > b) }' && break
+    started=
+    sleep 1
+  done
+  resets=$(query "sum(resets(convgrad_requests_total{job=\"convgrad\",instance=\"$instance\"}[10m]))")
+  log "chaos: prometheus: up{instance=\"$instance\"} = ${up:-none}, process_start_time_seconds $victim_started -> ${started:-not newer}, convgrad_requests_total resets ${resets:-none}"
+  [ "$up" = 1 ] && [ -n "$started" ] || die "prometheus does not scrape the restarted $victim"
+  step_time "trainer run with a replica killed"
 fi
 
 # --- 4. what the run left to check -------------------------------------------------
@@ -337,7 +414,14 @@ for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
   code=$(podman inspect --format '{{.State.ExitCode}}' "$c")
   [ "$code" = 0 ] || die "$c exited with $code after SIGTERM"
 done
-log "replicas stopped by SIGTERM with exit code 0"
+# unless-stopped: a replica stopped on purpose stays down (the first was
+# stopped a drain ago, time enough for a restart).
+for n in $(seq 1 "$CONVGRAD_REPLICAS"); do
+  c="${project}_server_$n"
+  status=$(podman inspect --format '{{.State.Status}}' "$c")
+  [ "$status" = exited ] || die "$c is $status after podman stop: the restart policy restarted it"
+done
+log "replicas stopped by SIGTERM with exit code 0, and stayed stopped"
 
 # --- 5. cpuset sizing ---------------------------------------------------------------
 # podman-compose ignores `cpuset`, so check the image under plain podman: on
