@@ -708,7 +708,10 @@ def offload(model, target, overlap=True, backward_threads="auto",
     turns staging off with a warning. Content the server holds already (a
     data-parallel rank's identical weights) is not sent again. Costs a
     SHA-256 pass over those bytes at forward time. False: the backward
-    call sends every input.
+    call sends every input. With replicas=1 (a Client whose large calls
+    pipeline their parts over the server, each part sending its share of
+    src: client/python/README.md, "Pipelining") only the weights are
+    staged.
 
     wire: the dtype f32 layers' tensors travel in. "f32" (default): as
     they are, and the gradients are local's. "bf16" (opt-in, lossy): the
