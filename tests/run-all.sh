@@ -2,7 +2,13 @@
 # Checks formatting and clang-tidy (tests/check-style.sh), fuzzes the
 # request path for half a minute (tests/fuzz, clang's libFuzzer), then builds
 # convgrad three times (release, ASan+UBSan, ThreadSanitizer) and runs every
-# ctest entry in the first two, the server's in the third.
+# ctest entry in the first two, the server's and the client's asynchronous
+# ones in the third. CI's budget is 20 minutes on 2 vCPUs (docker/test.sh
+# included), so each sanitizer runs where it can find something: the
+# sanitized builds set CG_SANITIZED (address or thread), by which the
+# tests skip the lower ISAs (only oneDNN's uninstrumented JIT code changes
+# with them) and shrink their big streams; tests/README.md says what runs
+# where.
 # Usage: tests/run-all.sh [build-root]   (default: build-ci)
 set -euo pipefail
 
