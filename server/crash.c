@@ -40,65 +40,20 @@ static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
 /* ---- the job texts (any thread, signal context included) ------------- */
 
 /* The text functions used here are async-signal-safe (cg/text.h, and
- * cgs_log_value, which uses only them). */
-
-static void append_ints(cg_text *t, const char *key, const int64_t *v, int n) {
-  cg_text_str(t, " ");
-  cg_text_str(t, key);
-  cg_text_str(t, "=");
-  for (int i = 0; i < n && i < CG_MAX_SPATIAL; i++) {
-    if (i)
-      cg_text_str(t, ",");
-    cg_text_int(t, v[i]);
-  }
-}
-
-/* A rank read from memory a crash may have damaged, kept to its array. */
-static size_t rank_of(int rank) {
-  return rank < 0 ? 0 : rank > CG_MAX_RANK ? CG_MAX_RANK : (size_t)rank;
-}
+ * cg_layer_text_geometry and cgs_log_value, which use only them). */
 
 void cgs_crash_describe(char *buf, size_t cap, uint64_t call_id,
                         const char *peer, const cg_layer *l) {
   cg_text t;
   char who[160];
-  /* The geometry of the first output: every part shares the attributes. */
-  const cg_geom *g =
-      (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) ? &l->data : &l->weights;
   cgs_log_value(who, sizeof who, peer ? peer : "?");
   cg_text_init(&t, buf, cap);
   cg_text_str(&t, "job: compute id=");
   cg_text_int(&t, (int64_t)call_id);
   cg_text_str(&t, " peer=");
   cg_text_str(&t, who);
-  cg_text_str(&t, " op=");
-  cg_text_str(&t, cg_op_name(l->op));
-  cg_text_str(&t, " dtype=");
-  cg_text_str(&t, cg_dtype_name(l->dtype));
-  cg_text_str(&t, " in=");
-  for (int i = 0; i < l->ninputs && i < 3; i++) {
-    /* A layer's inputs: src and diff_dst of its weights part, then the
-     * weights its data part reads. */
-    const cg_geom *p = i < 2 && l->ninputs == 3 ? &l->weights
-                       : l->ninputs == 3        ? &l->data
-                                                : g;
-    if (i)
-      cg_text_str(&t, ",");
-    cg_text_dims(&t, p->in_dims[i < 2 ? i : 1], rank_of(p->in_rank));
-  }
-  cg_text_str(&t, " out=");
-  cg_layer_text_outputs(&t, l);
-  cg_text_str(&t, " groups=");
-  cg_text_int(&t, g->groups);
-  append_ints(&t, "strides", g->stride, g->nsp);
-  append_ints(&t, "dilations", g->dilation, g->nsp);
-  append_ints(&t, "pads_begin", g->pad_begin, g->nsp);
-  append_ints(&t, "pads_end", g->pad_end, g->nsp);
-  append_ints(&t, "output_padding", g->output_padding, g->nsp);
-  cg_text_str(&t, " data_format=");
-  cg_text_str(&t, cg_data_format_name(g->data_format));
-  cg_text_str(&t, " weights_format=");
-  cg_text_str(&t, cg_weights_format_name(g->weights_format));
+  cg_text_str(&t, " ");
+  cg_layer_text_geometry(&t, l);
 }
 
 void cgs_crash_job_start(unsigned worker, uint64_t call_id, const char *peer,

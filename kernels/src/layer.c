@@ -171,18 +171,64 @@ uint64_t cg_layer_work(const cg_layer *l) {
   return f;
 }
 
+/* A rank read from memory a crash may have damaged, kept to its array. */
+static size_t rank_of(int rank) {
+  return rank < 0 ? 0 : rank > CG_MAX_RANK ? CG_MAX_RANK : (size_t)rank;
+}
+
 void cg_layer_text_outputs(cg_text *t, const cg_layer *l) {
   for (int g = 0, n = 0; g < CG_GRAD_COUNT; g++) {
     if (!(l->grads & CG_GRAD_BIT(g)))
       continue;
     if (n++)
       cg_text_append(t, ",", 1);
-    int rank = l->out_rank[g];
-    cg_text_dims(t, l->out_dims[g],
-                 rank < 0             ? 0
-                 : rank > CG_MAX_RANK ? CG_MAX_RANK
-                                      : (size_t)rank);
+    cg_text_dims(t, l->out_dims[g], rank_of(l->out_rank[g]));
   }
+}
+
+static void append_ints(cg_text *t, const char *key, const int64_t *v, int n) {
+  cg_text_str(t, " ");
+  cg_text_str(t, key);
+  cg_text_str(t, "=");
+  for (int i = 0; i < n && i < CG_MAX_SPATIAL; i++) {
+    if (i)
+      cg_text_str(t, ",");
+    cg_text_int(t, v[i]);
+  }
+}
+
+void cg_layer_text_geometry(cg_text *t, const cg_layer *l) {
+  /* The geometry of the first output: every part shares the attributes. */
+  const cg_geom *g =
+      (l->grads & CG_GRAD_BIT(CG_GRAD_DIFF_SRC)) ? &l->data : &l->weights;
+  cg_text_str(t, "op=");
+  cg_text_str(t, cg_op_name(l->op));
+  cg_text_str(t, " dtype=");
+  cg_text_str(t, cg_dtype_name(l->dtype));
+  cg_text_str(t, " in=");
+  for (int i = 0; i < l->ninputs && i < 3; i++) {
+    /* A layer's inputs: src and diff_dst of its weights part, then the
+     * weights its data part reads. */
+    const cg_geom *p = i < 2 && l->ninputs == 3 ? &l->weights
+                       : l->ninputs == 3        ? &l->data
+                                                : g;
+    if (i)
+      cg_text_str(t, ",");
+    cg_text_dims(t, p->in_dims[i < 2 ? i : 1], rank_of(p->in_rank));
+  }
+  cg_text_str(t, " out=");
+  cg_layer_text_outputs(t, l);
+  cg_text_str(t, " groups=");
+  cg_text_int(t, g->groups);
+  append_ints(t, "strides", g->stride, g->nsp);
+  append_ints(t, "dilations", g->dilation, g->nsp);
+  append_ints(t, "pads_begin", g->pad_begin, g->nsp);
+  append_ints(t, "pads_end", g->pad_end, g->nsp);
+  append_ints(t, "output_padding", g->output_padding, g->nsp);
+  cg_text_str(t, " data_format=");
+  cg_text_str(t, cg_data_format_name(g->data_format));
+  cg_text_str(t, " weights_format=");
+  cg_text_str(t, cg_weights_format_name(g->weights_format));
 }
 
 uint64_t cg_layer_flops(const cg_layer *l) {

@@ -66,6 +66,12 @@ CG_EXPORT uint64_t cg_layer_work(const cg_layer *l);
  * from a layer a crash may have damaged are kept to the arrays):
  * async-signal-safe, as cg/text.h is. */
 CG_EXPORT void cg_layer_text_outputs(cg_text *t, const cg_layer *l);
+/* Appends what l computes: "op=... dtype=... in=... out=... groups=...
+ * strides=... dilations=... pads_begin=... pads_end=... output_padding=...
+ * data_format=... weights_format=..." (the attributes of its first
+ * output's part), for a record that must name a problem, the crash report
+ * (async-signal-safe, as above) or a failed result check. */
+CG_EXPORT void cg_layer_text_geometry(cg_text *t, const cg_layer *l);
 
 #ifdef __cplusplus
 }
