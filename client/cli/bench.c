@@ -525,6 +525,7 @@ int cgc_cmd_bench(int argc, char **argv) {
     cJSON *jrows = json ? cJSON_CreateArray() : NULL;
     code = cgc__bench_run(&cli, ch, rows, nrows, (long)warmup.v, (long)nreq.v,
                           (double)duration.v, (int)conc.v, shm, jrows);
+    cgc_cli_verify_report(&cli, ch, json ? stderr : stdout);
     char *text = jrows ? cJSON_Print(jrows) : NULL;
     if (text)
       printf("%s\n", text);

@@ -22,6 +22,7 @@ enum {
   CGC__OPT_TOKEN,
   CGC__OPT_REPLICAS,
   CGC__OPT_SPLIT_PARTS,
+  CGC__OPT_VERIFY_RATE,
   CGC__OPT_LOCAL = 1100
 };
 
@@ -37,6 +38,7 @@ static const struct option cgc__common_opts[] = {
     {"token", required_argument, NULL, CGC__OPT_TOKEN},
     {"replicas", required_argument, NULL, CGC__OPT_REPLICAS},
     {"split-parts", required_argument, NULL, CGC__OPT_SPLIT_PARTS},
+    {"verify-rate", required_argument, NULL, CGC__OPT_VERIFY_RATE},
     {"help", no_argument, NULL, 'h'}};
 #define CGC__NCOMMON (sizeof cgc__common_opts / sizeof cgc__common_opts[0])
 
@@ -66,6 +68,10 @@ static const char cgc__common_help[] =
     "                   on one replica (round_robin)\n"
     "  --split-parts N  parts of a split call at most (default 2 x\n"
     "                   replicas)\n"
+    "  --verify-rate R  check this fraction (0..1) of the calls' results\n"
+    "                   here, by the adjoint identity, and the first call\n"
+    "                   of each shape; a result that fails is asked for\n"
+    "                   again (default $CONVGRAD_VERIFY_RATE, else 0)\n"
     "  -h, --help       this help\n";
 
 void cgc_cli_init(cgc_cli *cli, const char *cmd, const char *help,
@@ -173,6 +179,14 @@ static int cgc__cli_common(cgc_cli *cli, int c, const char *arg) {
   case CGC__OPT_TOKEN:
     cli->opts.token = arg;
     return 0;
+  case CGC__OPT_VERIFY_RATE: {
+    char *end;
+    double r = strtod(arg, &end);
+    if (!*arg || *end || !(r >= 0 && r <= 1))
+      return -1;
+    cli->opts.verify_rate = r;
+    return 0;
+  }
   case CGC__OPT_REPLICAS:
   case CGC__OPT_SPLIT_PARTS:
     if (cgc__cli_int(arg, 0, c == CGC__OPT_REPLICAS ? 64 : 256, &v))
@@ -275,6 +289,19 @@ int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch) {
   return 0;
 }
 
+void cgc_cli_verify_report(const cgc_cli *cli, cgc_channel *ch, FILE *out) {
+  cgc_verify_stats v;
+  if (!(cli->opts.verify_rate > 0))
+    return;
+  cgc_verify_stats_get(ch, &v);
+  fprintf(out,
+          "client checks: %llu calls, %llu outputs checked, %llu failed, "
+          "%llu recovered, %llu lost\n",
+          (unsigned long long)v.calls, (unsigned long long)v.outputs,
+          (unsigned long long)v.failed, (unsigned long long)v.recovered,
+          (unsigned long long)v.lost);
+}
+
 int cgc_cli_fail(const cgc_cli *cli, int rc, const cgc_status *st) {
   int code = cgc_exit_for(rc, st);
   const char *msg = st->message[0] ? st->message : cgc_strerror(rc);
@@ -292,6 +319,9 @@ int cgc_cli_fail(const cgc_cli *cli, int rc, const cgc_status *st) {
     case GRPC_STATUS_INVALID_ARGUMENT:
       fprintf(stderr, "convgrad %s: server rejected the request: %s\n",
               cli->cmd, msg);
+      break;
+    case GRPC_STATUS_DATA_LOSS: /* the server's check, or this client's */
+      fprintf(stderr, "convgrad %s: DATA_LOSS: %s\n", cli->cmd, msg);
       break;
     default:
       fprintf(stderr, "convgrad %s: server error %s: %s\n", cli->cmd,

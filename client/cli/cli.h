@@ -6,6 +6,7 @@
 #define CGC_CLI_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cgc/client.h"
 #include "shm.h"
@@ -82,6 +83,8 @@ int cgc_cli_name(const char *cmd, cgc_cli_kind kind, const char *arg,
 int cgc_cli_connect(cgc_cli *cli, cgc_channel **ch);
 /* Prints one line for a failed call and returns the exit code for it. */
 int cgc_cli_fail(const cgc_cli *cli, int rc, const cgc_status *st);
+/* With --verify-rate above 0, one line of ch's check counts on out. */
+void cgc_cli_verify_report(const cgc_cli *cli, cgc_channel *ch, FILE *out);
 /* Prints "convgrad CMD: MESSAGE (see convgrad CMD --help)" and returns
  * CGC_EXIT_USAGE. */
 int cgc_cli_usage(const char *cmd, const char *fmt, ...)

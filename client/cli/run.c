@@ -583,6 +583,7 @@ int cgc_cmd_run(int argc, char **argv) {
     goto out;
   }
   cgc__run_report(&s, out, &res);
+  cgc_cli_verify_report(&cli, ch, stdout);
   if (v[R_OUT] && (code = cgc__run_write(&s, v[R_OUT], out)))
     goto out;
   if (check)

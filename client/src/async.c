@@ -150,12 +150,12 @@ static const cgc__call_ops cgc__job_ops = {
 
 int cgc__call_start(cgc_channel *ch, const cgc_request *req,
                     void *const data[CG_GRAD_COUNT],
-                    const size_t cap[CG_GRAD_COUNT],
+                    const size_t cap[CG_GRAD_COUNT], cgc__check_mode check,
                     cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
                     void *arg, cgc_call **out, cgc_status *st) {
   cgc__job *job;
   *out = NULL;
-  int rc = cgc__job_new(&job, ch, req, data, cap, st);
+  int rc = cgc__job_new(&job, ch, req, data, cap, check, st);
   if (rc)
     return rc;
   grpc_completion_queue *cq = cgc__engine_cq(ch, st);

@@ -4,6 +4,7 @@
  * a call does over them is split.c's). Deadlines and retries are
  * retry.c's. */
 #include <arpa/inet.h>
+#include <math.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,14 @@ void cgc_options_init(cgc_options *o) {
   o->backoff_max_ms = 2000;
   o->backoff_multiplier = 2.0;
   o->hedge_budget = 0.05;
+  /* Unparsable: NAN, which cgc_channel_new refuses, naming the variable. */
+  const char *rate = getenv("CONVGRAD_VERIFY_RATE");
+  if (rate && *rate) {
+    char *end;
+    o->verify_rate = strtod(rate, &end);
+    if (*end)
+      o->verify_rate = NAN;
+  }
 }
 
 static int cgc__given(const char *s) {
@@ -79,6 +88,11 @@ static int cgc__check_options(const cgc_options *o, char *err, size_t errlen) {
                      "replicas/split_parts/hedge_budget: must be in [0, %d], "
                      "[0, %d] and [0, 1]",
                      CGC__REPLICAS_MAX, CGC__PARTS_MAX);
+  if (!(o->verify_rate >= 0 && o->verify_rate <= 1))
+    return cg_errorf(err, errlen, CG_EINVAL,
+                     "verify_rate: must be in [0, 1], got %g (the default "
+                     "comes from CONVGRAD_VERIFY_RATE)",
+                     o->verify_rate);
   for (const char *p = o->token; p && *p; p++)
     if (*p <= ' ' || *p > '~')
       return cg_errorf(err, errlen, CG_EINVAL,
@@ -404,7 +418,7 @@ static int cgc__replicas_new(cgc_channel *ch, char *err, size_t errlen) {
   o.replicas = 0;
   o.retries = o.retries < 1 ? o.retries : 1;
   for (int i = 0; i < n && !rc; i++) {
-    rc = cgc__channel_new(&ch->replicas[i].ch, addr[naddr > 1 ? i : 0], &o, 1,
+    rc = cgc__channel_new(&ch->replicas[i].ch, addr[naddr > 1 ? i : 0], &o, ch,
                           err, errlen);
     if (!rc)
       ch->nreplicas++;
@@ -420,11 +434,11 @@ out:
 
 int cgc_channel_new(cgc_channel **out, const char *target,
                     const cgc_options *opts, char *err, size_t errlen) {
-  return cgc__channel_new(out, target, opts, 0, err, errlen);
+  return cgc__channel_new(out, target, opts, NULL, err, errlen);
 }
 
 int cgc__channel_new(cgc_channel **out, const char *target,
-                     const cgc_options *opts, int own_connections, char *err,
+                     const cgc_options *opts, cgc_channel *parent, char *err,
                      size_t errlen) {
   int rc = 0;
   cgc_channel *ch = NULL;
@@ -451,6 +465,11 @@ int cgc__channel_new(cgc_channel **out, const char *target,
   rc = cgc__rewrite_target(target, &ch->target, err, errlen);
   if (rc)
     goto fail_opts;
+  /* A replica's parent draws which calls are checked and counts them,
+   * and sends an output that failed its check to another replica. */
+  cgc__verifier_init(&ch->verify, &ch->opts);
+  ch->vf = parent ? parent->vf : &ch->verify;
+  ch->verify_retries = parent ? 0 : 1;
 
   grpc_init();
   int reconnect_max =
@@ -494,9 +513,9 @@ int cgc__channel_new(cgc_channel **out, const char *target,
   grpc_channel_args cargs = {sizeof args / sizeof args[0], args};
   if (!cgc__given(ch->opts.tls_server_name))
     cargs.num_args--;
-  else if (!own_connections)
+  else if (!parent)
     args[cargs.num_args - 2] = args[cargs.num_args - 1];
-  if (!own_connections)
+  if (!parent)
     cargs.num_args--;
   rc = cgc__credentials(&ch->opts, &creds, err, errlen);
   if (rc)
@@ -534,6 +553,7 @@ fail_grpc:
     grpc_slice_unref(ch->auth_md.value);
   grpc_shutdown();
   free(ch->target);
+  cgc__verifier_destroy(&ch->verify);
 fail_opts:
   cgc__engine_close(&ch->engine);
   pthread_mutex_destroy(&ch->regions_mu);
@@ -555,6 +575,7 @@ void cgc_channel_free(cgc_channel *ch) {
   if (ch->auth_md_count)
     grpc_slice_unref(ch->auth_md.value);
   free(ch->target);
+  cgc__verifier_destroy(&ch->verify);
   free(ch);
   grpc_shutdown();
 }

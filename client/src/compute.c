@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <grpc/support/alloc.h>
+
 #include "cgw.h"
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
@@ -92,6 +94,17 @@ typedef struct cgc__attempt {
    * (its NOT_FOUND's convgrad-missing-staged), and those that go as
    * bytes from then on. */
   unsigned staged_missing, staged_as_bytes;
+  /* The client's checks (verify.c): whether the outputs are checked, the
+   * request's layer and the probes' seed; the outputs of this attempt
+   * that failed theirs, with the last failure's status; the attempt's
+   * call, whose peer a failure names. */
+  int checking;
+  cg_layer check_layer;
+  uint64_t check_seed;
+  cgc__verifier *vf;
+  unsigned check_failed;
+  cgc_status check_st;
+  grpc_call *call;
 } cgc__attempt;
 
 /* The trailing metadata naming the staged ids a Compute call lacked. */
@@ -378,12 +391,31 @@ static int cgc__check_result(cgc__attempt *a,
   return 0;
 }
 
-/* Tells of the output being received once its last byte is in: from then
- * on its data is final, whatever happens to the rest of the call. */
+/* Checks output g, just received, when the call is checked; 0 when it
+ * passed or is not checked. */
+static int cgc__check_output(cgc__attempt *a, int g) {
+  if (!a->checking)
+    return 0;
+  char *peer = a->call ? grpc_call_get_peer(a->call) : NULL;
+  int rc =
+      cgc__verify_output(a->vf, &a->check_layer, (cg_grad)g, a->req, a->out[g],
+                         a->check_seed, peer, a->res.worker, &a->check_st);
+  gpr_free(peer);
+  return rc;
+}
+
+/* Tells of the output being received once its last byte is in (and, in a
+ * checked call, once it passed its check): from then on its data is
+ * final, whatever happens to the rest of the call. */
 static void cgc__mark_whole(cgc__attempt *a) {
   unsigned bit = CG_GRAD_BIT(a->out_cur);
-  if (a->received != a->out[a->out_cur]->nbytes || (a->done & bit))
+  if (a->received != a->out[a->out_cur]->nbytes || (a->done & bit) ||
+      (a->check_failed & bit))
     return;
+  if (cgc__check_output(a, a->out_cur) != 0) {
+    a->check_failed |= bit; /* asked for again, if the call retries */
+    return;
+  }
   a->done |= bit;
   if (a->on_whole)
     a->on_whole(a->whole_arg, a->done);
@@ -669,6 +701,9 @@ struct cgc__job {
   void *end_arg;
   int ended;     /* rc and st are final */
   int cancelled; /* cgc__job_cancel: no attempt after the current one */
+  /* Attempts left after a failed check (cgc_channel.verify_retries), and
+   * the attempts whose check failed. */
+  int check_retries, check_failures;
   int rc;
   cgc_status st;
 };
@@ -684,6 +719,7 @@ static void cgc__attempt_reset(cgc__attempt *a) {
   a->have_header = 0;
   a->got = 0;
   a->received = 0;
+  a->check_failed = 0;
   a->perr[0] = '\0';
   memset(&a->res, 0, sizeof a->res);
 }
@@ -842,6 +878,10 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
                                    : "no ResultHeader");
     return CGC_EPROTO;
   }
+  if (a->check_failed) {
+    *st = a->check_st;
+    return CGC_ERPC;
+  }
   a->res.total_ms = cgc__now_ms() - f->t0;
   a->res.download_ms = f->t_all_in - a->t_header;
   cgc__status_ok(st);
@@ -863,6 +903,9 @@ static void cgc__attempt_begin(cgc__job *j);
 
 /* Ends the call with rc (st filled). */
 static void cgc__job_end(cgc__job *j, int rc) {
+  /* Where the channel asks again itself; else the split counts. */
+  if (j->check_failures && j->ch->verify_retries)
+    cgc__verify_settled(j->ch->vf, rc);
   j->a.res.attempts = cgc__retry_attempts(&j->retry);
   j->rc = rc;
   j->ended = 1;
@@ -928,6 +971,20 @@ static void cgc__attempt_end(cgc__job *j, int rc) {
   cgc__attempt *a = &j->a;
   if (rc)
     cgc__drop_out(a, ~a->done);
+  if (a->check_failed && cgc__verify_failure(rc, &j->st)) {
+    /* The outputs that failed their check, asked for again at once (of
+     * round_robin's next address, on a list target), and checked again. */
+    j->check_failures++;
+    if (!j->cancelled && j->check_retries > 0) {
+      j->check_retries--;
+      cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
+                      cgc__retry_attempts(&j->retry));
+      cgc__attempt_begin(j);
+      return;
+    }
+    cgc__job_end(j, rc);
+    return;
+  }
   if (!j->cancelled && cgc__retry_next(&j->retry, rc, &j->st)) {
     if (cgc__retry_watch(&j->retry, 1, 0, j->cq, &j->wait_tag))
       cgc__attempt_begin(j);
@@ -970,6 +1027,7 @@ static void cgc__attempt_settle(cgc__job *j) {
     cgc__find_missing(&j->a, &f->io.trailing_md);
   grpc_call_unref(f->call);
   f->call = NULL;
+  j->a.call = NULL;
   cgc__call_io_free(&f->io);
   cgc__attempt_end(j, rc);
 }
@@ -1001,6 +1059,7 @@ static void cgc__attempt_begin(cgc__job *j) {
       cgc__status_set(&j->st, GRPC_STATUS_INTERNAL, "cannot create the call");
       rc = CGC_ERPC;
     }
+    a->call = f->call;
   }
   if (rc) {
     cgc__call_io_free(&f->io);
@@ -1163,7 +1222,8 @@ static int cgc__find_regions(cgc__attempt *a, cgc_channel *ch) {
 }
 
 int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
-                 void *const *into, const size_t *into_cap, cgc_status *st) {
+                 void *const *into, const size_t *into_cap,
+                 cgc__check_mode check, cgc_status *st) {
   int rc;
   *out = NULL;
   unsigned wants = cgc__request_wants(req, st);
@@ -1203,6 +1263,15 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
     a->into_cap[g] = into_cap[g];
   }
   a->in_regions = cgc__find_regions(a, ch);
+  a->vf = ch->vf;
+  j->check_retries = ch->verify_retries;
+  if (cgc__verify_pick(ch->vf, req, check, &a->check_seed)) {
+    cg_problem p;
+    char err[256];
+    cgc__request_problem(req, &p);
+    /* A request the kernels refuse is the server's to refuse. */
+    a->checking = cg_layer_resolve(&p, &a->check_layer, err, sizeof err) == 0;
+  }
   *out = j;
   return 0;
 }
@@ -1262,12 +1331,13 @@ static void cgc__set_ended(void *arg) {
  * it to the engine's thread and back would cost two thread wake-ups per
  * call (tests/README.md, "Design figures"). */
 int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
-                 const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
-                 cgc_result *res, cgc_status *st) {
+                 const size_t *into_cap, cgc__check_mode check,
+                 cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                 cgc_status *st) {
   cgc__job *j;
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     out[g] = NULL;
-  int rc = cgc__job_new(&j, ch, req, into, into_cap, st);
+  int rc = cgc__job_new(&j, ch, req, into, into_cap, check, st);
   if (rc)
     return rc;
   grpc_completion_queue *cq = cgc__cq_take(ch);

@@ -2,17 +2,20 @@
  * that defines it: the channel struct (channel.c), the status helpers
  * (errors.c), a call's buffers and the unary call (call.c), deadlines and
  * the retry loop (retry.c), the Compute job (compute.c), one call over
- * several replicas (split.c) and regions (region.c). sync.c (the blocking
- * calls) and async.c (the engine) use them. Not installed. */
+ * several replicas (split.c), regions (region.c) and the client's result
+ * checks (verify.c). sync.c (the blocking calls) and async.c (the engine)
+ * use them. Not installed. */
 #ifndef CGC_INTERNAL_H
 #define CGC_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
 
+#include "cg/layer.h"
 #include "cgc/client.h"
 #include "cgw.h"
 
@@ -53,12 +56,21 @@ cgc_call *cgc__call_new(const cgc__call_ops *ops, void *obj,
                         void *arg);
 void cgc__call_whole(void *c, unsigned whole); /* a cgc__whole_fn */
 void cgc__call_ended(void *c);                 /* a cgc__end_fn */
+/* How a call's outputs are checked: as the channel's verifier draws
+ * (verify_rate, or a shape new to it: a checked call is counted), or as
+ * the caller of a split part or failover decided. */
+typedef enum {
+  CGC__CHECK_DRAW,
+  CGC__CHECK_ALWAYS,
+  CGC__CHECK_NEVER
+} cgc__check_mode;
 /* cgc_call_start_notify on ch's one server (a channel without replicas,
  * or one replica's), with on_whole (may be NULL) told of the outputs as
- * they become whole. data[g] must be set for each output asked for. */
+ * they become whole, and its outputs checked as check says. data[g] must
+ * be set for each output asked for. */
 int cgc__call_start(cgc_channel *ch, const cgc_request *req,
                     void *const data[CG_GRAD_COUNT],
-                    const size_t cap[CG_GRAD_COUNT],
+                    const size_t cap[CG_GRAD_COUNT], cgc__check_mode check,
                     cgc__call_whole_fn on_whole, cgc_call_end_fn notify,
                     void *arg, cgc_call **out, cgc_status *st);
 
@@ -118,6 +130,20 @@ struct cgc__split_stats {
   unsigned events;
 };
 
+/* The client's result checks of a channel (verify.c): which calls,
+ * the counts, where a failure is told. */
+#define CGC__VERIFY_SHAPES 64
+typedef struct cgc__verifier {
+  double rate;   /* cgc_options.verify_rate */
+  uint64_t seed; /* of the draws and the probes, per channel */
+  void (*notify)(void *arg, const char *line);
+  void *notify_arg;
+  atomic_uint_fast64_t draws;
+  atomic_uint_fast64_t calls, outputs, failed, recovered, lost;
+  pthread_mutex_t mu;                  /* shapes */
+  uint64_t shapes[CGC__VERIFY_SHAPES]; /* seen, by cgc__shape_key; 0 free */
+} cgc__verifier;
+
 /* Completion queues kept for reuse: one per call in flight at the
  * channel's busiest, up to this many. */
 #define CGC__CQ_CACHE 64
@@ -145,12 +171,20 @@ struct cgc_channel {
   int nreplicas;
   pthread_mutex_t split_mu;
   struct cgc__split_stats *stats;
+  /* The result checks: this channel's own (verify), or for a replica's
+   * channel its parent's, which draws the calls and counts (vf). */
+  cgc__verifier verify;
+  cgc__verifier *vf;
+  /* Attempts more after a failed check: 1, or 0 on a replica's channel,
+   * whose parent sends the output to another replica instead. */
+  int verify_retries;
 };
 
-/* cgc_channel_new; own_connections: the channel's connections are not
- * shared with other channels to the same address (a replica's). */
+/* cgc_channel_new; parent: NULL, or the channel whose replica this one
+ * is: its connections are then not shared with other channels to the
+ * same address, and its result checks are the parent's (vf). */
 int cgc__channel_new(cgc_channel **out, const char *target,
-                     const cgc_options *opts, int own_connections, char *err,
+                     const cgc_options *opts, cgc_channel *parent, char *err,
                      size_t errlen);
 
 /* errors.c: statuses. */
@@ -342,7 +376,8 @@ typedef void (*cgc__end_fn)(void *arg);
  * points to are borrowed until cgc__job_free. Returns 0 with *out, or a
  * negative code with st filled. */
 int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
-                 void *const *into, const size_t *into_cap, cgc_status *st);
+                 void *const *into, const size_t *into_cap,
+                 cgc__check_mode check, cgc_status *st);
 /* The outputs the call asks for. */
 unsigned cgc__job_wants(const cgc__job *j);
 /* Starts the call on cq, retries included (a retry asks only for the
@@ -372,11 +407,13 @@ void cgc__job_cancel(cgc__job *j);
 unsigned cgc__request_wants(const cgc_request *req, cgc_status *st);
 /* One blocking call on ch's one server, on this thread: output g lands in
  * into[g] when into and into[g] are set, else in a new allocation; out[g]
- * receives each output asked for. (sync.c's calls take a channel's
- * replicas to cgc__split_compute instead.) */
+ * receives each output asked for; its outputs checked as check says.
+ * (sync.c's calls take a channel's replicas to cgc__split_compute
+ * instead.) */
 int cgc__compute(cgc_channel *ch, const cgc_request *req, void *const *into,
-                 const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
-                 cgc_result *res, cgc_status *st);
+                 const size_t *into_cap, cgc__check_mode check,
+                 cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                 cgc_status *st);
 
 /* split.c: a call on a channel with replicas: split along the minibatch
  * when it pays, else whole on the least loaded replica. As cgc__compute. */
@@ -392,6 +429,36 @@ int cgc__split_start(cgc_channel *ch, const cgc_request *req,
                      void *arg, cgc_call **out, cgc_status *st);
 /* Ends the split thread of ch (no call in flight): cgc_channel_free. */
 void cgc__split_close(cgc_channel *ch);
+
+/* verify.c: what a request is to the kernels, and the client's checks of
+ * the results it receives (cgc_options.verify_rate). */
+
+/* The kernels' problem of req, with the formats its views name (lists
+ * borrowed from req). */
+void cgc__request_problem(const cgc_request *req, cg_problem *p);
+/* A hash (never 0) of what decides a request's shape: op, outputs and
+ * the inputs' dtypes, layouts and dims. */
+uint64_t cgc__shape_key(const cgc_request *r);
+
+void cgc__verifier_init(cgc__verifier *v, const cgc_options *o);
+void cgc__verifier_destroy(cgc__verifier *v);
+/* 1 when the outputs of req are to be checked, with *seed the probes';
+ * else 0. Thread-safe. */
+int cgc__verify_pick(cgc__verifier *v, const cgc_request *req,
+                     cgc__check_mode mode, uint64_t *seed);
+/* Checks output g of req (resolved as l), received as t from peer and the
+ * server's worker (each may be NULL). Returns 0 when it passed (or could
+ * not run for want of memory: the output stands, as on the server), or
+ * CGC_ERPC with st DATA_LOSS naming the output, op, geometry and replica,
+ * after counting the failure and telling its line. Thread-safe. */
+int cgc__verify_output(cgc__verifier *v, const cg_layer *l, cg_grad g,
+                       const cgc_request *req, const cgc_tensor *t,
+                       uint64_t seed, const char *peer, const char *worker,
+                       cgc_status *st);
+/* 1 when rc and st are a failed check's (cgc__verify_output). */
+int cgc__verify_failure(int rc, const cgc_status *st);
+/* A call on which a check failed ended with rc: recovered or lost. */
+void cgc__verify_settled(cgc__verifier *v, int rc);
 
 /* region.c: shared-memory regions. */
 

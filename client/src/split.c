@@ -218,57 +218,7 @@ static double cgc__hedge_after(struct cgc__split_stats *s, uint64_t key) {
   return p95 > 3 * p50 ? p95 : 3 * p50;
 }
 
-/* A hash (FNV-1a, never 0) of what decides a request's latency on a
- * replica: op, outputs and the inputs' dtypes, layouts and dims. */
-static uint64_t cgc__shape_key(const cgc_request *r) {
-  uint64_t h = 1469598103934665603ull;
-  int64_t v[3 + 3 * (2 + CG_MAX_RANK)];
-  int n = 0;
-  v[n++] = r->op;
-  v[n++] = r->grads;
-  v[n++] = r->output_layout;
-  for (int i = 0; i < 3; i++) {
-    v[n++] = (int64_t)r->inputs[i].dtype * 16 + r->inputs[i].layout;
-    v[n++] = r->inputs[i].rank;
-    for (int d = 0; d < CG_MAX_RANK; d++)
-      v[n++] = d < r->inputs[i].rank ? r->inputs[i].dims[d] : 0;
-  }
-  const unsigned char *b = (const unsigned char *)v;
-  for (size_t i = 0; i < (size_t)n * sizeof v[0]; i++)
-    h = (h ^ b[i]) * 1099511628211ull;
-  return h | 1;
-}
-
 /* ---- the plan -------------------------------------------------------- */
-
-/* The kernels' problem of req, with the formats its views name. */
-static void cgc__problem(const cgc_request *req, int nin, cg_problem *p) {
-  cg_problem_init(p);
-  p->op = req->op;
-  p->dtype = req->inputs[0].dtype;
-  p->attrs = req->attrs;
-  for (int i = 0; i < nin; i++) {
-    int l = (int)req->inputs[i].layout;
-    if (l == CGC_LAYOUT_NCX || l == CGC_LAYOUT_NXC) {
-      if (!p->attrs.data_format)
-        p->attrs.data_format = (cg_data_format)l;
-    } else if (l >= CGC_LAYOUT_OIX && !p->attrs.weights_format) {
-      p->attrs.weights_format = (cg_weights_format)(l - 2);
-    }
-    p->input_dims[i] =
-        (cg_ints){req->inputs[i].dims, (size_t)req->inputs[i].rank};
-  }
-  p->has_shape_input = req->has_shape_input;
-  p->shape_input = req->shape_input;
-  int out = (int)req->output_layout, wout = (int)req->weights_output_layout;
-  if (out == CGC_LAYOUT_NCX || out == CGC_LAYOUT_NXC)
-    p->out_data_format = (cg_data_format)out;
-  else if (out >= CGC_LAYOUT_OIX)
-    p->out_weights_format = (cg_weights_format)(out - 2);
-  if (wout >= CGC_LAYOUT_OIX)
-    p->out_weights_format = (cg_weights_format)(wout - 2);
-  p->grads = req->grads;
-}
 
 /* Parts of a call of work flops: at most max_parts and the minibatch,
  * each at least min_flops, and the tensors every part repeats (repeat
@@ -353,7 +303,7 @@ static void cgc__plan_of(cgc_channel *ch, const cgc_request *req,
   int nin = layer ? 3 : 2;
   cg_problem p;
   char err[256];
-  cgc__problem(req, nin, &p);
+  cgc__request_problem(req, &p);
   if (cg_layer_resolve(&p, &plan->layer, err, sizeof err) != 0)
     return; /* the server will say what is wrong */
   const cg_layer *l = &plan->layer;
@@ -473,6 +423,10 @@ struct cgc__split {
   cgc_tensor *out[CG_GRAD_COUNT]; /* made at the end, for cgc_call_finish */
   cgc_call *call;
   cgc__split *next; /* in the channel's active list */
+  /* Whether the parts' outputs are checked (the call was drawn: every
+   * attempt then is), and the attempts whose check failed. */
+  cgc__check_mode check;
+  int check_failures;
 };
 
 /* What a part's call tells, on its replica's engine thread. */
@@ -535,7 +489,7 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
         cap[g] = plan->layer.out_bytes[g];
     }
   pt->req.deadline_ms = deadline_ms > 0 ? deadline_ms : 1;
-  int rc = cgc__call_start(ch->replicas[r].ch, &pt->req, data, cap,
+  int rc = cgc__call_start(ch->replicas[r].ch, &pt->req, data, cap, s->check,
                            cgc__on_try_whole, cgc__on_try_end, t, &t->call, st);
   if (rc) {
     free(t->buf);
@@ -639,6 +593,7 @@ static void cgc__try_end(cgc__split *s, cgc__part *pt, int i) {
       cgc__place_src(s, pt, t);
     return;
   }
+  s->check_failures += cgc__verify_failure(rc, &st);
   if (s->rc)
     return;
   if (cgc__retryable(rc, &st))
@@ -855,6 +810,8 @@ static void *cgc__driver_main(void *arg) {
     for (cgc__split *s = ss->active; s; s = s->next) {
       if (cgc__step(s, now)) {
         cgc__finish(s);
+        if (s->check_failures)
+          cgc__verify_settled(ch->vf, s->rc);
         s->over = 1;
       } else {
         double h = cgc__next_hedge(s);
@@ -1008,7 +965,7 @@ static size_t cgc__sent_bytes(const cgc_request *req) {
  * part sent to the replica that should finish it first. Returns 0 with
  * *out, or a negative code with st filled and nothing running. */
 static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
-                            const cgc__plan *plan,
+                            const cgc__plan *plan, cgc__check_mode check,
                             void *const dst[CG_GRAD_COUNT], const size_t *cap,
                             cgc_call_end_fn notify, void *arg, cgc_call **out,
                             cgc_status *st) {
@@ -1023,6 +980,7 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
   }
   s->ch = ch;
   s->plan = *plan;
+  s->check = check;
   for (int g = 0; g < CG_GRAD_COUNT; g++) {
     s->dst[g] = dst[g];
     s->cap[g] = cap ? cap[g] : plan->layer.out_bytes[g];
@@ -1081,6 +1039,16 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
   return 0;
 }
 
+/* Whether a call of req on ch is checked (cgc_options.verify_rate): the
+ * parent channel draws for the call, and every attempt of its parts
+ * (failovers, backups) is then checked on the replicas' channels. */
+static cgc__check_mode cgc__check_of(cgc_channel *ch, const cgc_request *req) {
+  uint64_t seed; /* the parts' jobs draw their own probes */
+  return cgc__verify_pick(ch->vf, req, CGC__CHECK_DRAW, &seed)
+             ? CGC__CHECK_ALWAYS
+             : CGC__CHECK_NEVER;
+}
+
 /* The plan of req on ch: the outputs it asks for, its parts. */
 static void cgc__plan_req(cgc_channel *ch, const cgc_request *req,
                           cgc__plan *plan) {
@@ -1114,21 +1082,24 @@ int cgc__split_start(cgc_channel *ch, const cgc_request *req,
   cgc__plan_req(ch, req, &plan);
   int rc = cgc__check_caps(&plan, data, cap, st);
   if (!rc)
-    rc = cgc__split_begin(ch, req, &plan, data, cap, notify, arg, out, st);
+    rc = cgc__split_begin(ch, req, &plan, cgc__check_of(ch, req), data, cap,
+                          notify, arg, out, st);
   return rc;
 }
 
 /* A call that goes whole: to the replica that should finish it first, and
- * to another when that one fails it (the ops are pure). On this thread:
- * the hop to the split thread and back would cost it two wake-ups. */
+ * to another when that one fails it (the ops are pure); with one replica,
+ * once more to it after a failed check. On this thread: the hop to the
+ * split thread and back would cost it two wake-ups. */
 static int cgc__whole(cgc_channel *ch, const cgc_request *req,
                       void *const *into, const size_t *into_cap,
-                      const cgc__plan *plan, cgc_tensor *out[CG_GRAD_COUNT],
-                      cgc_result *res, cgc_status *st) {
+                      const cgc__plan *plan, cgc__check_mode check,
+                      cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res,
+                      cgc_status *st) {
   double flops = (double)cg_layer_flops(&plan->layer), t_end = 0;
-  int rc = 0, avoid = -1;
+  int rc = 0, avoid = -1, tries_max = ch->nreplicas, check_failures = 0;
   cgc_request whole = *req;
-  for (int tries = 0; tries < ch->nreplicas; tries++) {
+  for (int tries = 0; tries < tries_max; tries++) {
     double now = cgc__now_ms();
     if (tries == 0)
       t_end = now + (double)(req->deadline_ms ? req->deadline_ms
@@ -1141,8 +1112,8 @@ static int cgc__whole(cgc_channel *ch, const cgc_request *req,
     ch->replicas[r].outstanding++;
     pthread_mutex_unlock(&ch->split_mu);
     cgc_result local;
-    rc = cgc__compute(ch->replicas[r].ch, &whole, into, into_cap, out, &local,
-                      st);
+    rc = cgc__compute(ch->replicas[r].ch, &whole, into, into_cap, check, out,
+                      &local, st);
     pthread_mutex_lock(&ch->split_mu);
     ch->replicas[r].outstanding--;
     if (rc == 0)
@@ -1152,10 +1123,14 @@ static int cgc__whole(cgc_channel *ch, const cgc_request *req,
     pthread_mutex_unlock(&ch->split_mu);
     if (res)
       *res = local;
+    if (cgc__verify_failure(rc, st) && check_failures++ == 0 && tries_max < 2)
+      tries_max = 2;
     if (rc == 0 || !cgc__retryable(rc, st))
       break;
     avoid = r;
   }
+  if (check_failures)
+    cgc__verify_settled(ch->vf, rc);
   return rc;
 }
 
@@ -1165,8 +1140,9 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
                        cgc_status *st) {
   cgc__plan plan;
   cgc__plan_req(ch, req, &plan);
+  cgc__check_mode check = cgc__check_of(ch, req);
   if (plan.nparts < 2)
-    return cgc__whole(ch, req, into, into_cap, &plan, out, res, st);
+    return cgc__whole(ch, req, into, into_cap, &plan, check, out, res, st);
   int rc = cgc__check_caps(&plan, into, into_cap, st);
   if (rc)
     return rc;
@@ -1192,7 +1168,7 @@ int cgc__split_compute(cgc_channel *ch, const cgc_request *req,
   cgc_call *c = NULL;
   cgc_tensor got[CG_GRAD_COUNT];
   if (!rc)
-    rc = cgc__split_begin(ch, req, &plan, dst, NULL, NULL, NULL, &c, st);
+    rc = cgc__split_begin(ch, req, &plan, check, dst, NULL, NULL, NULL, &c, st);
   if (!rc)
     rc = cgc_call_finish(c, got, res, st);
   for (int g = 0; g < CG_GRAD_COUNT && !rc; g++) {

@@ -14,7 +14,7 @@ static int cgc__run(cgc_channel *ch, const cgc_request *req, void *const *into,
                     const size_t *into_cap, cgc_tensor *out[CG_GRAD_COUNT],
                     cgc_result *res, cgc_status *st) {
   if (!ch->nreplicas)
-    return cgc__compute(ch, req, into, into_cap, out, res, st);
+    return cgc__compute(ch, req, into, into_cap, CGC__CHECK_DRAW, out, res, st);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     out[g] = NULL;
   return cgc__split_compute(ch, req, into, into_cap, out, res, st);
@@ -201,7 +201,8 @@ int cgc_call_start_notify(cgc_channel *ch, const cgc_request *req,
     return CG_EINVAL;
   if (ch->nreplicas)
     return cgc__split_start(ch, req, data, cap, notify, arg, out, st);
-  return cgc__call_start(ch, req, data, cap, NULL, notify, arg, out, st);
+  return cgc__call_start(ch, req, data, cap, CGC__CHECK_DRAW, NULL, notify, arg,
+                         out, st);
 }
 
 int cgc_call_start(cgc_channel *ch, const cgc_request *req,

@@ -64,7 +64,6 @@
  * the accumulation term for f32 (measured in tests/engine/test_check.c and
  * tests/server/bench_faults.c). */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +71,17 @@
 #include "cg/check.h"
 #include "cg/dtype.h"
 #include "plan.h"
+
+/* libcgkernels builds this file with OpenMP; libcgclient, whose callers
+ * must not get an OpenMP runtime, with -fopenmp-simd only
+ * (client/CMakeLists.txt): the simd loops stay vectorized and every other
+ * loop runs on the calling thread. */
+#ifdef _OPENMP
+#include <omp.h>
+#define thread_num() omp_get_thread_num()
+#else
+#define thread_num() 0
+#endif
 
 #define LAMBDA 8.0
 #define U_ACC 0x1p-24    /* f32 accumulation */
@@ -420,7 +430,7 @@ static int check_data(const ck_ctx *c, int out_is_hi, const void *in_data,
   contract_weights(c, out_is_hi, w, u, wu, wa);
 #pragma omp parallel num_threads(c->threads)
   {
-    int t = omp_get_thread_num();
+    int t = thread_num();
     data_bufs b = data_bufs_of(fb, db, t, stage, G * p_out);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < pl->mb; n++)
@@ -568,7 +578,7 @@ static int check_weights(const ck_ctx *c, const void *lo, const void *hi,
 #pragma omp parallel num_threads(c->threads)
   {
     weights_bufs b =
-        weights_bufs_of(fb, db, omp_get_thread_num(), stage, G * pt, ysize);
+        weights_bufs_of(fb, db, thread_num(), stage, G * pt, ysize);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t n = 0; n < pl->mb; n++)
       weights_sample(c, contract_lo, lo, hi, v, n, &b);
@@ -610,8 +620,9 @@ static int ctx_init(ck_ctx *c, const cg_geom *g, int threads, char *err,
       cg_dtype_size(g->dtype) == 0)
     return cg_errorf(err, errlen, CG_EINVAL, "check: invalid geometry");
   c->dt = g->dtype;
-#ifdef CG_CHECK_ONE_THREAD
-  (void)threads; /* a ThreadSanitizer build (kernels/CMakeLists.txt) */
+#if defined(CG_CHECK_ONE_THREAD) || !defined(_OPENMP)
+  /* A ThreadSanitizer build (kernels/CMakeLists.txt), or libcgclient's. */
+  (void)threads;
   c->threads = 1;
 #else
   c->threads = threads < 1 ? 1 : threads;

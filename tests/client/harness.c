@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cg/dtype.h"
 #include "harness.h"
 
 extern char **environ;
@@ -249,4 +250,45 @@ static void th_shm_unlink_own(void) {
 
 void th_shm_unlink_at_exit(void) {
   atexit(th_shm_unlink_own);
+}
+
+int th_problem_init(th_problem *p, const char *desc, cg_op op, cg_dtype dt,
+                    cg_data_format df, uint64_t seed) {
+  cg_bdesc d;
+  char err[256];
+  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
+               op == CG_OP_DECONV_BWD;
+  memset(p, 0, sizeof *p);
+  if (cg_bdesc_parse(desc, deconv, &d, err, sizeof err) != 0 ||
+      cg_bdesc_problem_init(&p->bp, &d, op, dt, df, CG_WEIGHTS_DEFAULT, err,
+                            sizeof err) != 0 ||
+      cg_layer_resolve(&p->bp.problem, &p->layer, err, sizeof err) != 0) {
+    fprintf(stderr, "%s %s: %s\n", desc, cg_op_name(op), err);
+    return -1;
+  }
+  cgc_request_init(&p->req);
+  p->req.op = op;
+  p->req.attrs = p->bp.problem.attrs;
+  for (int i = 0; i < p->layer.ninputs; i++) {
+    size_t n = p->layer.in_bytes[i];
+    const cg_ints *dims = &p->bp.problem.input_dims[i];
+    cgc_tensor_view *v = &p->req.inputs[i];
+    p->in[i] = malloc(n);
+    if (!p->in[i]) {
+      fprintf(stderr, "out of memory\n");
+      return -1;
+    }
+    cg_fill_uniform(dt, p->in[i], n / cg_dtype_size(dt), &seed);
+    v->dtype = dt;
+    v->rank = (int)dims->len;
+    memcpy(v->dims, dims->v, dims->len * sizeof(int64_t));
+    v->data = p->in[i];
+    v->nbytes = n;
+  }
+  return 0;
+}
+
+void th_problem_free(th_problem *p) {
+  for (int i = 0; i < 3; i++)
+    free(p->in[i]);
 }

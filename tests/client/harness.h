@@ -1,11 +1,17 @@
 /* harness.h - process helpers for the client's end-to-end tests: start a
  * convgrad-server on an ephemeral port and read its readiness line, run
- * the convgrad CLI and capture its output and exit code. Every process a
+ * the convgrad CLI and capture its output and exit code; and a request
+ * with random inputs from a benchdnn descriptor. Every process a
  * test starts is stopped by the test (bounded waits, SIGKILL fallback). */
 #ifndef CGC_TEST_HARNESS_H
 #define CGC_TEST_HARNESS_H
 
+#include <stdint.h>
 #include <sys/types.h>
+
+#include "cg/bdesc.h"
+#include "cg/layer.h"
+#include "cgc/client.h"
 
 typedef struct th_server {
   pid_t pid;
@@ -44,6 +50,20 @@ void th_run_cmd(th_run *r, const char *const *argv);
 
 /* Writes text to path; 0 or -1. */
 int th_write_file(const char *path, const char *text);
+
+/* A request of benchdnn descriptor desc for op in dtype dt and data
+ * layout df, with random inputs it owns (in[], drawn from seed), and its
+ * resolved layer. */
+typedef struct th_problem {
+  cg_bdesc_problem bp;
+  cg_layer layer;
+  cgc_request req;
+  void *in[3];
+} th_problem;
+/* Returns 0, or -1 (message on stderr; th_problem_free still applies). */
+int th_problem_init(th_problem *p, const char *desc, cg_op op, cg_dtype dt,
+                    cg_data_format df, uint64_t seed);
+void th_problem_free(th_problem *p);
 
 /* At exit, unlinks this process's shared-memory objects, the ones
  * cgc_region_create names (/dev/shm/PREFIX<pid>-..., PREFIX convgrad- or

@@ -82,54 +82,8 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* A request of descriptor desc for op in dtype and data layout df, with
- * random inputs it owns (in[]), and its resolved layer. */
-typedef struct problem {
-  cg_bdesc_problem bp;
-  cg_layer layer;
-  cgc_request req;
-  void *in[3];
-} problem;
-
-static void problem_init(problem *p, const char *desc, cg_op op, cg_dtype dt,
-                         cg_data_format df, uint64_t seed) {
-  cg_bdesc d;
-  char err[256];
-  int deconv = op == CG_OP_DECONV_BWD_DATA || op == CG_OP_DECONV_BWD_WEIGHTS ||
-               op == CG_OP_DECONV_BWD;
-  memset(p, 0, sizeof *p);
-  assert_int_equal(cg_bdesc_parse(desc, deconv, &d, err, sizeof err), 0);
-  assert_int_equal(cg_bdesc_problem_init(&p->bp, &d, op, dt, df,
-                                         CG_WEIGHTS_DEFAULT, err, sizeof err),
-                   0);
-  assert_int_equal(cg_layer_resolve(&p->bp.problem, &p->layer, err, sizeof err),
-                   0);
-  cgc_request_init(&p->req);
-  p->req.op = op;
-  p->req.attrs = p->bp.problem.attrs;
-  for (int i = 0; i < p->layer.ninputs; i++) {
-    size_t n = p->layer.in_bytes[i];
-    size_t elems = n / cg_dtype_size(dt);
-    p->in[i] = malloc(n);
-    assert_non_null(p->in[i]);
-    cg_fill_uniform(dt, p->in[i], elems, &seed);
-    const cg_ints *dims = &p->bp.problem.input_dims[i];
-    cgc_tensor_view *v = &p->req.inputs[i];
-    v->dtype = dt;
-    v->rank = (int)dims->len;
-    memcpy(v->dims, dims->v, dims->len * sizeof(int64_t));
-    v->data = p->in[i];
-    v->nbytes = n;
-  }
-}
-
-static void problem_free(problem *p) {
-  for (int i = 0; i < 3; i++)
-    free(p->in[i]);
-}
-
 /* Calls p on ch; out[g] owned by the caller. */
-static void call(cgc_channel *ch, const problem *p,
+static void call(cgc_channel *ch, const th_problem *p,
                  cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res) {
   cgc_status st;
   int rc = cgc_compute_layer(ch, &p->req, out, res, &st);
@@ -146,7 +100,7 @@ static void free_outs(cgc_tensor *out[CG_GRAD_COUNT]) {
  * outputs; out[g] owned by the caller. diff_src, when asked, is waited
  * for alone first, and must be like's already (within tol_times its
  * tolerance) while the rest of the call may go on. */
-static void call_async(cgc_channel *ch, const problem *p,
+static void call_async(cgc_channel *ch, const th_problem *p,
                        cgc_tensor *const like[CG_GRAD_COUNT], double tol_times,
                        cgc_tensor *out[CG_GRAD_COUNT], cgc_result *res) {
   void *data[CG_GRAD_COUNT] = {NULL};
@@ -189,10 +143,10 @@ static void call_async(cgc_channel *ch, const problem *p,
  * asynchronous (cgc_call_start). */
 static void check_split(fixture *f, const char *desc, cg_op op, cg_dtype dt,
                         cg_data_format df) {
-  problem p;
+  th_problem p;
   cgc_tensor *whole[CG_GRAD_COUNT], *a[CG_GRAD_COUNT], *b[CG_GRAD_COUNT];
   cgc_result res;
-  problem_init(&p, desc, op, dt, df, 7);
+  assert_int_equal(th_problem_init(&p, desc, op, dt, df, 7), 0);
   call(f->one, &p, whole, &res);
   call(f->split, &p, a, &res);
   if (!strstr(res.worker, " parts") || res.worker[0] < '2')
@@ -225,7 +179,7 @@ static void check_split(fixture *f, const char *desc, cg_op op, cg_dtype dt,
   free_outs(whole);
   free_outs(a);
   free_outs(b);
-  problem_free(&p);
+  th_problem_free(&p);
 }
 
 static void test_every_op_and_dtype(void **state) {
@@ -256,11 +210,12 @@ static void test_tiny_call_goes_whole(void **state) {
   cgc_options_init(&o);
   o.replicas = 2; /* the default least work of a part: 200 MFLOP */
   assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err), 0);
-  problem p;
+  th_problem p;
   cgc_tensor *out[CG_GRAD_COUNT];
   cgc_result res;
-  problem_init(&p, "mb6ic8ih9oc12oh9kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
-               CG_DATA_NXC, 3);
+  assert_int_equal(th_problem_init(&p, "mb6ic8ih9oc12oh9kh3ph1", CG_OP_CONV_BWD,
+                                   CG_DTYPE_F32, CG_DATA_NXC, 3),
+                   0);
   call(ch, &p, out, &res);
   assert_non_null(strstr(res.worker, "cg-worker"));
   cgc_tensor *again[CG_GRAD_COUNT];
@@ -270,7 +225,7 @@ static void test_tiny_call_goes_whole(void **state) {
     assert_memory_equal(again[g]->data, out[g]->data, out[g]->nbytes);
   free_outs(again);
   free_outs(out);
-  problem_free(&p);
+  th_problem_free(&p);
   cgc_channel_free(ch);
   o.replicas = 3; /* two addresses */
   assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err),
@@ -302,11 +257,13 @@ static void test_one_server_pipeline(void **state) {
   snprintf(one, sizeof one, "127.0.0.1:%d", f->srv[0].port);
   cgc_channel *ch;
   assert_int_equal(cgc_channel_new(&ch, one, &o, err, sizeof err), 0);
-  problem p;
+  th_problem p;
   cgc_tensor *whole[CG_GRAD_COUNT], *a[CG_GRAD_COUNT], *b[CG_GRAD_COUNT];
   cgc_result res;
-  problem_init(&p, "mb6ic8ih12oc8oh12kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
-               CG_DATA_NXC, 13);
+  assert_int_equal(th_problem_init(&p, "mb6ic8ih12oc8oh12kh3ph1",
+                                   CG_OP_CONV_BWD, CG_DTYPE_F32, CG_DATA_NXC,
+                                   13),
+                   0);
   call(f->one, &p, whole, &res);
   call(ch, &p, a, &res);
   assert_string_equal(res.worker, "3 parts");
@@ -337,7 +294,7 @@ static void test_one_server_pipeline(void **state) {
   }
   free_outs(a);
   free_outs(whole);
-  problem_free(&p);
+  th_problem_free(&p);
   cgc_channel_free(ch);
 }
 
@@ -356,11 +313,13 @@ static void test_straggler_gets_backups(void **state) {
   o.hedge_budget = 0.5;  /* the default 5% allows none in so few parts */
   o.deadline_ms = 20000; /* without backups, the call fails by then */
   assert_int_equal(cgc_channel_new(&ch, f->list, &o, err, sizeof err), 0);
-  problem p;
+  th_problem p;
   cgc_tensor *want[CG_GRAD_COUNT], *got[CG_GRAD_COUNT];
   cgc_result res;
-  problem_init(&p, "mb8ic8ih12oc8oh12kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
-               CG_DATA_NXC, 5);
+  assert_int_equal(th_problem_init(&p, "mb8ic8ih12oc8oh12kh3ph1",
+                                   CG_OP_CONV_BWD, CG_DTYPE_F32, CG_DATA_NXC,
+                                   5),
+                   0);
   call(ch, &p, want, &res);
   for (int i = 0; i < 4; i++) { /* 16 latencies of the part's shape */
     call(ch, &p, got, &res);
@@ -377,13 +336,13 @@ static void test_straggler_gets_backups(void **state) {
     assert_memory_equal(got[g]->data, want[g]->data, want[g]->nbytes);
   free_outs(got);
   free_outs(want);
-  problem_free(&p);
+  th_problem_free(&p);
   cgc_channel_free(ch);
 }
 
 typedef struct caller {
   cgc_channel *ch;
-  const problem *p;
+  const th_problem *p;
   const cgc_tensor *const *want;
   int calls, failed, differ;
   atomic_int done; /* calls ended */
@@ -412,12 +371,14 @@ static void *caller_main(void *arg) {
 /* Runs last: replica 1 dies under split calls. */
 static void test_replica_killed_mid_call(void **state) {
   fixture *f = *state;
-  problem p;
+  th_problem p;
   cgc_tensor *want[CG_GRAD_COUNT];
   cgc_result res;
   /* Some tens of ms a part, so that the kill lands in calls. */
-  problem_init(&p, "mb8ic32ih40oc32oh40kh3ph1", CG_OP_CONV_BWD, CG_DTYPE_F32,
-               CG_DATA_NCX, 11);
+  assert_int_equal(th_problem_init(&p, "mb8ic32ih40oc32oh40kh3ph1",
+                                   CG_OP_CONV_BWD, CG_DTYPE_F32, CG_DATA_NCX,
+                                   11),
+                   0);
   call(f->split, &p, want, &res);
   assert_string_equal(res.worker, "4 parts");
   caller c = {f->split, &p, (const cgc_tensor *const *)want, 12, 0, 0, 0};
@@ -434,7 +395,7 @@ static void test_replica_killed_mid_call(void **state) {
   assert_int_equal(c.failed, 0);
   assert_int_equal(c.differ, 0);
   free_outs(want);
-  problem_free(&p);
+  th_problem_free(&p);
 }
 
 int main(int argc, char **argv) {

@@ -696,6 +696,43 @@ class Replicas(unittest.TestCase):
             other.stop()
 
 
+class Verify(unittest.TestCase):
+    """Client(verify_rate=1): the client checks every result itself
+    (libcgclient's cgc_options.verify_rate), blocking and asynchronous;
+    right results pass, stats() counts them; CONVGRAD_VERIFY_RATE is the
+    default; a rate outside [0, 1] is refused."""
+
+    def test_verify_rate(self):
+        case = CASES[0]
+        x, w, dy, dx_ref, dw_ref = reference(case, False, torch.float32, 3)
+        a = attrs_of(case, False)
+        with convgrad.Client(SERVER.target, verify_rate=1) as c:
+            got = c.conv_backward(x, dy, w, **a)
+            fut = c.conv_backward_async(x, dy, w, **a).result()
+            s = c.stats()
+        for r in (got, fut):
+            self.assertLess(cgtest.rel_err(r["diff_src"], dx_ref),
+                            cgtest.TOLERANCE["f32"])
+            self.assertLess(cgtest.rel_err(r["diff_weights"], dw_ref),
+                            cgtest.TOLERANCE["f32"])
+        self.assertEqual((s["verify_calls"], s["verify_outputs"],
+                          s["verify_failed"], s["verify_lost"]), (2, 6, 0, 0))
+        os.environ["CONVGRAD_VERIFY_RATE"] = "1"
+        try:
+            with convgrad.Client(SERVER.target) as c:
+                c.conv_backward(x, dy, w, outputs="diff_src", **a)
+                self.assertEqual(c.stats()["verify_outputs"], 1)
+            os.environ["CONVGRAD_VERIFY_RATE"] = "often"
+            with self.assertRaises(convgrad.InvalidArgument) as cm:
+                convgrad.Client(SERVER.target)
+            self.assertIn("CONVGRAD_VERIFY_RATE", cm.exception.message)
+        finally:
+            del os.environ["CONVGRAD_VERIFY_RATE"]
+        with self.assertRaises(convgrad.InvalidArgument) as cm:
+            convgrad.Client(SERVER.target, verify_rate=2)
+        self.assertIn("verify_rate", cm.exception.message)
+
+
 def main():
     global ARGS, SERVER
     ARGS = cgtest.parse_args(__doc__)

@@ -160,6 +160,23 @@ typedef struct cgc_options {
    * 95th percentile of the latencies of its shape and 3 x their median
    * (once 8 are known). */
   double hedge_budget;
+  /* The client's own checks of what it receives (proto/SEMANTICS.md
+   * "Result checks"): the fraction of calls (0 to 1) whose every output
+   * is checked against the call's inputs by the adjoint identity, with the
+   * server's code (kernels/src/check.c) on the thread receiving it, before
+   * the output counts as whole; when above 0, the first call of each
+   * shape the channel sees too. An output that fails its check is asked
+   * for again at once: on another replica (replicas; round_robin's next
+   * address for a list target), or once more on the one server, and
+   * checked again. If that fails too the call ends with CGC_ERPC and
+   * DATA_LOSS, the message naming the output, op, geometry and the
+   * replica. Each failed check is counted (cgc_verify_stats_get) and told
+   * (verify_notify). Default: $CONVGRAD_VERIFY_RATE if set, else 0. */
+  double verify_rate;
+  /* Told one line for each failed check (on the thread that checked);
+   * NULL: the line goes to stderr. */
+  void (*verify_notify)(void *arg, const char *line);
+  void *verify_notify_arg;
 } cgc_options;
 
 /* Fills o with the defaults above. Thread-safe. */
@@ -615,6 +632,23 @@ CGC_EXPORT int cgc_server_info_get(cgc_channel *ch, int64_t deadline_ms,
                                    cgc_server_info **out, cgc_status *st);
 /* Frees info; NULL is accepted. */
 CGC_EXPORT void cgc_server_info_free(cgc_server_info *info);
+
+/* ------------------------------------------------------------------ */
+/* The client's result checks (cgc_options.verify_rate) */
+
+typedef struct cgc_verify_stats {
+  uint64_t calls;   /* calls checked: sampled, or the first of a shape */
+  uint64_t outputs; /* outputs checked (retries and parts included) */
+  uint64_t failed;  /* outputs that failed their check */
+  /* Calls on which a check failed that ended with verified results (from
+   * another attempt), and those that did not (DATA_LOSS, or another
+   * failure of the attempt after). */
+  uint64_t recovered, lost;
+} cgc_verify_stats;
+
+/* The counts of ch's checks since it was made. Thread-safe. */
+CGC_EXPORT void cgc_verify_stats_get(const cgc_channel *ch,
+                                     cgc_verify_stats *out);
 
 #ifdef __cplusplus
 }

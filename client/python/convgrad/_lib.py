@@ -109,7 +109,15 @@ class Options(C.Structure):
                 ("tls_server_name", C.c_char_p), ("token", C.c_char_p),
                 ("replicas", C.c_int), ("split_parts", C.c_int),
                 ("split_min_flops", C.c_uint64),
-                ("hedge_budget", C.c_double)]
+                ("hedge_budget", C.c_double), ("verify_rate", C.c_double),
+                ("verify_notify", C.c_void_p),
+                ("verify_notify_arg", C.c_void_p)]
+
+
+class VerifyStats(C.Structure):
+    _fields_ = [("calls", C.c_uint64), ("outputs", C.c_uint64),
+                ("failed", C.c_uint64), ("recovered", C.c_uint64),
+                ("lost", C.c_uint64)]
 
 
 class OpInfo(C.Structure):
@@ -219,6 +227,7 @@ def _declare(lib):
         "cgc_server_info_get": (C.c_int, [C.c_void_p, C.c_int64,
                                           P(P(ServerInfo)), P(Status)]),
         "cgc_server_info_free": (None, [P(ServerInfo)]),
+        "cgc_verify_stats_get": (None, [C.c_void_p, P(VerifyStats)]),
         "cgc_region_create": (C.c_int, [P(C.c_void_p), C.c_char_p,
                                         C.c_size_t, C.c_char_p, C.c_size_t]),
         "cgc_region_data": (C.c_void_p, [C.c_void_p]),

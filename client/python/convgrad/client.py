@@ -38,7 +38,7 @@ _DTYPE_NAMES = {L.DTYPE_F32: "f32", L.DTYPE_BF16: "bf16", L.DTYPE_F16: "f16",
 _OPTIONS = ("max_message_bytes", "upload_chunk_bytes", "download_chunk_bytes",
             "max_output_bytes", "backoff_initial_ms", "backoff_max_ms",
             "backoff_multiplier", "replicas", "split_parts", "split_min_flops",
-            "hedge_budget")
+            "hedge_budget", "verify_rate")
 # Keyword -> cgc_options string field (paths and the token), encoded as the
 # file system does.
 _STRING_OPTIONS = {"tls_ca": "tls_ca_file", "tls_cert": "tls_cert_file",
@@ -209,7 +209,14 @@ class Client:
     backoff_multiplier; replicas, split_parts, split_min_flops and
     hedge_budget: one call split along the minibatch over several replicas,
     client/README.md "Replicas"; the calls that return at once, such as
-    convgrad.torch.offload's, too). TLS: tls_ca (PEM roots the server's certificate
+    convgrad.torch.offload's, too); verify_rate: the
+    fraction (0 to 1) of calls whose results this client checks itself
+    against their inputs (the adjoint identity, as the server's checks),
+    and the first call of each shape, a result that fails asked for again
+    at once (another replica where there are several), DATA_LOSS if that
+    fails too; each failure is one line on stderr and counted in stats()
+    (default: the CONVGRAD_VERIFY_RATE environment variable, else 0;
+    proto/SEMANTICS.md "Result checks"). TLS: tls_ca (PEM roots the server's certificate
     must chain to), tls_cert and tls_key (this client's certificate, for a
     server that requires one), tls_server_name (the name the server's
     certificate must carry when the target's host is an address); paths,
@@ -342,9 +349,12 @@ class Client:
         or went away under the call, or lacked a staged input),
         bytes_sent, bytes_received,
         compute_ms, queue_ms, total_ms;
-        staged_bytes, what stage() uploaded; and
+        staged_bytes, what stage() uploaded;
         arena_bytes, the shared-memory regions its arena holds (0 when
-        tensors travel as bytes). reset=True starts new totals after
+        tensors travel as bytes); and the client's own result checks
+        (verify_rate) since the Client was made, whatever reset says:
+        verify_calls, verify_outputs (checked), verify_failed,
+        verify_recovered, verify_lost. reset=True starts new totals after
         reading."""
         with self._lock:
             s = dict(self._stats)
@@ -353,6 +363,10 @@ class Client:
                     self._stats[k] = 0
         arena = self._arena
         s["arena_bytes"] = arena.total if arena and not arena.closed else 0
+        v = L.VerifyStats()
+        self._lib.cgc_verify_stats_get(self._channel(), C.byref(v))
+        for k, _ in L.VerifyStats._fields_:
+            s["verify_" + k] = getattr(v, k)
         return s
 
     def _count(self, res):

@@ -17,7 +17,12 @@
  * position against the rounding noise of a group's channels only.
  *
  * Accumulates in double; plain C loops, parallel over the minibatch with
- * the given OpenMP threads. Thread-safe; allocates what the call frees. */
+ * the given OpenMP threads. Thread-safe; allocates what the call frees.
+ *
+ * libcgkernels exports these functions. libcgclient has its own copy of
+ * the same code, built without OpenMP (threads is then 1) and hidden
+ * (CG_CHECK_HIDDEN), for its callers' checks of what they receive
+ * (cgc_options.verify_rate). */
 #ifndef CG_CHECK_H
 #define CG_CHECK_H
 
@@ -28,6 +33,12 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+#ifdef CG_CHECK_HIDDEN
+#define CG_CHECK_API
+#else
+#define CG_CHECK_API CG_EXPORT
 #endif
 
 typedef struct cg_check_result {
@@ -52,22 +63,23 @@ typedef struct cg_check_result {
  * < 1 means 1. Fills res; returns 0 (whether or not the result passed:
  * res->failed says), CG_EINVAL (a geom cg_problem_resolve would not make,
  * a NULL buffer), CG_ERANGE or CG_ENOMEM. */
-CG_EXPORT int cg_check_run(const cg_geom *geom, const void *in0,
-                           const void *in1, const void *out, uint64_t seed,
-                           int threads, cg_check_result *res, char *err,
-                           size_t errlen);
+CG_CHECK_API int cg_check_run(const cg_geom *geom, const void *in0,
+                              const void *in1, const void *out, uint64_t seed,
+                              int threads, cg_check_result *res, char *err,
+                              size_t errlen);
 
 /* Checks diff_bias against diff_dst directly (geom as for
  * cg_reference_bias): every channel's sum, in double. */
-CG_EXPORT int cg_check_bias(const cg_geom *geom, const void *diff_dst,
-                            const void *diff_bias, cg_check_result *res,
-                            char *err, size_t errlen);
+CG_CHECK_API int cg_check_bias(const cg_geom *geom, const void *diff_dst,
+                               const void *diff_bias, cg_check_result *res,
+                               char *err, size_t errlen);
 
 /* Output g of l, computed from the request's data inputs in[]. */
-CG_EXPORT int cg_check_output(const cg_layer *l, cg_grad g,
-                              const void *const in[3], const void *out,
-                              uint64_t seed, int threads, cg_check_result *res,
-                              char *err, size_t errlen);
+CG_CHECK_API int cg_check_output(const cg_layer *l, cg_grad g,
+                                 const void *const in[3], const void *out,
+                                 uint64_t seed, int threads,
+                                 cg_check_result *res, char *err,
+                                 size_t errlen);
 
 #ifdef __cplusplus
 }
