@@ -318,6 +318,18 @@ def describe_host(args, info):
                   conf["cgroup"]), flush=True)
 
 
+def problem(hw, batch):
+    """The initial model and the 4 batches every part trains on, the
+    same in every run."""
+    import torch
+    torch.manual_seed(0)
+    model0 = resnet18()
+    g = torch.Generator().manual_seed(1)
+    return model0, [(torch.randn(batch, 3, hw, hw, generator=g),
+                     torch.randint(0, 10, (batch,), generator=g))
+                    for _ in range(4)]
+
+
 def bench_train(args, tcp, unix, alt):
     import torch
     ok = True
@@ -325,12 +337,7 @@ def bench_train(args, tcp, unix, alt):
         hw, batch = SETTINGS[setting]
         for dtype in args.dtypes:
             autocast = dtype == "bf16"
-            torch.manual_seed(0)
-            model0 = resnet18()
-            g = torch.Generator().manual_seed(1)
-            batches = [(torch.randn(batch, 3, hw, hw, generator=g),
-                        torch.randint(0, 10, (batch,), generator=g))
-                       for _ in range(4)]
+            model0, batches = problem(hw, batch)
             print("resnet18 %dx%d batch %d %s%s, torch %d threads (%d "
                   "offloaded)" % (hw, hw, batch, dtype,
                                   " (autocast)" if autocast else "",
@@ -411,12 +418,7 @@ def bench_wire(args, tcp):
     import convgrad.torch as ct
     for setting in args.settings:
         hw, batch = SETTINGS[setting]
-        torch.manual_seed(0)
-        model0 = resnet18()
-        g = torch.Generator().manual_seed(1)
-        batches = [(torch.randn(batch, 3, hw, hw, generator=g),
-                    torch.randint(0, 10, (batch,), generator=g))
-                   for _ in range(4)]
+        model0, batches = problem(hw, batch)
         print("bf16 wire against f32: resnet18 %dx%d batch %d"
               % (hw, hw, batch), flush=True)
         local = copy.deepcopy(model0)
