@@ -20,30 +20,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cg/bdesc.h"
 #include "cg/check.h"
 #include "cg/dtype.h"
 #include "cg/engine.h"
 
+#include "bench_util.h"
+
 #define MAX_ROUNDS 64
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 typedef struct options {
   const char *rows;
@@ -81,14 +66,14 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
       cg_check_run(&g, in0, in1, out, 1, o->threads, &r, err, sizeof err))
     goto fail;
   for (int i = 0; i < o->rounds; i++) {
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     if (cg_engine_run(e, &g, in0, in1, out, &info, err, sizeof err))
       goto fail;
-    double t1 = now_ms();
+    double t1 = bench_now_ms();
     if (cg_check_run(&g, in0, in1, out, (uint64_t)i, o->threads, &r, err,
                      sizeof err))
       goto fail;
-    t_check[i] = now_ms() - t1;
+    t_check[i] = bench_now_ms() - t1;
     t_run[i] = t1 - t0;
     if (r.failed) {
       fprintf(stderr, "%s %s %s: the check failed (|diff| %g > %g)\n", bd->name,
@@ -96,7 +81,8 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
       goto out;
     }
   }
-  double run = median(t_run, o->rounds), chk = median(t_check, o->rounds);
+  double run = bench_median(t_run, o->rounds),
+         chk = bench_median(t_check, o->rounds);
   double at_default = 1 + o->rate * chk / run;
   if (at_default > *worst_default)
     *worst_default = at_default;
@@ -164,12 +150,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--rounds: 1..%d\n", MAX_ROUNDS);
     return 2;
   }
-  for (int dt = CG_DTYPE_F32; dt <= CG_DTYPE_F16; dt++)
-    o.dtypes[dt] = strstr(dtypes, cg_dtype_name((cg_dtype)dt)) != NULL;
-  /* "f16" is inside "bf16": look for it on its own. */
-  o.dtypes[CG_DTYPE_F16] = strcmp(dtypes, "f16") == 0 ||
-                           strncmp(dtypes, "f16,", 4) == 0 ||
-                           strstr(dtypes, ",f16") != NULL;
+  if (bench_parse_dtypes(dtypes, o.dtypes)) {
+    fprintf(stderr, "--dtypes: f32, bf16, f16, comma-separated\n");
+    return 2;
+  }
   if (o.threads < 1)
     o.threads = omp_get_max_threads();
   mallopt(M_MMAP_THRESHOLD, 32 << 20);

@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -28,6 +27,8 @@
 #include "cg/bdesc.h"
 #include "cg/dtype.h"
 #include "cg/engine.h"
+
+#include "bench_util.h"
 
 #define DNNL_OK(call)                                                          \
   do {                                                                         \
@@ -246,22 +247,6 @@ fail:
 
 /* ---- measurement ------------------------------------------------------ */
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Largest |a - b| relative to the largest |b|. */
 static double rel_diff(cg_dtype dt, const void *a, const void *b, size_t n) {
   double err = 0, scale = 0;
@@ -314,12 +299,12 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
 
   double warm_ms = 0;
   for (int i = 0; i < o->warmup; i++) {
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     if (cg_engine_run(e, &g, in0, in1, out, &info, err, sizeof err)) {
       fprintf(stderr, "%s: engine: %s\n", bd->name, err);
       goto out;
     }
-    warm_ms = now_ms() - t0;
+    warm_ms = bench_now_ms() - t0;
     if (direct_run(&d))
       goto out;
   }
@@ -337,22 +322,22 @@ static int bench_one(const options *o, const cg_bdesc *bd, cg_op op,
   for (int i = 0; i < iters; i++) {
     for (int side = 0; side < 2; side++) {
       int engine_turn = (side == 0) == (i % 2 == 0);
-      double t0 = now_ms();
+      double t0 = bench_now_ms();
       if (engine_turn) {
         if (cg_engine_run(e, &g, in0, in1, out, &info, err, sizeof err)) {
           fprintf(stderr, "%s: engine: %s\n", bd->name, err);
           goto out;
         }
-        te[i] = now_ms() - t0;
+        te[i] = bench_now_ms() - t0;
       } else {
         if (direct_run(&d))
           goto out;
-        td[i] = now_ms() - t0;
+        td[i] = bench_now_ms() - t0;
       }
     }
   }
-  /* median() sorts, so the minimum is element 0 afterwards. */
-  double me = median(te, iters), md = median(td, iters);
+  /* bench_median() sorts, so the minimum is element 0 afterwards. */
+  double me = bench_median(te, iters), md = bench_median(td, iters);
   double best = td[0] / te[0];
   /* The check: the engine's result, then the direct one over it. */
   if (cg_engine_run(e, &g, in0, in1, out, &info, err, sizeof err)) {
@@ -424,20 +409,6 @@ static void usage(FILE *f) {
       CG_BENCH_PROBLEMS);
 }
 
-static int parse_dtypes(const char *s, int *dtypes) {
-  char buf[64];
-  snprintf(buf, sizeof buf, "%s", s);
-  memset(dtypes, 0, 4 * sizeof *dtypes);
-  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t;
-       t = strtok_r(NULL, ",", &save)) {
-    cg_dtype dt;
-    if (cg_dtype_parse(t, &dt))
-      return -1;
-    dtypes[dt] = 1;
-  }
-  return 0;
-}
-
 int main(int argc, char **argv) {
   options o = {.problems = CG_BENCH_PROBLEMS,
                .dtypes = {0, 1, 1, 0},
@@ -475,7 +446,7 @@ int main(int argc, char **argv) {
       o.filter = optarg;
       break;
     case 'd':
-      if (parse_dtypes(optarg, o.dtypes)) {
+      if (bench_parse_dtypes(optarg, o.dtypes)) {
         fprintf(stderr, "--dtypes: unknown dtype in \"%s\"\n", optarg);
         return 2;
       }
