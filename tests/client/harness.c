@@ -107,6 +107,7 @@ int th_server_start(th_server *s, const char *exe, int port,
   while (p > l && p[-1] != ':')
     p--;
   s->port = atoi(p);
+  snprintf(s->target, sizeof s->target, "127.0.0.1:%d", s->port);
   return s->port > 0 ? 0 : -1;
 }
 

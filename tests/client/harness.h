@@ -16,13 +16,15 @@
 typedef struct th_server {
   pid_t pid;
   int port;
-  int out_fd;    /* read end of the server's stdout */
-  char log[256]; /* the server's stderr (one line per request) */
+  char target[32]; /* "127.0.0.1:PORT", what cgc_channel_new takes */
+  int out_fd;      /* read end of the server's stdout */
+  char log[256];   /* the server's stderr (one line per request) */
 } th_server;
 
 /* Starts exe --listen 127.0.0.1:PORT (0: ephemeral) plus extra args
  * (NULL-terminated, may be NULL) and waits up to 60 s for the readiness
- * line. Returns 0 with s->port set, -1 on failure (message on stderr). */
+ * line. Returns 0 with s->port and s->target set, -1 on failure (message
+ * on stderr). */
 int th_server_start(th_server *s, const char *exe, int port,
                     const char *const *extra);
 /* SIGTERM, wait up to 30 s, then SIGKILL. Safe on a zeroed struct. */

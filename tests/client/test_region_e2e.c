@@ -31,15 +31,11 @@
 
 static const char *server_exe;
 static th_server srv;
-static char target[64];
 
 static int group_setup(void **state) {
   (void)state;
   const char *extra[] = {"--workers", "2", NULL};
-  if (th_server_start(&srv, server_exe, th_free_port(), extra))
-    return -1;
-  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
-  return 0;
+  return th_server_start(&srv, server_exe, th_free_port(), extra);
 }
 
 static int group_teardown(void **state) {
@@ -51,7 +47,7 @@ static int group_teardown(void **state) {
 static cgc_channel *channel(void) {
   cgc_channel *ch;
   char err[256];
-  if (cgc_channel_new(&ch, target, NULL, err, sizeof err))
+  if (cgc_channel_new(&ch, srv.target, NULL, err, sizeof err))
     fail_msg("channel: %s", err);
   return ch;
 }

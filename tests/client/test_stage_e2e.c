@@ -27,15 +27,11 @@
 
 static const char *server_exe;
 static th_server srv;
-static char target[64];
 static const char *const server_args[] = {"--workers", "2", NULL};
 
 static int group_setup(void **state) {
   (void)state;
-  if (th_server_start(&srv, server_exe, th_free_port(), server_args))
-    return -1;
-  snprintf(target, sizeof target, "127.0.0.1:%d", srv.port);
-  return 0;
+  return th_server_start(&srv, server_exe, th_free_port(), server_args);
 }
 
 static int group_teardown(void **state) {
@@ -50,7 +46,7 @@ static cgc_channel *channel(void) {
   cgc_options o;
   cgc_options_init(&o);
   o.upload_chunk_bytes = CHUNK_BYTES;
-  if (cgc_channel_new(&ch, target, &o, err, sizeof err))
+  if (cgc_channel_new(&ch, srv.target, &o, err, sizeof err))
     fail_msg("channel: %s", err);
   return ch;
 }
