@@ -177,6 +177,13 @@ static void family(text *t, const char *name, const char *type,
   put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A family of one unlabelled sample. */
+static void scalar(text *t, const char *name, const char *type,
+                   const char *help, uint64_t value) {
+  family(t, name, type, help);
+  put(t, "%s %" PRIu64 "\n", name, value);
+}
+
 static const char *op_label(int op) {
   return op ? cg_op_name((cg_op)op) : "unknown";
 }
@@ -226,10 +233,10 @@ static void render_load(text *t, const figures *f) {
   for (int r = CGS_REFUSED_NONE + 1; r < CGS_REFUSED_REASONS; r++)
     put(t, "convgrad_refusals_total{reason=\"%s\"} %" PRIu64 "\n",
         refusal_names[r], f->refused[r]);
-  family(t, "convgrad_retried_requests_total", "counter",
+  scalar(t, "convgrad_retried_requests_total", "counter",
          "Compute calls that were a client's retry (convgrad-retry-attempt "
-         "metadata).");
-  put(t, "convgrad_retried_requests_total %" PRIu64 "\n", f->retried);
+         "metadata).",
+         f->retried);
   family(t, "convgrad_queue_wait_seconds", "histogram",
          "Time Compute jobs waited for a worker, by how their client "
          "connects (unix socket, loopback, remote).");
@@ -255,94 +262,83 @@ static void render_calls(text *t, const figures *f) {
   for (int h = 0; h < N_HISTOGRAMS; h++)
     render_histogram(t, h, f);
   render_load(t, f);
-  family(t, "convgrad_received_bytes_total", "counter",
-         "Tensor bytes received in Compute requests.");
-  put(t, "convgrad_received_bytes_total %" PRIu64 "\n", f->bytes_in);
-  family(t, "convgrad_sent_bytes_total", "counter",
-         "Tensor bytes sent in Compute results.");
-  put(t, "convgrad_sent_bytes_total %" PRIu64 "\n", f->bytes_out);
-  family(t, "convgrad_primitive_cache_hits_total", "counter",
+  scalar(t, "convgrad_received_bytes_total", "counter",
+         "Tensor bytes received in Compute requests.", f->bytes_in);
+  scalar(t, "convgrad_sent_bytes_total", "counter",
+         "Tensor bytes sent in Compute results.", f->bytes_out);
+  scalar(t, "convgrad_primitive_cache_hits_total", "counter",
          "oneDNN primitive lookups served from an engine's cache (a "
-         "worker's or the completion-queue thread's).");
-  put(t, "convgrad_primitive_cache_hits_total %" PRIu64 "\n", f->cache_hits);
-  family(t, "convgrad_primitive_cache_misses_total", "counter",
-         "oneDNN primitive lookups that created the primitives.");
-  put(t, "convgrad_primitive_cache_misses_total %" PRIu64 "\n",
-      f->cache_misses);
+         "worker's or the completion-queue thread's).",
+         f->cache_hits);
+  scalar(t, "convgrad_primitive_cache_misses_total", "counter",
+         "oneDNN primitive lookups that created the primitives.",
+         f->cache_misses);
   family(t, "convgrad_stage_requests_total", "counter",
          "Stage calls ended, by gRPC status code.");
   for (int code = 0; code < N_CODES; code++)
     if (f->stages[code])
       put(t, "convgrad_stage_requests_total{code=\"%s\"} %" PRIu64 "\n",
           cgw_status_name((grpc_status_code)code), f->stages[code]);
-  family(t, "convgrad_staged_received_bytes_total", "counter",
-         "Tensor bytes received in Stage calls.");
-  put(t, "convgrad_staged_received_bytes_total %" PRIu64 "\n", f->staged_bytes);
+  scalar(t, "convgrad_staged_received_bytes_total", "counter",
+         "Tensor bytes received in Stage calls.", f->staged_bytes);
 }
 
 /* The result checks' counters (cgs_checks.h). */
 static void render_checks(text *t, const cgs_checks_counters *c) {
-  family(t, "convgrad_result_checks_total", "counter",
+  scalar(t, "convgrad_result_checks_total", "counter",
          "Computed outputs checked by the adjoint identity before they were "
-         "answered (--check-rate, --check-first-runs).");
-  put(t, "convgrad_result_checks_total %" PRIu64 "\n", c->checked);
-  family(t, "convgrad_result_check_failures_total", "counter",
+         "answered (--check-rate, --check-first-runs).",
+         c->checked);
+  scalar(t, "convgrad_result_check_failures_total", "counter",
          "Result checks that failed: a wrong result a kernel or a core "
-         "computed.");
-  put(t, "convgrad_result_check_failures_total %" PRIu64 "\n", c->failed);
-  family(t, "convgrad_result_recomputes_total", "counter",
+         "computed.",
+         c->failed);
+  scalar(t, "convgrad_result_recomputes_total", "counter",
          "Failed outputs recomputed on another implementation, verified and "
-         "answered.");
-  put(t, "convgrad_result_recomputes_total %" PRIu64 "\n", c->recomputed);
-  family(t, "convgrad_result_data_loss_total", "counter",
-         "Failed outputs no recomputation verified: answered DATA_LOSS.");
-  put(t, "convgrad_result_data_loss_total %" PRIu64 "\n", c->lost);
-  family(t, "convgrad_quarantined", "gauge",
+         "answered.",
+         c->recomputed);
+  scalar(t, "convgrad_result_data_loss_total", "counter",
+         "Failed outputs no recomputation verified: answered DATA_LOSS.",
+         c->lost);
+  scalar(t, "convgrad_quarantined", "gauge",
          "1 when failed result checks quarantined this replica "
-         "(--check-quarantine): health reports NOT_SERVING.");
-  put(t, "convgrad_quarantined %d\n", c->quarantined);
+         "(--check-quarantine): health reports NOT_SERVING.",
+         c->quarantined);
 }
 
 static void render_gauges(text *t, const cgs_metrics_gauges *g) {
-  family(t, "convgrad_inflight_bytes", "gauge",
-         "Tensor bytes reserved by admitted Compute calls.");
-  put(t, "convgrad_inflight_bytes %" PRIu64 "\n", g->inflight_bytes);
-  family(t, "convgrad_queued_requests", "gauge",
-         "Compute jobs waiting for a worker.");
-  put(t, "convgrad_queued_requests %u\n", g->queued_requests);
-  family(t, "convgrad_busy_workers", "gauge",
-         "Workers whose cores are running a job.");
-  put(t, "convgrad_busy_workers %u\n", g->busy_workers);
-  family(t, "convgrad_inline_jobs_total", "counter",
+  scalar(t, "convgrad_inflight_bytes", "gauge",
+         "Tensor bytes reserved by admitted Compute calls.", g->inflight_bytes);
+  scalar(t, "convgrad_queued_requests", "gauge",
+         "Compute jobs waiting for a worker.", g->queued_requests);
+  scalar(t, "convgrad_busy_workers", "gauge",
+         "Workers whose cores are running a job.", g->busy_workers);
+  scalar(t, "convgrad_inline_jobs_total", "counter",
          "Tiny Compute jobs the completion-queue thread ran itself, while no "
-         "job waited and a worker was idle; no gauge of workers counts them.");
-  put(t, "convgrad_inline_jobs_total %" PRIu64 "\n", g->inline_jobs);
-  family(t, "convgrad_workers", "gauge", "Compute workers.");
-  put(t, "convgrad_workers %u\n", g->workers);
-  family(t, "convgrad_shm_regions", "gauge",
-         "Shared-memory regions registered (RegisterRegion).");
-  put(t, "convgrad_shm_regions %u\n", g->shm_regions);
+         "job waited and a worker was idle; no gauge of workers counts them.",
+         g->inline_jobs);
+  scalar(t, "convgrad_workers", "gauge", "Compute workers.", g->workers);
+  scalar(t, "convgrad_shm_regions", "gauge",
+         "Shared-memory regions registered (RegisterRegion).", g->shm_regions);
   const cgs_store_stats *st = &g->store;
-  family(t, "convgrad_store_bytes", "gauge",
+  scalar(t, "convgrad_store_bytes", "gauge",
          "Bytes of staged tensors held (--store-bytes), those dropped but "
-         "still used by calls included.");
-  put(t, "convgrad_store_bytes %" PRIu64 "\n", st->bytes);
-  family(t, "convgrad_store_entries", "gauge", "Staged tensors listed.");
-  put(t, "convgrad_store_entries %" PRIu64 "\n", st->entries);
-  family(t, "convgrad_store_hits_total", "counter",
-         "Staged tensors found: named by a call, or staged again.");
-  put(t, "convgrad_store_hits_total %" PRIu64 "\n", st->hits);
-  family(t, "convgrad_store_misses_total", "counter",
+         "still used by calls included.",
+         st->bytes);
+  scalar(t, "convgrad_store_entries", "gauge", "Staged tensors listed.",
+         st->entries);
+  scalar(t, "convgrad_store_hits_total", "counter",
+         "Staged tensors found: named by a call, or staged again.", st->hits);
+  scalar(t, "convgrad_store_misses_total", "counter",
          "Staged tensors not found: the call failed NOT_FOUND, or the Stage "
-         "call uploaded.");
-  put(t, "convgrad_store_misses_total %" PRIu64 "\n", st->misses);
-  family(t, "convgrad_store_evictions_total", "counter",
+         "call uploaded.",
+         st->misses);
+  scalar(t, "convgrad_store_evictions_total", "counter",
          "Staged tensors dropped to make room (--store-bytes, "
-         "--store-peer-share).");
-  put(t, "convgrad_store_evictions_total %" PRIu64 "\n", st->evictions);
-  family(t, "convgrad_store_expired_total", "counter",
-         "Staged tensors dropped after --store-ttl unused.");
-  put(t, "convgrad_store_expired_total %" PRIu64 "\n", st->expired);
+         "--store-peer-share).",
+         st->evictions);
+  scalar(t, "convgrad_store_expired_total", "counter",
+         "Staged tensors dropped after --store-ttl unused.", st->expired);
   render_checks(t, &g->checks);
 }
 
@@ -420,8 +416,8 @@ static void render_process(text *t) {
          "Start time of the process since unix epoch in seconds.");
   put(t, "process_start_time_seconds %.2f\n",
       boot_time() + (double)start / ticks);
-  family(t, "process_open_fds", "gauge", "Number of open file descriptors.");
-  put(t, "process_open_fds %u\n", open_fds());
+  scalar(t, "process_open_fds", "gauge", "Number of open file descriptors.",
+         open_fds());
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     family(t, "process_max_fds", "gauge",
