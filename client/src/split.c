@@ -999,9 +999,12 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     finish[i] = ch->replicas[i].outstanding *
                 cgc__estimate(&ch->replicas[i], s->parts[0].flops,
                               s->parts[0].bytes, s->t0);
-  /* A replica gets its parts' uploads one after the other: sent side by
-   * side they would share the link, and the first could start computing
-   * only once all were in. A part that fits one message goes at once. */
+  /* Pipelining over one replica, its parts' uploads go one after the
+   * other: sent side by side they would share the link, and the first
+   * could start computing only once all were in. A part that fits one
+   * message goes at once, and so do the parts of a call over several
+   * replicas, as before the wait (with it, bench_pool's split_ratio on
+   * loopback measured worse; client/README.md, "Replicas"). */
   size_t one_message =
       ch->opts.upload_chunk_bytes ? ch->opts.upload_chunk_bytes : 1 << 20;
   int last[CGC__REPLICAS_MAX];
@@ -1013,7 +1016,7 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, s->t0);
     pt->replica = r;
     pt->after = last[r];
-    if (cgc__sent_bytes(&pt->req) > one_message)
+    if (ch->nreplicas == 1 && cgc__sent_bytes(&pt->req) > one_message)
       last[r] = k;
     if (pt->after < 0)
       rc = cgc__try_start(s, pt, r, (int64_t)(s->deadline - s->t0), st);
