@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -440,9 +439,12 @@ static void *worker_main(void *arg) {
         continue;
       }
       /* Idle for RELEASE_AFTER_S: the engine's buffers (up to several
-       * times a job's tensors, outside --max-inflight-bytes) go back, so
-       * an idle server holds only what its budget says. Back-to-back
-       * jobs keep them warm. */
+       * times a job's tensors, outside --max-inflight-bytes) go back to
+       * the heap, and to the system with the housekeeping's trim once no
+       * call is live, so an idle server holds only what its budget says.
+       * Back-to-back jobs keep them warm. Not trimmed here: malloc_trim
+       * walks the one arena with its lock held (145 ms under bench_fair's
+       * load), and every other thread's malloc waits for it. */
       struct timespec until;
       clock_gettime(CLOCK_REALTIME, &until);
       until.tv_sec += RELEASE_AFTER_S;
@@ -451,7 +453,6 @@ static void *worker_main(void *arg) {
         w->waiting = 0; /* busy for a moment: submit should wake another */
         pthread_mutex_unlock(&p->mu);
         size_t n = cg_engine_release(engine);
-        malloc_trim(0); /* the heap keeps blocks under 32 MiB (main.c) */
         cgs_debug("%s idle: released %zu bytes of engine buffers", w->name, n);
         holding = 0;
         pthread_mutex_lock(&p->mu);
@@ -787,8 +788,7 @@ int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
 void cgs_pool_cq_idle(cgs_pool *p) {
   if (!p->cq_holding)
     return;
-  size_t n = cg_engine_release(p->cq_engine);
-  malloc_trim(0);
+  size_t n = cg_engine_release(p->cq_engine); /* trimmed as a worker's */
   p->cq_holding = 0;
   cgs_debug("cg-cq idle: released %zu bytes of engine buffers", n);
 }
