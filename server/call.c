@@ -36,6 +36,11 @@
  * promises clients no more): the whole answer is one message in one batch
  * with the status, instead of two sequential send batches. */
 #define INLINE_RESULT_MAX ((size_t)64 * 1024)
+/* A result batch or request message moving more tensor bytes than this
+ * waits for the completion-queue thread's other ready events, its flow
+ * taking turns with others (cgs_cq_defer): what a small call is answered
+ * at once within, the same bound. */
+#define BULK_MIN_BYTES INLINE_RESULT_MAX
 
 typedef enum {
   ST_RECV_HEADER, /* waiting for the first message */
@@ -90,6 +95,10 @@ struct cgs_call {
    * the --min-upload-rate window; DUE_NEVER when none applies. */
   _Atomic uint64_t due;
   cgs_tag tag_recv, tag_send, tag_close;
+  /* A received message (recv_bb, recv_pending still set) and the next
+   * result chunk (send_pending set, no batch out yet) deferred as bulk
+   * work: cgs_cq_defer. */
+  cgs_bulk_item bulk_recv, bulk_send;
   call_state st;
 
   /* grpc side */
@@ -614,9 +623,23 @@ static size_t left_to_send(const cgs_call *c) {
 
 static void send_header(cgs_call *c, int out);
 
+/* Starts the batch of the output's next len bytes (may be 0), with the OK
+ * status when last. */
+static void send_chunk(cgs_call *c, size_t len, int last) {
+  grpc_op ops[2];
+  size_t n = 0;
+  memset(ops, 0, sizeof ops);
+  if (len)
+    chunk_op(c, len, &ops[n++]);
+  if (last)
+    add_ok_status(c, &ops[n++]); /* the last chunk carries it */
+  start_send(c, ops, n);
+}
+
 /* The next result batch: a chunk of the output being sent, the last one
- * with the OK status when no output follows, or the next output's
- * header. */
+ * with the OK status when no output follows (a chunk of more than
+ * BULK_MIN_BYTES as bulk work, in its flow's turn), or the next output's
+ * header. Completion-queue thread. */
 static void send_next(cgs_call *c) {
   size_t left = left_to_send(c);
   int next = next_output(c, c->cur_out);
@@ -628,14 +651,26 @@ static void send_next(cgs_call *c) {
     return;
   }
   size_t len = left < c->up.chunk_bytes ? left : c->up.chunk_bytes;
-  grpc_op ops[2];
-  size_t n = 0;
-  memset(ops, 0, sizeof ops);
-  if (len)
-    chunk_op(c, len, &ops[n++]);
-  if (left == len && next < 0)
-    add_ok_status(c, &ops[n++]); /* the last chunk carries it */
-  start_send(c, ops, n);
+  if (len > BULK_MIN_BYTES) {
+    /* No batch is out, but none may start, and the call stays. */
+    c->send_pending = 1;
+    cgs_cq_defer(&c->s->cq, &c->bulk_send, &c->flow->bulk_turn);
+    return;
+  }
+  send_chunk(c, len, left == len && next < 0);
+}
+
+/* The deferred chunk's turn (see send_next). */
+static void run_bulk_send(cgs_bulk_item *it) {
+  cgs_call *c = cgs_container_of(it, cgs_call, bulk_send);
+  pthread_mutex_lock(&c->mu);
+  c->send_pending = 0;
+  if (!c->finished) { /* else ended meanwhile: nothing more goes out */
+    size_t left = left_to_send(c);
+    size_t len = left < c->up.chunk_bytes ? left : c->up.chunk_bytes;
+    send_chunk(c, len, left == len && next_output(c, c->cur_out) < 0);
+  }
+  release(c);
 }
 
 static Convgrad__V1__Layout output_layout(const cgs_call *c, int out) {
@@ -1139,9 +1174,9 @@ static void take_message(cgs_call *c, grpc_byte_buffer *bb) {
     grpc_byte_buffer_destroy(bb);
 }
 
-static void on_recv(cgs_tag *t, int ok) {
-  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
-  pthread_mutex_lock(&c->mu);
+/* The received message (ok: a message or the end of the stream) is
+ * taken; the next receive may start. */
+static void take_recv(cgs_call *c, int ok) {
   grpc_byte_buffer *bb = c->recv_bb;
   c->recv_bb = NULL;
   c->recv_pending = 0;
@@ -1149,6 +1184,26 @@ static void on_recv(cgs_tag *t, int ok) {
     take_message(c, bb);
   else if (bb)
     grpc_byte_buffer_destroy(bb);
+}
+
+/* A message of more than BULK_MIN_BYTES is taken as bulk work, in its
+ * flow's turn; recv_pending stays set until then. */
+static void on_recv(cgs_tag *t, int ok) {
+  cgs_call *c = cgs_container_of(t, cgs_call, tag_recv);
+  pthread_mutex_lock(&c->mu);
+  if (ok && c->recv_bb && !c->finished &&
+      grpc_byte_buffer_length(c->recv_bb) > BULK_MIN_BYTES)
+    cgs_cq_defer(&c->s->cq, &c->bulk_recv, &c->flow->bulk_turn);
+  else
+    take_recv(c, ok);
+  release(c);
+}
+
+/* The deferred message's turn (see on_recv). */
+static void run_bulk_recv(cgs_bulk_item *it) {
+  cgs_call *c = cgs_container_of(it, cgs_call, bulk_recv);
+  pthread_mutex_lock(&c->mu);
+  take_recv(c, 1);
   release(c);
 }
 
@@ -1366,6 +1421,8 @@ static void init_call(cgs_call *c, cgs_server *s, grpc_call *call,
     tags[i]->cb = cbs[i];
     tags[i]->on_cq = 1;
   }
+  c->bulk_recv.run = run_bulk_recv;
+  c->bulk_send.run = run_bulk_send;
   c->st = ST_RECV_HEADER;
   c->id = cgs_calls_add(&s->calls, &c->link);
   if (cgs_log_enabled(CGS_LOG_DEBUG)) {

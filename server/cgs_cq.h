@@ -7,8 +7,8 @@
  * once (the Compute calls: see cgs_call.h); every other tag goes to the
  * loop through a locked list and uv_async_send, and the loop runs their
  * cbs in completion order. cgs_cq_batch, cgs_cq_reply, cgs_cq_release and
- * cgs_cq_acquire run on any thread; every other function here on the loop
- * thread. */
+ * cgs_cq_acquire run on any thread, cgs_cq_defer on the completion-queue
+ * thread; every other function here on the loop thread. */
 #ifndef CGS_CQ_H
 #define CGS_CQ_H
 
@@ -19,6 +19,7 @@
 #include <grpc/grpc.h>
 #include <uv.h>
 
+#include "cgs_bulk.h"
 #include "cgw.h"
 
 #define cgs_container_of(ptr, type, member)                                    \
@@ -70,9 +71,15 @@ struct cgs_cq {
    * jobs run on it: their engine's buffers go back then). */
   void (*on_idle)(void *data);
   void *idle_data;
+  cgs_bulk bulk;          /* cq thread: work deferred by cgs_cq_defer */
+  atomic_ullong deferred; /* items ever deferred (any thread reads) */
 };
 
 #define CGS_CQ_IDLE_S 1
+/* Events the cq thread handles at most, while bulk work waits, before it
+ * runs one item of it anyway: the queue may never be empty under load,
+ * and the bytes must move. */
+#define CGS_CQ_BULK_EVERY 8
 
 /* Creates the queue (for a grpc server to register before it starts).
  * Returns 0 or CG_EINTERNAL. */
@@ -98,6 +105,12 @@ void cgs_cq_destroy(cgs_cq *cq);
  * thread. */
 grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
                              size_t n, cgs_tag *tag);
+/* Completion-queue thread only: runs it->run on this thread once no
+ * event is ready (or CGS_CQ_BULK_EVERY events on), after the bulk work
+ * of flows with fewer turns (cgs_bulk.h); *flow_turn is its flow's
+ * state. Before the thread exits, every deferred item runs (batches are
+ * refused by then). */
+void cgs_cq_defer(cgs_cq *cq, cgs_bulk_item *it, uint64_t *flow_turn);
 /* Finishes a unary (or not yet answered) call: sends initial metadata,
  * msg when not NULL, and the status, then releases the call (on the
  * completion-queue thread). Takes ownership of call's reference and of

@@ -56,6 +56,7 @@ typedef struct cgs_metrics_gauges {
   unsigned queued_requests; /* jobs waiting for a worker */
   unsigned busy_workers;    /* workers whose cores run a job */
   uint64_t inline_jobs;     /* jobs the completion-queue thread ran */
+  uint64_t bulk_deferred;   /* its bulk work items (cgs_cq_defer) */
   unsigned workers;
   unsigned shm_regions;       /* shared-memory regions registered */
   cgs_store_stats store;      /* zero without a store */

@@ -19,7 +19,8 @@
  * overflow entry, which only makes their limits stricter.
  *
  * Threads: any; one mutex guards the table and every entry's fields but
- * turn, which only cgs_pool_submit touches, under the pool's lock. */
+ * turn, which only cgs_pool_submit touches, under the pool's lock, and
+ * bulk_turn, which only the completion-queue thread touches. */
 #ifndef CGS_PEERS_H
 #define CGS_PEERS_H
 
@@ -38,6 +39,8 @@ typedef struct cgs_peer {
   unsigned receiving; /* of those, the ones still receiving their request
                          (--max-calls-per-peer) */
   uint64_t turn; /* its flow's state in the workers' queue (cgs_pool_submit) */
+  uint64_t bulk_turn;  /* its flow's state in the completion-queue thread's
+                          bulk work (cgs_cq_defer) */
   double log_tokens;   /* failure lines it may still write now */
   uint64_t suppressed; /* failure lines not written since the last sweep */
   uint64_t t_seen;     /* uv_hrtime of the last use */

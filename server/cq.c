@@ -25,24 +25,52 @@ grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
 
 /* ---- completion-queue thread ---------------------------------------- */
 
+void cgs_cq_defer(cgs_cq *cq, cgs_bulk_item *it, uint64_t *flow_turn) {
+  cgs_bulk_push(&cq->bulk, it, flow_turn);
+  atomic_fetch_add(&cq->deferred, 1);
+}
+
+static void run_bulk(cgs_cq *cq) {
+  cgs_bulk_item *it = cgs_bulk_pop(&cq->bulk);
+  it->run(it);
+}
+
 static void *cq_main(void *arg) {
   cgs_cq *cq = arg;
   cgs_sig_block_async();
   pthread_setname_np(pthread_self(), "cg-cq");
-  int ran = 0; /* a tag ran here since on_idle last did */
+  int ran = 0;            /* a tag ran here since on_idle last did */
+  unsigned since_run = 0; /* events handled since bulk work last ran */
   for (;;) {
-    gpr_timespec until =
-        ran && cq->on_idle
-            ? gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                           gpr_time_from_seconds(CGS_CQ_IDLE_S, GPR_TIMESPAN))
-            : gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    gpr_timespec until;
+    if (cq->bulk.head) {
+      if (since_run >= CGS_CQ_BULK_EVERY) {
+        run_bulk(cq);
+        since_run = 0;
+        continue;
+      }
+      /* Whatever is ready first: grpc still polls the sockets once. */
+      until = gpr_inf_past(GPR_CLOCK_MONOTONIC);
+    } else if (ran && cq->on_idle) {
+      until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                           gpr_time_from_seconds(CGS_CQ_IDLE_S, GPR_TIMESPAN));
+    } else {
+      until = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+    }
     grpc_event ev = grpc_completion_queue_next(cq->q, until, NULL);
-    if (ev.type == GRPC_QUEUE_TIMEOUT) { /* only with on_idle set */
-      if (cq->on_idle)
+    if (ev.type == GRPC_QUEUE_TIMEOUT) {
+      if (cq->bulk.head) {
+        run_bulk(cq);
+        since_run = 0;
+        ran = 1;
+        continue;
+      }
+      if (cq->on_idle) /* only with on_idle set */
         cq->on_idle(cq->idle_data);
       ran = 0;
       continue;
     }
+    since_run++;
     cgs_tag *t = ev.type == GRPC_OP_COMPLETE ? ev.tag : NULL;
     if (t)
       cgs_cq_acquire(t);
@@ -51,6 +79,9 @@ static void *cq_main(void *arg) {
       ran = 1;
       continue;
     }
+    if (ev.type == GRPC_QUEUE_SHUTDOWN)
+      while (cq->bulk.head) /* their batches are refused now */
+        run_bulk(cq);
     pthread_mutex_lock(&cq->mu);
     if (ev.type == GRPC_QUEUE_SHUTDOWN) {
       cq->exited = 1;

@@ -317,6 +317,11 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
          "Tiny Compute jobs the completion-queue thread ran itself, while no "
          "job waited and a worker was idle; no gauge of workers counts them.",
          g->inline_jobs);
+  scalar(t, "convgrad_bulk_deferred_total", "counter",
+         "Request messages and result chunks of more than 64 KiB that the "
+         "completion-queue thread handled after the events that were ready, "
+         "clients taking turns.",
+         g->bulk_deferred);
   scalar(t, "convgrad_workers", "gauge", "Compute workers.", g->workers);
   scalar(t, "convgrad_shm_regions", "gauge",
          "Shared-memory regions registered (RegisterRegion).", g->shm_regions);

@@ -363,6 +363,7 @@ static void read_gauges(void *data, cgs_metrics_gauges *g) {
   g->inflight_bytes = atomic_load(&s->inflight_bytes);
   cgs_pool_load(s->pool, &g->queued_requests, &g->busy_workers,
                 &g->inline_jobs);
+  g->bulk_deferred = atomic_load(&s->cq.deferred);
   g->workers = s->cfg->workers;
   g->shm_regions = s->regions ? (unsigned)cgs_regions_count(s->regions) : 0;
   if (s->store)

@@ -34,6 +34,7 @@ FAMILIES = {
     "convgrad_queued_requests": "gauge",
     "convgrad_busy_workers": "gauge",
     "convgrad_inline_jobs": "counter",
+    "convgrad_bulk_deferred": "counter",
     "convgrad_workers": "gauge",
     "convgrad_shm_regions": "gauge",
     "convgrad_primitive_cache_hits": "counter",
@@ -132,7 +133,8 @@ def main():
 
     log = open(os.path.join(out, "server-metrics.log"), "w")
     proc, port = start_server(args.server, log, [
-        "--metrics-listen", "127.0.0.1:0", "--max-request-bytes", "64K"])
+        "--metrics-listen", "127.0.0.1:0", "--max-request-bytes", "1M",
+        "--chunk-bytes", "1M"])
     try:
         m = re.search(r" metrics=127\.0\.0\.1:(\d+) ", proc.ready_line)
         assert m, proc.ready_line
@@ -227,8 +229,8 @@ def main():
                 groups=3))]), grpc.StatusCode.INVALID_ARGUMENT)
         big = pb.ComputeHeader(
             op=pb.CONVOLUTION_BACKWARD_DATA,
-            attrs=pb.Attributes(**dict(attrs, dst_shape=[n, ic, 64, 64])),
-            inputs=[pb.Tensor(dtype=pb.F32, shape=[n, oc, 64, 64]),
+            attrs=pb.Attributes(**dict(attrs, dst_shape=[n, ic, 256, 256])),
+            inputs=[pb.Tensor(dtype=pb.F32, shape=[n, oc, 256, 256]),
                     pb.Tensor(dtype=pb.F32, shape=list(w.shape))])
         refused(iter([pb.ComputeRequest(header=big)]),
                 grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -288,6 +290,8 @@ def main():
         assert hits + misses == 3 + 2 * 2 and misses >= 2, (hits, misses)
         assert value(after, "convgrad_inflight_bytes") == 0
         assert value(after, "convgrad_queued_requests") == 0
+        # No message of these calls moved over 64 KiB: none waited as bulk.
+        assert delta(before, after, "convgrad_bulk_deferred_total") == 0
         assert value(after, "process_cpu_seconds_total") > 0
 
         # An upload held after its first chunk: its reservation shows.
@@ -314,6 +318,21 @@ def main():
             time.sleep(0.05)
         assert delta(after, now, req, op=data, dtype="f32", code="OK") == 1
         assert value(now, "convgrad_inflight_bytes") == 0
+
+        # Bulk work (cgs_bulk.h): a 128 KiB request chunk and a 96 KiB
+        # result chunk each wait for the ready events, and are counted.
+        dy2 = rng.uniform(-1, 1, (n, oc, 64, 64)).astype("<f4")
+        head = bwd_data_header(dst_shape=[n, ic, 64, 64])
+        head.inputs[0].shape[:] = list(dy2.shape)
+        msgs = list(stub.Compute(iter([
+            pb.ComputeRequest(header=head),
+            pb.ComputeRequest(chunk=pb.DataChunk(input=0, data=dy2.tobytes())),
+            pb.ComputeRequest(chunk=pb.DataChunk(input=1, data=w.tobytes()))]),
+            timeout=30))
+        assert [r.WhichOneof("kind") for r in msgs] == ["header", "chunk"]
+        assert result_bytes(msgs) == n * ic * 64 * 64 * 4
+        got = delta(now, scrape(url)[0], "convgrad_bulk_deferred_total")
+        assert got == 2, got
     finally:
         rc = stop_server(proc, log)
     assert rc == 0, rc

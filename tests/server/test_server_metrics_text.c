@@ -127,12 +127,14 @@ static void test_gauges_are_read_at_render(void **state) {
                                 .queued_requests = 3,
                                 .busy_workers = 2,
                                 .inline_jobs = 7,
+                                .bulk_deferred = 9,
                                 .workers = 4,
                                 .shm_regions = 3};
   assert_true(sample(m, "convgrad_inflight_bytes") == 4096);
   assert_true(sample(m, "convgrad_queued_requests") == 3);
   assert_true(sample(m, "convgrad_busy_workers") == 2);
   assert_true(sample(m, "convgrad_inline_jobs_total") == 7);
+  assert_true(sample(m, "convgrad_bulk_deferred_total") == 9);
   assert_true(sample(m, "convgrad_workers") == 4);
   assert_true(sample(m, "convgrad_shm_regions") == 3);
   assert_true(sample(m, "process_open_fds") > 0);
