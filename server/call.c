@@ -314,10 +314,11 @@ static void free_call(cgs_call *c) {
   cgs_server *s = c->s;
   call_record r;
   call_record_fill(c, &r);
-  log_call(c, &r);
   atomic_fetch_sub(&s->inflight_bytes, c->reserved);
-  count_call(c, &r); /* after the release: a scrape that sees the call
-                        ended sees its bytes returned */
+  /* After the release: a reader of the line, or a scrape, that sees the
+   * call ended sees its bytes returned. */
+  log_call(c, &r);
+  count_call(c, &r);
   cgs_upload_close(&c->up);
   for (int g = 0; g < CG_GRAD_COUNT; g++)
     if (c->out[g])

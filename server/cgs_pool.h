@@ -118,16 +118,17 @@ int cgs_pool_cancel(cgs_pool *p, cgs_job *job);
 /* Completion-queue thread only: runs job (a place held with
  * cgs_pool_reserve, filled as for cgs_pool_submit) on the calling thread
  * and returns 1 with the place given back and done_cb NOT called, or
- * returns 0 and the caller submits it. It runs there only when no job
- * waits (the fair order holds: its turn is taken as a queued job's
- * would be), a worker is idle, the job is under 1 MFLOP and 256 KiB of
- * tensors, and the thread's own engine (one OpenMP thread, the workers'
- * code path) has its primitives cached, or may build them: a worker ran
- * the same layer since it missed there (oneDNN then has the primitive
- * in its global cache), and building stays within 1% of the thread's
- * time, which also bounds a JIT compile when oneDNN's cache has evicted
- * it. A client's new shape is never compiled there on first sight. Not
- * cancellable (it ends in tens of microseconds). */
+ * returns 0 and the caller submits it. It runs there only when its turn
+ * would put it first in the queue, ahead of every waiting job (the fair
+ * order holds: its turn is taken as a queued job's would be; a worker
+ * would take it next, once one is free), the job is under 1 MFLOP and
+ * 256 KiB of tensors, and the thread's own engine (one OpenMP thread, the
+ * workers' code path) has its primitives cached, or may build them: a worker
+ * ran the same layer since it missed there (oneDNN then has the primitive in
+ * its global cache), and building stays within 1% of the thread's time, which
+ * also bounds a JIT compile when oneDNN's cache has evicted it. A client's new
+ * shape is never compiled there on first sight. Not cancellable (it ends in
+ * tens of microseconds). */
 int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
 /* Completion-queue thread, idle for a while: its engine's buffers go
  * back, as a worker's do. */

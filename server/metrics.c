@@ -314,8 +314,8 @@ static void render_gauges(text *t, const cgs_metrics_gauges *g) {
   scalar(t, "convgrad_busy_workers", "gauge",
          "Workers whose cores are running a job.", g->busy_workers);
   scalar(t, "convgrad_inline_jobs_total", "counter",
-         "Tiny Compute jobs the completion-queue thread ran itself, while no "
-         "job waited and a worker was idle; no gauge of workers counts them.",
+         "Tiny Compute jobs the completion-queue thread ran itself, in their "
+         "turn at the head of the queue; no gauge of workers counts them.",
          g->inline_jobs);
   scalar(t, "convgrad_bulk_deferred_total", "counter",
          "Request messages and result chunks of more than 64 KiB that the "

@@ -758,7 +758,11 @@ int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   pthread_mutex_lock(&p->mu);
   int build = !cached && key && t0 >= p->cq_build_after &&
               p->worker_built[key % WORKER_BUILT_SLOTS] == key;
-  if (p->head || !idle_workers(p) || !(cached || build)) {
+  /* Its turn would put it first in the queue: a worker would take it
+   * next, once one is free (a running job cannot be interrupted), so it
+   * passes no one by running now. Ties go to the jobs waiting. */
+  uint64_t turn = *flow_turn > p->turn ? *flow_turn : p->turn;
+  if ((p->head && p->head->turn <= turn) || !(cached || build)) {
     pthread_mutex_unlock(&p->mu);
     job->cq_key = key; /* a worker's run of it lets the cq thread build it */
     return 0;
