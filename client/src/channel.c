@@ -470,6 +470,8 @@ int cgc__channel_new(cgc_channel **out, const char *target,
   cgc__verifier_init(&ch->verify, &ch->opts);
   ch->vf = parent ? parent->vf : &ch->verify;
   ch->verify_retries = parent ? 0 : 1;
+  pthread_mutex_init(&ch->stage_watch.mu, NULL);
+  ch->sw = parent ? parent->sw : &ch->stage_watch;
 
   grpc_init();
   int reconnect_max =
@@ -554,6 +556,7 @@ fail_grpc:
   grpc_shutdown();
   free(ch->target);
   cgc__verifier_destroy(&ch->verify);
+  pthread_mutex_destroy(&ch->stage_watch.mu);
 fail_opts:
   cgc__engine_close(&ch->engine);
   pthread_mutex_destroy(&ch->regions_mu);
@@ -576,6 +579,7 @@ void cgc_channel_free(cgc_channel *ch) {
     grpc_slice_unref(ch->auth_md.value);
   free(ch->target);
   cgc__verifier_destroy(&ch->verify);
+  pthread_mutex_destroy(&ch->stage_watch.mu);
   free(ch);
   grpc_shutdown();
 }

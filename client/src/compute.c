@@ -693,6 +693,7 @@ struct cgc__job {
   cgc__tag send_tag, recv_tag, status_tag, all_tag, wait_tag, reg_tag;
   cgc__retrier retry;
   int registered_again; /* the call's regions were registered anew */
+  int stage_noted;      /* cgc__stage_seen was told of the call */
   /* The registration running: of the region at reg_next (cgc__region_at). */
   cgc__unary_call reg;
   cgc__try reg_try;
@@ -963,12 +964,32 @@ static void cgc__find_missing(cgc__attempt *a, const grpc_metadata_array *md) {
   }
 }
 
+/* Tells the channel's stage watch (cgc__stage_seen) how the call's first
+ * attempt that reached a server with staged ids fared. */
+static void cgc__stage_note(cgc__job *j, int rc) {
+  cgc__attempt *a = &j->a;
+  if (rc == CGC_ERPC && j->st.code == GRPC_STATUS_UNAVAILABLE)
+    cgc__stage_unavailable(j->ch);
+  int miss = rc == CGC_ERPC && j->st.code == GRPC_STATUS_NOT_FOUND &&
+             a->staged_missing;
+  if (j->stage_noted || (rc && !miss))
+    return;
+  unsigned ids = 0;
+  for (int i = 0; i < a->nin; i++)
+    ids |= cgc__by_id(a, i) ? 1u << i : 0;
+  if (!ids)
+    return;
+  j->stage_noted = 1;
+  cgc__stage_seen(j->ch, a->req, ids, miss ? a->staged_missing : 0);
+}
+
 /* The call's attempt ended with rc (st filled): retries it after a wait,
  * or, for staged inputs the server lost, at once with their bytes, or
  * registers the call's regions anew and tries again, or ends the call
  * (j->ended). */
 static void cgc__attempt_end(cgc__job *j, int rc) {
   cgc__attempt *a = &j->a;
+  cgc__stage_note(j, rc);
   if (rc)
     cgc__drop_out(a, ~a->done);
   if (a->check_failed && cgc__verify_failure(rc, &j->st)) {
@@ -994,8 +1015,11 @@ static void cgc__attempt_end(cgc__job *j, int rc) {
       a->staged_missing) {
     /* Evicted, expired or lost in a restart: the bytes go with the call
      * (the caller still has them), so that a retry never waits on the
-     * store again. */
-    a->staged_as_bytes |= a->staged_missing;
+     * store again; those of every staged input, since the retry may reach
+     * another server (round_robin over a list), which may lack the others
+     * too. */
+    for (int i = 0; i < a->nin; i++)
+      a->staged_as_bytes |= cgc__by_id(a, i) ? 1u << i : 0;
     a->staged_missing = 0;
     cgc__retry_init(&j->retry, j->ch, j->retry.t.deadline,
                     cgc__retry_attempts(&j->retry));
@@ -1263,6 +1287,9 @@ int cgc__job_new(cgc__job **out, cgc_channel *ch, const cgc_request *req,
     a->into_cap[g] = into_cap[g];
   }
   a->in_regions = cgc__find_regions(a, ch);
+  /* Staging is off on this channel: staged views go as bytes at once. */
+  for (int i = 0; i < nin && cgc__stage_off(ch); i++)
+    a->staged_as_bytes |= req->inputs[i].staged ? 1u << i : 0;
   a->vf = ch->vf;
   j->check_retries = ch->verify_retries;
   if (cgc__verify_pick(ch->vf, req, check, &a->check_seed)) {

@@ -144,6 +144,29 @@ typedef struct cgc__verifier {
   uint64_t shapes[CGC__VERIFY_SHAPES]; /* seen, by cgc__shape_key; 0 free */
 } cgc__verifier;
 
+/* Whether staging pays on a channel (stage.c): the ids it staged lately,
+ * and how the first calls naming one of them fared. A channel whose
+ * target spreads calls over servers that share no store (round_robin
+ * over an address list) stages on one server and computes on another:
+ * once half of CGC__STAGE_WINDOW such calls found the server without an
+ * id staged moments before, staging is off for good (cgc_stage refuses,
+ * staged views go as bytes). A replica's channel reports to its
+ * parent's, where cgc_stage runs. */
+#define CGC__STAGE_RING 64
+#define CGC__STAGE_WINDOW 8
+typedef struct cgc__stage_watch {
+  pthread_mutex_t mu;
+  struct {
+    unsigned char id[CGC_STAGED_ID_BYTES];
+    double at_ms;  /* cgc__now_ms() when cgc_stage returned it; 0: free */
+    double ttl_ms; /* the server's, as the Stage answered */
+  } ring[CGC__STAGE_RING];
+  int next;
+  double unavailable_ms; /* a call last saw UNAVAILABLE (a restart?) */
+  int calls, misses;     /* of the window, so far */
+  atomic_int off;
+} cgc__stage_watch;
+
 /* Completion queues kept for reuse: one per call in flight at the
  * channel's busiest, up to this many. */
 #define CGC__CQ_CACHE 64
@@ -178,6 +201,10 @@ struct cgc_channel {
   /* Attempts more after a failed check: 1, or 0 on a replica's channel,
    * whose parent sends the output to another replica instead. */
   int verify_retries;
+  /* Whether staging pays (stage.c): this channel's own (stage_watch), or
+   * for a replica's channel its parent's (sw). */
+  cgc__stage_watch stage_watch;
+  cgc__stage_watch *sw;
 };
 
 /* cgc_channel_new; parent: NULL, or the channel whose replica this one
@@ -186,6 +213,16 @@ struct cgc_channel {
 int cgc__channel_new(cgc_channel **out, const char *target,
                      const cgc_options *opts, cgc_channel *parent, char *err,
                      size_t errlen);
+
+/* stage.c: a Compute call that named staged ids (ids: by input) reached
+ * a server, which lacked those in missing; tells ch's stage watch. */
+void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
+                     unsigned missing);
+/* stage.c: a call on ch saw UNAVAILABLE: ids staged before may be lost in
+ * a restart, and their misses tell nothing of the target. */
+void cgc__stage_unavailable(cgc_channel *ch);
+/* 1 when staging is off on ch (cgc__stage_watch). */
+int cgc__stage_off(const cgc_channel *ch);
 
 /* errors.c: statuses. */
 

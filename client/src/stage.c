@@ -160,6 +160,77 @@ static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   return rc;
 }
 
+/* The window's verdict, said by cgc_stage once staging is off. */
+#define CGC__STAGE_OFF_WHY                                                     \
+  "%d of the first %d calls naming tensors this channel had just staged "      \
+  "found the server without them, so staging is off for it: its target "       \
+  "spreads calls over servers that share no store (round_robin over an "       \
+  "address list, a headless Service), so a tensor is staged on one and its "   \
+  "call goes to another (or the store drops entries at once). Staged views "   \
+  "go as bytes from now on. To keep staging, give each client one server's "   \
+  "address (e.g. one replica per trainer rank)"
+
+int cgc__stage_off(const cgc_channel *ch) {
+  return atomic_load(&ch->sw->off);
+}
+
+void cgc__stage_unavailable(cgc_channel *ch) {
+  cgc__stage_watch *w = ch->sw;
+  pthread_mutex_lock(&w->mu);
+  w->unavailable_ms = cgc__now_ms();
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* Remembers an id ch staged just now, while the window is open. */
+static void cgc__stage_remember(cgc_channel *ch, const unsigned char *id,
+                                uint64_t ttl_ms) {
+  cgc__stage_watch *w = ch->sw;
+  pthread_mutex_lock(&w->mu);
+  if (w->calls < CGC__STAGE_WINDOW && !atomic_load(&w->off)) {
+    memcpy(w->ring[w->next].id, id, CGC_STAGED_ID_BYTES);
+    w->ring[w->next].at_ms = cgc__now_ms();
+    w->ring[w->next].ttl_ms = ttl_ms ? (double)ttl_ms : 60000.0;
+    w->next = (w->next + 1) % CGC__STAGE_RING;
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* 1 when w remembers id as staged lately: well within the store's time
+ * to live, and after the last UNAVAILABLE (no restart lost it). */
+static int cgc__stage_recent(const cgc__stage_watch *w, const unsigned char *id,
+                             double now) {
+  for (int k = 0; k < CGC__STAGE_RING; k++) {
+    if (w->ring[k].at_ms > 0 && w->ring[k].at_ms > w->unavailable_ms &&
+        now - w->ring[k].at_ms < w->ring[k].ttl_ms / 4 &&
+        memcmp(w->ring[k].id, id, CGC_STAGED_ID_BYTES) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
+                     unsigned missing) {
+  cgc__stage_watch *w = ch->sw;
+  double now = cgc__now_ms();
+  pthread_mutex_lock(&w->mu);
+  if (w->calls >= CGC__STAGE_WINDOW || atomic_load(&w->off)) {
+    pthread_mutex_unlock(&w->mu);
+    return;
+  }
+  int ours = 0, miss = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!(ids & (1u << i)) || !cgc__stage_recent(w, req->inputs[i].staged, now))
+      continue;
+    ours = 1;
+    miss |= (missing & (1u << i)) != 0;
+  }
+  w->calls += ours;
+  w->misses += miss;
+  if (w->misses * 2 >= CGC__STAGE_WINDOW)
+    atomic_store(&w->off, 1);
+  pthread_mutex_unlock(&w->mu);
+}
+
 int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
               int64_t deadline_ms, unsigned char id[CGC_STAGED_ID_BYTES],
               cgc_stage_result *res, cgc_status *st) {
@@ -167,6 +238,14 @@ int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
     cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
                     "cgc_stage: needs a channel, an id and nbytes > 0 at data");
     return CG_EINVAL;
+  }
+  if (cgc__stage_off(ch)) {
+    pthread_mutex_lock(&ch->sw->mu);
+    int misses = ch->sw->misses, calls = ch->sw->calls;
+    pthread_mutex_unlock(&ch->sw->mu);
+    cgc__status_set(st, GRPC_STATUS_FAILED_PRECONDITION, CGC__STAGE_OFF_WHY,
+                    misses, calls);
+    return CGC_ERPC;
   }
   double t0 = cgc__now_ms();
   unsigned len = 0;
@@ -181,7 +260,9 @@ int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
   int rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms),
                            cgc__stage_attempt, &x, st);
   x.res->total_ms = cgc__now_ms() - t0;
-  if (!rc)
+  if (!rc) {
+    cgc__stage_remember(ch, id, x.res->ttl_ms);
     cgc__status_ok(st);
+  }
   return rc;
 }

@@ -3,7 +3,8 @@
  * weights staged, then its backward named by id with only diff_dst on the
  * wire, checked against the reference; content the store holds not sent
  * again; the server restarted between staging and the call (the library
- * retries with the lost tensors' bytes and the result is right); a server
+ * retries with the lost tensors' bytes and the result is right); two
+ * servers behind one round_robin target (staging goes off); a server
  * without a store; the store's figures in GetServerInfo. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,15 +41,19 @@ static int group_teardown(void **state) {
   return 0;
 }
 
-static cgc_channel *channel(void) {
+static cgc_channel *channel_to(const char *to) {
   cgc_channel *ch;
   char err[256];
   cgc_options o;
   cgc_options_init(&o);
   o.upload_chunk_bytes = CHUNK_BYTES;
-  if (cgc_channel_new(&ch, srv.target, &o, err, sizeof err))
+  if (cgc_channel_new(&ch, to, &o, err, sizeof err))
     fail_msg("channel: %s", err);
   return ch;
+}
+
+static cgc_channel *channel(void) {
+  return channel_to(srv.target);
 }
 
 /* A ConvolutionBackward layer (grouped, strided, padded) with its inputs
@@ -188,6 +193,76 @@ static void test_restart_restages(void **state) {
   cgc_channel_free(ch);
 }
 
+/* Layers whose src and weights are staged on to (cases of seeds 20..),
+ * then computed one by one on it: returns the retries (attempts past
+ * each call's first), and the calls from the first one after staging
+ * went off (cgc_stage refused) with their attempts into late_attempts. */
+#define POOL_CASES 12
+static int stage_then_compute(const char *to, int *off_at, int *late_attempts) {
+  cgc_channel *ch = channel_to(to);
+  /* Both servers of a list connected before anything is staged. */
+  for (int k = 0; k < 4; k++) {
+    cgc_server_info *info;
+    cgc_status st;
+    assert_int_equal(cgc_server_info_get(ch, 0, &info, &st), 0);
+    cgc_server_info_free(info);
+  }
+  static layer_case c[POOL_CASES];
+  static unsigned char ids[POOL_CASES][2][CGC_STAGED_ID_BYTES];
+  for (int k = 0; k < POOL_CASES; k++) {
+    case_init(&c[k], 20 + (uint64_t)k);
+    stage_input(ch, &c[k], 0, ids[k][0]);
+    stage_input(ch, &c[k], 2, ids[k][1]);
+  }
+  int retries = 0;
+  *off_at = -1;
+  *late_attempts = 0;
+  for (int k = 0; k < POOL_CASES; k++) {
+    cgc_result res = run_checked(ch, &c[k]);
+    retries += res.attempts - 1;
+    if (*off_at >= 0)
+      *late_attempts += res.attempts;
+    unsigned char id[CGC_STAGED_ID_BYTES];
+    cgc_status st;
+    if (*off_at < 0 &&
+        cgc_stage(ch, c[k].in[1], c[k].l.in_bytes[1], 0, id, NULL, &st)) {
+      assert_int_equal(st.code, GRPC_STATUS_FAILED_PRECONDITION);
+      assert_non_null(strstr(st.message, "staging is off for it"));
+      assert_non_null(strstr(st.message, "one server's address"));
+      *off_at = k;
+    }
+    case_free(&c[k]);
+  }
+  cgc_channel_free(ch);
+  return retries;
+}
+
+/* Two servers behind one round_robin target: a tensor is staged on one and
+ * the call often goes to the other. The first calls find their ids
+ * missing (each retried with the bytes), then staging goes off: cgc_stage
+ * refuses with why, and staged views go as bytes at once, never retried.
+ * One server: staging stays on, no call retried. */
+static void test_round_robin_pool(void **state) {
+  (void)state;
+  th_server other;
+  assert_int_equal(
+      th_server_start(&other, server_exe, th_free_port(), server_args), 0);
+  char pair[96];
+  snprintf(pair, sizeof pair, "%s,%s", srv.target, other.target);
+  int off_at, late;
+  int retries = stage_then_compute(pair, &off_at, &late);
+  th_server_stop(&other);
+  printf("round_robin over 2 servers: %d retries in %d calls, staging off "
+         "after call %d\n",
+         retries, POOL_CASES, off_at + 1);
+  assert_true(off_at >= 0 && off_at < 8);
+  assert_true(retries <= 4);
+  assert_int_equal(late, POOL_CASES - 1 - off_at);
+  retries = stage_then_compute(srv.target, &off_at, &late);
+  assert_int_equal(retries, 0);
+  assert_int_equal(off_at, -1);
+}
+
 /* A server started with --store-bytes 0 refuses Stage. */
 static void test_no_store(void **state) {
   (void)state;
@@ -240,6 +315,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_by_id),
       cmocka_unit_test(test_restart_restages),
+      cmocka_unit_test(test_round_robin_pool),
       cmocka_unit_test(test_no_store),
       cmocka_unit_test(test_server_info),
   };

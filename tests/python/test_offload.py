@@ -350,6 +350,7 @@ class Staging(unittest.TestCase):
                 self.assertGreater(s["staged_bytes"], weights)
             else:  # the same weights: present, not sent again
                 self.assertLess(s["staged_bytes"], s["bytes_sent"] * 4)
+            self.assertEqual(s["retries"], 0)  # every staged id found
         self.assertFalse(client._stage_off)
 
     def test_stage_false_sends_everything(self):
@@ -384,6 +385,56 @@ class Staging(unittest.TestCase):
         s = step_stats(self, local, remote, xl, xr)
         self.assertGreater(s["staged_bytes"], 0)
         self.assertLessEqual(s["staged_bytes"], weight_bytes(remote))
+
+    def test_round_robin_pool_turns_staging_off(self):
+        """Two servers behind one round_robin target (an address list):
+        a layer's src and weights are staged on both (consecutive calls
+        alternate), so its backward finds one missing and is retried with
+        the bytes. After the first such calls libcgclient turns staging
+        off for the channel: offload's staging says so once, with what to
+        do, and stops; no call is retried after."""
+        other = cgtest.Server(ARGS.server)
+        client = convgrad.Client(SERVER.target + "," + other.target,
+                                 shm=False)
+        try:
+            for _ in range(4):  # both servers connected
+                client.info()
+            g = torch.Generator().manual_seed(5)
+            attrs = dict(pads_begin=[1, 1], pads_end=[1, 1],
+                         data_format="NCX", weights_format="OIX")
+            retries, off_at = [], None
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for k in range(12):
+                    x = torch.randn(2, 4, 9, 9, generator=g)
+                    w = torch.randn(6, 4, 3, 3, generator=g)
+                    dy = torch.randn(2, 6, 9, 9, generator=g)
+                    want = client.conv_backward(x, dy, w, **attrs)
+                    staged = None
+                    if not client._stage_off:
+                        staged = (client.stage_async(x),
+                                  client.stage_async(w))
+                    sx, sw = ct._staged_or(client, staged, x, w)
+                    if client._stage_off and off_at is None:
+                        off_at = k
+                    client.stats(reset=True)
+                    got = client.conv_backward(sx, dy, sw, **attrs)
+                    retries.append(client.stats()["retries"])
+                    for n in want:
+                        self.assertLess(cgtest.rel_err(got[n], want[n]),
+                                        1e-5, n)
+            print("retries per call:", retries, file=sys.stderr)
+            said = [str(m.message) for m in caught
+                    if "staging off" in str(m.message)]
+            self.assertEqual(len(said), 1, said)
+            self.assertIn("one server's address", said[0])
+            self.assertIsNotNone(off_at)
+            self.assertLessEqual(off_at, 8)
+            self.assertEqual(sum(retries[off_at:]), 0, retries)
+            self.assertLessEqual(sum(retries), 4, retries)
+        finally:
+            client.close()
+            other.stop()
 
     def test_staged_array_in_a_call(self):
         client = convgrad.Client(SERVER.target, shm=False)

@@ -244,9 +244,9 @@ typedef struct cgc_tensor_view {
    * borrowed like data, which must still hold them): the call names the
    * server's staged copy instead of sending them. Should the server have
    * lost it (evicted, expired, restarted: NOT_FOUND with the ids), the
-   * call is retried at once with these bytes sent, so that it never waits
-   * on the store twice. A view in a registered region goes as a region
-   * reference, never staged. */
+   * call is retried at once with the bytes of every staged view sent, so
+   * that it never waits on the store twice. A view in a registered region
+   * goes as a region reference, never staged. */
   const unsigned char *staged;
 } cgc_tensor_view;
 
@@ -479,10 +479,15 @@ typedef struct cgc_stage_result {
  * asks whether the server holds that content already, and uploads it only
  * when not. Views whose staged points at id then send no bytes. With
  * several servers behind ch each call goes to one of them: staging suits
- * one server, or ranks sharing one. deadline_ms 0: the channel's default.
+ * one server, or ranks sharing one: once half of the first 8 calls naming
+ * ids the channel had just staged found them missing, staging is off for
+ * the channel (its calls send staged views' bytes, and cgc_stage fails
+ * FAILED_PRECONDITION at once, saying why; proto/SEMANTICS.md, "A pool
+ * behind one target"). deadline_ms 0: the channel's default.
  * Retries like cgc_compute. Returns 0 with id and res (may be NULL)
  * filled, CGC_ERPC (st: FAILED_PRECONDITION from a server without a
- * store, RESOURCE_EXHAUSTED over its limits), CG_EINVAL or CG_ENOMEM.
+ * store or once staging is off, RESOURCE_EXHAUSTED over its limits),
+ * CG_EINVAL or CG_ENOMEM.
  * Thread-safe; blocks until done. */
 CGC_EXPORT int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
                          int64_t deadline_ms,

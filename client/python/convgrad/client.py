@@ -509,7 +509,9 @@ class Client:
         upload shared weights once). Returns a Staged to pass to calls in
         a's place. Blocks (the GIL released): run it on a thread to
         overlap it with other work. Raises FailedPrecondition from a
-        server without a store."""
+        server without a store, and once libcgclient turned staging off
+        for this client (its target spreads calls over servers that share
+        no store: proto/SEMANTICS.md, "A pool behind one target")."""
         x = _Array("array", a)
         id_buf = (C.c_ubyte * L.STAGED_ID_BYTES)()
         res = L.StageResult()
