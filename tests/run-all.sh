@@ -65,7 +65,9 @@ UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
 # kernels' tests have no threads of their own beside OpenMP's and gRPC's,
 # which are uninstrumented; the client's asynchronous calls run on its
 # engine thread beside the caller's (client_lib_e2e, client_proto_e2e,
-# client_region_e2e: about 45 s under TSan).
-run_config tsan -R '^(server_|client_(lib|proto|region)_e2e$)' \
+# client_region_e2e: about 45 s under TSan), split calls on its split
+# thread (client_split_e2e, 9 s) and its result checks on either
+# (client_verify_e2e, 2 s).
+run_config tsan -R '^(server_|client_(lib|proto|region|split|verify)_e2e$)' \
   -E '^server_(attacks|extremes)$' --timeout 600 -- \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_TSAN=ON -DCG_WERROR=ON
