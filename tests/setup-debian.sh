@@ -2,7 +2,7 @@
 # Installs, from Debian 12's packages, what convgrad needs. Idempotent: only
 # missing packages are installed. Needs root (or sudo).
 #
-# Usage: tests/setup-debian.sh [--tests]
+# Usage: tests/setup-debian.sh [--tests | --bench]
 #   (none)   the main job: build and serve (server/serve.sh), the C client,
 #            the Python package's core (python3-numpy), the man pages
 #            (help2man) and the Debian packages (cpack: dpkg-dev, which
@@ -17,6 +17,9 @@
 #            namespaces and shaped link of tests/net/rig.sh).
 #            torch alone is ~1 GB installed, so the main job does not pull
 #            it in.
+#   --bench  the tests' packages and torchvision, whose ResNet-18
+#            tests/bench/bench_train.py times; no test needs it, so CI
+#            does not install it.
 set -euo pipefail
 
 main_packages=(
@@ -36,7 +39,8 @@ packages=("${main_packages[@]}")
 case "${1:-}" in
   "") ;;
   --tests) packages+=("${test_packages[@]}") ;;
-  *) echo "usage: $0 [--tests]" >&2; exit 2 ;;
+  --bench) packages+=("${test_packages[@]}" python3-torchvision) ;;
+  *) echo "usage: $0 [--tests | --bench]" >&2; exit 2 ;;
 esac
 
 missing=()
