@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "cg/check.h"
 #include "cg/dtype.h"
@@ -40,13 +39,6 @@ struct cgs_checks {
   char reason[REASON_LEN];
 };
 
-static uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -64,16 +56,13 @@ int cgs_checks_new(cgs_checks **out, const cgs_config *cfg) {
                             ? cfg->check_quarantine
                             : QUARANTINE_MAX;
   c->window_ns = cfg->check_window_ms * 1000000ull;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  c->seed = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                  (uint64_t)getpid());
+  c->seed = cg_check_seed(c);
   pthread_mutex_init(&c->mu, NULL);
 #ifdef CG_FAULT_INJECT
   /* Tests fix the seed, so that what is injected where repeats. */
   const char *fs = getenv("CONVGRAD_FAULT_SEED");
   if (fs)
-    c->seed = mix64(strtoull(fs, NULL, 10));
+    c->seed = cg_check_mix64(strtoull(fs, NULL, 10));
   const char *f = getenv("CONVGRAD_FAULT_INJECT");
   c->fault_rate = f ? strtod(f, NULL) : 0;
   if (c->fault_rate > 0)
@@ -125,7 +114,7 @@ static int wanted(cgs_checks *c, const cgs_job *job, cg_grad g) {
     return 1;
   if (atomic_load(&c->quarantined))
     return 1;
-  return mix64(c->seed ^ job->call_id) % 1000000u < c->rate_ppm;
+  return cg_check_mix64(c->seed ^ job->call_id) % 1000000u < c->rate_ppm;
 }
 
 #ifdef CG_FAULT_INJECT
@@ -133,11 +122,11 @@ static int wanted(cgs_checks *c, const cgs_job *job, cg_grad g) {
  * the outputs. */
 static void inject(cgs_checks *c, const cg_geom *geom, void *out,
                    size_t elems) {
-  uint64_t r = mix64(c->seed ^ 0xfa017ull ^
-                     atomic_fetch_add(&c->fault_draws, 1) * 0x9e37ull);
+  uint64_t r = cg_check_mix64(c->seed ^ 0xfa017ull ^
+                              atomic_fetch_add(&c->fault_draws, 1) * 0x9e37ull);
   if ((double)(r >> 11) * 0x1p-53 >= c->fault_rate || elems == 0)
     return;
-  r = mix64(r);
+  r = cg_check_mix64(r);
   size_t at = (size_t)(r % elems);
   int bit = (int)((r >> 40) % 16);
   if (geom->dtype == CG_DTYPE_F32)
@@ -208,7 +197,7 @@ int cgs_checks_output(cgs_checks *c, cg_engine *engine, cgs_job *job, cg_grad g,
 #endif
   if (!wanted(c, job, g))
     return 0;
-  uint64_t seed = mix64(c->seed ^ job->call_id ^ ((uint64_t)g << 56));
+  uint64_t seed = cg_check_mix64(c->seed ^ job->call_id ^ ((uint64_t)g << 56));
   cg_check_result r;
   char msg[256];
   if (cg_check_output(job->layer, g, job->in, out, seed, threads, &r, msg,
@@ -230,8 +219,8 @@ int cgs_checks_output(cgs_checks *c, cg_engine *engine, cgs_job *job, cg_grad g,
   cg_check_result r2 = {0};
   int rc = recompute(engine, job, g, impl, &how, rerr, sizeof rerr);
   if (rc == 0)
-    rc = cg_check_output(job->layer, g, job->in, out, mix64(seed), threads, &r2,
-                         rerr, sizeof rerr);
+    rc = cg_check_output(job->layer, g, job->in, out, cg_check_mix64(seed),
+                         threads, &r2, rerr, sizeof rerr);
   int ok = rc == 0 && r2.failed == 0;
   if (ok) {
     atomic_fetch_add(&c->recomputed, 1);

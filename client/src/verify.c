@@ -11,8 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "cg/check.h"
 #include "internal.h"
@@ -69,22 +67,12 @@ uint64_t cgc__shape_key(const cgc_request *r) {
   return h | 1;
 }
 
-static uint64_t cgc__mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 void cgc__verifier_init(cgc__verifier *v, const cgc_options *o) {
-  struct timespec ts;
   memset(v, 0, sizeof *v);
   v->rate = o->verify_rate;
   v->notify = o->verify_notify;
   v->notify_arg = o->verify_notify_arg;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  v->seed = cgc__mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
-                       (uint64_t)getpid() ^ (uint64_t)(uintptr_t)v);
+  v->seed = cg_check_seed(v);
   pthread_mutex_init(&v->mu, NULL);
 }
 
@@ -113,8 +101,9 @@ int cgc__verify_pick(cgc__verifier *v, const cgc_request *req,
                      cgc__check_mode mode, uint64_t *seed) {
   if (mode == CGC__CHECK_NEVER || (mode == CGC__CHECK_DRAW && !(v->rate > 0)))
     return 0;
-  uint64_t r = cgc__mix64(v->seed ^ cgc__mix64(atomic_fetch_add(&v->draws, 1)));
-  *seed = cgc__mix64(r);
+  uint64_t r =
+      cg_check_mix64(v->seed ^ cg_check_mix64(atomic_fetch_add(&v->draws, 1)));
+  *seed = cg_check_mix64(r);
   if (mode == CGC__CHECK_ALWAYS)
     return 1;
   /* The shape is looked up first, so that a sampled call marks it seen. */

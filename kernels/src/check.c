@@ -67,6 +67,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cg/check.h"
 #include "cg/dtype.h"
@@ -103,11 +105,18 @@ typedef struct ck_ctx {
 
 /* ---- small helpers ---------------------------------------------------- */
 
-static uint64_t mix64(uint64_t x) {
+uint64_t cg_check_mix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+uint64_t cg_check_seed(const void *salt) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return cg_check_mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^
+                        (uint64_t)getpid() ^ (uint64_t)(uintptr_t)salt);
 }
 
 /* n probe weights from seed: a random sign times a magnitude uniform in
@@ -116,7 +125,7 @@ static uint64_t mix64(uint64_t x) {
  * would whenever +-1 signs sum to zero. */
 static void draw_probes(double *u, int64_t n, uint64_t seed) {
   for (int64_t i = 0; i < n; i++) {
-    uint64_t r = mix64(seed ^ mix64((uint64_t)i));
+    uint64_t r = cg_check_mix64(seed ^ cg_check_mix64((uint64_t)i));
     double m = 1.0 + (double)(r >> 11) * 0x1p-53;
     u[i] = (r & 1) ? m : -m;
   }

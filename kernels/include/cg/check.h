@@ -81,6 +81,14 @@ CG_CHECK_API int cg_check_output(const cg_layer *l, cg_grad g,
                                  cg_check_result *res, char *err,
                                  size_t errlen);
 
+/* splitmix64's finaliser: the probes' weights, and the server's and the
+ * client's draws of which calls to check, come from it. */
+CG_CHECK_API uint64_t cg_check_mix64(uint64_t x);
+
+/* A seed for one process's draws, different from run to run: the wall
+ * clock, the process id and salt (an address of the caller's) mixed. */
+CG_CHECK_API uint64_t cg_check_seed(const void *salt);
+
 #ifdef __cplusplus
 }
 #endif
