@@ -19,11 +19,8 @@
 #include <grpc/grpc.h>
 #include <uv.h>
 
-#include "cgs_bulk.h"
+#include "cgs_fairq.h"
 #include "cgw.h"
-
-#define cgs_container_of(ptr, type, member)                                    \
-  ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
 
 /* A completion-queue tag. Objects embed one per kind of operation they
  * may have pending (at most one of each at a time), so handing a tag to
@@ -36,6 +33,19 @@ struct cgs_tag {
   int on_cq;     /* 1: cb runs on the completion-queue thread */
   int ok;        /* grpc_event.success */
   cgs_tag *next; /* link in the cq -> loop list */
+};
+
+/* The completion-queue thread's bulk work: result chunks to send and
+ * request chunks to copy, the events that move a call's tensor bytes
+ * (tens of microseconds to milliseconds each). They wait while other
+ * events are ready (cgs_cq_defer), so that a small call's request, answer
+ * and end are not handled after another caller's megabytes; and flows
+ * take turns, one item each (cgs_fairq.h), so a client with 64 calls in
+ * flight moves one chunk per turn as a client with one does. */
+typedef struct cgs_bulk_item cgs_bulk_item;
+struct cgs_bulk_item {
+  void (*run)(cgs_bulk_item *it); /* set by the owner, who embeds it */
+  cgs_fairq_item q;               /* the queue's */
 };
 
 /* Declare to ThreadSanitizer an ordering that grpc makes with its own
@@ -71,7 +81,7 @@ struct cgs_cq {
    * jobs run on it: their engine's buffers go back then). */
   void (*on_idle)(void *data);
   void *idle_data;
-  cgs_bulk bulk;          /* cq thread: work deferred by cgs_cq_defer */
+  cgs_fairq bulk;         /* cq thread: work deferred by cgs_cq_defer */
   atomic_ullong deferred; /* items ever deferred (any thread reads) */
 };
 
@@ -107,7 +117,7 @@ grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
                              size_t n, cgs_tag *tag);
 /* Completion-queue thread only: runs it->run on this thread once no
  * event is ready (or CGS_CQ_BULK_EVERY events on), after the bulk work
- * of flows with fewer turns (cgs_bulk.h); *flow_turn is its flow's
+ * of flows with fewer turns (cgs_fairq.h); *flow_turn is its flow's
  * state. Before the thread exits, every deferred item runs (batches are
  * refused by then). */
 void cgs_cq_defer(cgs_cq *cq, cgs_bulk_item *it, uint64_t *flow_turn);

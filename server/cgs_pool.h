@@ -25,6 +25,7 @@
 #include "cg/layer.h"
 #include "cgs_checks.h"
 #include "cgs_config.h"
+#include "cgs_fairq.h"
 
 typedef struct cgs_pool cgs_pool;
 
@@ -57,11 +58,8 @@ typedef struct cgs_job {
   unsigned worker; /* index of the worker that ran it, or CGS_POOL_CQ */
   /* Pool-private. */
   uint64_t t_submit;
-  uint64_t cq_key;      /* not 0: the layer, which missed the cq engine */
-  uint64_t turn;        /* its place in the fair order */
-  const uint64_t *flow; /* its flow's turn state: which flow it is */
-  int queued;
-  struct cgs_job *prev, *next;
+  uint64_t cq_key;  /* not 0: the layer, which missed the cq engine */
+  cgs_fairq_item q; /* its place in the queue */
 } cgs_job;
 
 typedef void (*cgs_pool_done_cb)(cgs_job *job, void *data);
@@ -109,7 +107,8 @@ void cgs_pool_unreserve(cgs_pool *p);
  * waiting passes before another's long line. A job whose only output is
  * diff_src goes before its own flow's first waiting job that computes a
  * weight or bias gradient, in that job's turn: a trainer's backward pass
- * waits for grad_input, and its weight gradients can wait. */
+ * waits for grad_input, and its weight gradients can wait, though not for
+ * more than CGS_FAIRQ_PASS_MAX such jobs each (cgs_fairq.h). */
 void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn);
 /* Takes job back if no worker has picked it up: returns 1 and done_cb will
  * not run for it. Returns 0 when it is running or finished (done_cb will

@@ -26,12 +26,13 @@ grpc_call_error cgs_cq_batch(cgs_cq *cq, grpc_call *call, const grpc_op *ops,
 /* ---- completion-queue thread ---------------------------------------- */
 
 void cgs_cq_defer(cgs_cq *cq, cgs_bulk_item *it, uint64_t *flow_turn) {
-  cgs_bulk_push(&cq->bulk, it, flow_turn);
+  cgs_fairq_push(&cq->bulk, &it->q, flow_turn);
   atomic_fetch_add(&cq->deferred, 1);
 }
 
 static void run_bulk(cgs_cq *cq) {
-  cgs_bulk_item *it = cgs_bulk_pop(&cq->bulk);
+  cgs_bulk_item *it =
+      cgs_container_of(cgs_fairq_pop(&cq->bulk), cgs_bulk_item, q);
   it->run(it);
 }
 

@@ -42,11 +42,9 @@ struct cgs_pool {
 
   pthread_mutex_t mu;
   pthread_cond_t ready_cv; /* a worker finished start-up */
-  cgs_job *head, *tail;    /* waiting jobs, by turn, then arrival */
-  uint64_t turn;           /* the turn of the job a worker took last */
+  cgs_fairq queue;         /* waiting jobs (their cgs_job.q) */
   double mean_run_ms;      /* of recent jobs, a moving average */
-  unsigned queued;
-  unsigned admitted; /* places held: reserved, queued or running */
+  unsigned admitted;       /* places held: reserved, queued or running */
   int stop;
   unsigned ready, failed; /* start-up accounting */
   char start_err[320];    /* worker name + engine message */
@@ -114,7 +112,7 @@ static int borrow(cgs_pool *p, worker *w, const cgs_job *job) {
   int n = 0;
   for (unsigned k = 0; k < tpw; k++)
     w->team[n++] = own_core(p, w->index, k);
-  if (p->cfg->threads_policy != CGS_THREADS_ADAPTIVE || p->head ||
+  if (p->cfg->threads_policy != CGS_THREADS_ADAPTIVE || p->queue.head ||
       job_flops(job) < BORROW_MIN_FLOPS)
     return n;
   for (unsigned i = 0; i < p->nworkers; i++) {
@@ -139,7 +137,7 @@ static void give_back(cgs_pool *p, worker *w) {
       p->workers[i].lent_to = 0;
       lent++;
     }
-  for (unsigned q = 1; q < p->queued && lent; q++, lent--)
+  for (unsigned q = 1; q < p->queue.n && lent; q++, lent--)
     wake_one(p);
 }
 
@@ -382,21 +380,6 @@ static void warm_up(worker *w, cg_engine *engine) {
     p->warm.done(p->warm.arg);
 }
 
-/* With p->mu held: takes job, which is queued, off the queue. */
-static void unlink_job(cgs_pool *p, cgs_job *job) {
-  if (job->prev)
-    job->prev->next = job->next;
-  else
-    p->head = job->next;
-  if (job->next)
-    job->next->prev = job->prev;
-  else
-    p->tail = job->prev;
-  job->prev = job->next = NULL;
-  p->queued--;
-  job->queued = 0;
-}
-
 cgs_checks *cgs_pool_checks(cgs_pool *p) {
   return p->checks;
 }
@@ -432,7 +415,7 @@ static void *worker_main(void *arg) {
                                   job */
   for (;;) {
     pthread_mutex_lock(&p->mu);
-    while (!p->stop && (!p->head || w->lent_to)) {
+    while (!p->stop && (!p->queue.head || w->lent_to)) {
       w->waiting = 1;
       if (!holding) {
         pthread_cond_wait(&w->cv, &p->mu);
@@ -449,7 +432,7 @@ static void *worker_main(void *arg) {
       clock_gettime(CLOCK_REALTIME, &until);
       until.tv_sec += RELEASE_AFTER_S;
       if (pthread_cond_timedwait(&w->cv, &p->mu, &until) == ETIMEDOUT &&
-          !p->head) {
+          !p->queue.head) {
         w->waiting = 0; /* busy for a moment: submit should wake another */
         pthread_mutex_unlock(&p->mu);
         size_t n = cg_engine_release(engine);
@@ -459,13 +442,12 @@ static void *worker_main(void *arg) {
       }
     }
     w->waiting = 0;
-    cgs_job *job = w->lent_to ? NULL : p->head;
-    if (!job) { /* stop requested and nothing queued */
+    cgs_fairq_item *it = w->lent_to ? NULL : cgs_fairq_pop(&p->queue);
+    if (!it) { /* stop requested and nothing queued */
       pthread_mutex_unlock(&p->mu);
       break;
     }
-    unlink_job(p, job);
-    p->turn = job->turn;
+    cgs_job *job = cgs_container_of(it, cgs_job, q);
     int threads = borrow(p, w, job);
     pthread_mutex_unlock(&p->mu);
 
@@ -634,53 +616,14 @@ void cgs_pool_unreserve(cgs_pool *p) {
   pthread_mutex_unlock(&p->mu);
 }
 
-/* With p->mu held: job's turn in its flow. A flow that waited for none of
- * its turns joins at the current one: an idle flow saves no turns up. */
-static void take_turn(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
-  job->turn = *flow_turn > p->turn ? *flow_turn : p->turn;
-  *flow_turn = job->turn + 1;
-}
-
-/* With p->mu held: the first waiting job of job's flow that computes a
- * weight or bias gradient, which job passes if its only output is
- * diff_src; else NULL. */
-static cgs_job *job_to_pass(const cgs_pool *p, const cgs_job *job) {
-  const unsigned data_only = CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
-  if (job->layer->grads != data_only)
-    return NULL;
-  for (cgs_job *q = p->head; q; q = q->next)
-    if (q->flow == job->flow && (q->layer->grads & ~data_only))
-      return q;
-  return NULL;
-}
-
 void cgs_pool_submit(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
+  const unsigned data_only = CG_GRAD_BIT(CG_GRAD_DIFF_SRC);
+  /* A data-gradient job passes its flow's weight-gradient jobs. */
+  job->q.urgent = job->layer->grads == data_only;
+  job->q.deferrable = (job->layer->grads & ~data_only) != 0;
   pthread_mutex_lock(&p->mu);
   job->t_submit = uv_hrtime();
-  job->flow = flow_turn;
-  take_turn(p, job, flow_turn);
-  /* After every job of an earlier or the same turn: most jobs go at the
-   * tail, a light flow's a few places from the head; a data-gradient job
-   * right before the weight-gradient job it passes, in its turn (the
-   * flow's turns count one job more, as they would at the tail). */
-  cgs_job *pass = job_to_pass(p, job);
-  if (pass)
-    job->turn = pass->turn;
-  cgs_job *after = pass ? pass->prev : p->tail;
-  while (!pass && after && after->turn > job->turn)
-    after = after->prev;
-  job->prev = after;
-  job->next = after ? after->next : p->head;
-  if (job->next)
-    job->next->prev = job;
-  else
-    p->tail = job;
-  if (after)
-    after->next = job;
-  else
-    p->head = job;
-  job->queued = 1;
-  p->queued++;
+  cgs_fairq_push(&p->queue, &job->q, flow_turn);
   worker *w = pick_sleeper(p);
   pthread_mutex_unlock(&p->mu);
   /* Signalled after the unlock: a worker woken while the mutex is held
@@ -761,15 +704,13 @@ int cgs_pool_run_inline(cgs_pool *p, cgs_job *job, uint64_t *flow_turn) {
   /* Its turn would put it first in the queue: a worker would take it
    * next, once one is free (a running job cannot be interrupted), so it
    * passes no one by running now. Ties go to the jobs waiting. */
-  uint64_t turn = *flow_turn > p->turn ? *flow_turn : p->turn;
-  if ((p->head && p->head->turn <= turn) || !(cached || build)) {
+  if (!cgs_fairq_would_lead(&p->queue, flow_turn) || !(cached || build)) {
     pthread_mutex_unlock(&p->mu);
     job->cq_key = key; /* a worker's run of it lets the cq thread build it */
     return 0;
   }
   job->t_submit = t0;
-  take_turn(p, job, flow_turn);
-  p->turn = job->turn;
+  cgs_fairq_take_turn(&p->queue, flow_turn);
   p->inline_jobs++;
   pthread_mutex_unlock(&p->mu);
 
@@ -800,8 +741,8 @@ void cgs_pool_cq_idle(cgs_pool *p) {
 int cgs_pool_cancel(cgs_pool *p, cgs_job *job) {
   int removed = 0;
   pthread_mutex_lock(&p->mu);
-  if (job->queued) {
-    unlink_job(p, job);
+  if (job->q.queued) {
+    cgs_fairq_remove(&p->queue, &job->q);
     p->admitted--;
     removed = 1;
   }
@@ -819,7 +760,7 @@ unsigned cgs_pool_idle(cgs_pool *p) {
 void cgs_pool_load(cgs_pool *p, unsigned *queued, unsigned *busy,
                    uint64_t *inline_jobs) {
   pthread_mutex_lock(&p->mu);
-  *queued = p->queued;
+  *queued = (unsigned)p->queue.n;
   *busy = p->nworkers - idle_workers(p);
   *inline_jobs = p->inline_jobs;
   pthread_mutex_unlock(&p->mu);

@@ -319,7 +319,7 @@ def main():
         assert delta(after, now, req, op=data, dtype="f32", code="OK") == 1
         assert value(now, "convgrad_inflight_bytes") == 0
 
-        # Bulk work (cgs_bulk.h): a 128 KiB request chunk and a 96 KiB
+        # Bulk work (cgs_cq_defer, cgs_fairq.h): a 128 KiB request chunk and a 96 KiB
         # result chunk each wait for the ready events, and are counted.
         dy2 = rng.uniform(-1, 1, (n, oc, 64, 64)).astype("<f4")
         head = bwd_data_header(dst_shape=[n, ic, 64, 64])
