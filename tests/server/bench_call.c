@@ -14,9 +14,10 @@
  *   median over rounds of each block's p50, its ratio to the echo's p50 of
  *   the same round (figure (a), target <= 1.5), and the process's CPU time
  *   (user + sys, /proc/PID/stat) per call over every block (figure (b),
- *   target <= 2x the echo's). With --idle-us N every call of every target
- *   follows N microseconds of sleep instead of the previous call, as a
- *   trainer's call follows its own compute: what a call costs once the
+ *   target <= 2x the echo's), and this client process's, which shows the
+ *   client library's own cost beside the raw client's. With --idle-us N every
+ * call of every target follows N microseconds of sleep instead of the previous
+ * call, as a trainer's call follows its own compute: what a call costs once the
  *   client, the server and the kernel have gone idle.
  * resnet: throughput at concurrency 8 (threads sharing one channel) on the
  *   ResNet rows of the problem list, both gradient ops, f32, over TCP: the
@@ -34,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/grpc.h>
@@ -62,9 +64,10 @@ typedef struct target {
   char sock[128];
   grpc_channel *raw[TRANSPORTS]; /* the echo's, or the raw client's */
   cgc_channel *ch[TRANSPORTS];
-  double *p50[TRANSPORTS][VIAS];  /* per round */
-  double *rate;                   /* resnet: calls/s per round */
-  double cpu_s[TRANSPORTS][VIAS]; /* over every tiny block */
+  double *p50[TRANSPORTS][VIAS];         /* per round */
+  double *rate;                          /* resnet: calls/s per round */
+  double cpu_s[TRANSPORTS][VIAS];        /* over every tiny block */
+  double client_cpu_s[TRANSPORTS][VIAS]; /* this process's, the same */
   long calls[TRANSPORTS][VIAS];
 } target;
 
@@ -86,6 +89,13 @@ static double cpu_seconds(pid_t pid) {
                    &ut, &st) != 2)
     return 0;
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds this process (the client) has used, all threads. */
+static double own_cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static int start_server(target *t, int k, const char *const *extra) {
@@ -170,11 +180,12 @@ static double block(target *t, int x, int v, const tiny_row *row, double *lat,
                     int calls) {
   for (int i = 0; i < 20; i++) /* the channel was idle for a while */
     one_call(t, x, v, row);
-  double cpu0 = cpu_seconds(t->pid);
+  double cpu0 = cpu_seconds(t->pid), own0 = own_cpu_seconds();
   for (int i = 0; i < calls; i++)
     if ((lat[i] = one_call(t, x, v, row)) < 0)
       return 0;
   t->cpu_s[x][v] += cpu_seconds(t->pid) - cpu0;
+  t->client_cpu_s[x][v] += own_cpu_seconds() - own0;
   t->calls[x][v] += calls;
   return bench_percentile(lat, calls, 0.5);
 }
@@ -221,10 +232,12 @@ static void tiny_print(target *ts, int nt, int x, int v, int rounds,
     double cpu = ts[k].cpu_s[x][kv] / (double)ts[k].calls[x][kv] * 1e6;
     double echo_cpu =
         ts[0].cpu_s[x][VIA_RAW] / (double)ts[0].calls[x][VIA_RAW] * 1e6;
-    printf("%-5s %-9s %-4s %9.1f %8.2f %12.1f %8.2f\n", transport_names[x],
-           ts[k].name, k ? via_names[v] : "raw",
+    double client_cpu =
+        ts[k].client_cpu_s[x][kv] / (double)ts[k].calls[x][kv] * 1e6;
+    printf("%-5s %-9s %-4s %9.1f %8.2f %12.1f %8.2f %12.1f\n",
+           transport_names[x], ts[k].name, k ? via_names[v] : "raw",
            median(ts[k].p50[x][kv], rounds), median(ratio, rounds), cpu,
-           cpu / echo_cpu);
+           cpu / echo_cpu, client_cpu);
   }
 }
 
@@ -254,10 +267,11 @@ static void tiny(target *ts, int nt, int rounds, int calls, int idle_us) {
          "%d calls; client: libcgclient (lib) or one raw C-core batch (raw, "
          "as the echo's); p50: median of the rounds' p50s; ratios: medians "
          "of the rounds' ratios; cpu: user + sys of the server process per "
-         "call; each call after %d us idle\n",
+         "call; client cpu: this process's per call; each call after %d us "
+         "idle\n",
          ECHO_BYTES, rounds, calls, idle_us);
-  printf("%-5s %-9s %-4s %9s %8s %12s %8s\n", "via", "server", "cli", "p50 us",
-         "/echo", "cpu us/call", "/echo");
+  printf("%-5s %-9s %-4s %9s %8s %12s %8s %12s\n", "via", "server", "cli",
+         "p50 us", "/echo", "cpu us/call", "/echo", "client cpu");
   for (int x = 0; x < TRANSPORTS; x++)
     for (int v = 0; v < VIAS; v++)
       tiny_print(ts, nt, x, v, rounds, ratio);
