@@ -639,15 +639,18 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
       bench_prob_free(&p);
     }
   }
-  printf("rows of >= %.0f ms of kernel, shm / kern <= %.2f: medians %d of %d "
-         "rows, worst %+.2f past; fastest reps %d of %d, worst %+.2f past\n",
-         SHM_LONG_MS, SHM_LONG_RATIO, rows_ok[0], rows[0], worst[0],
-         rows_ok_best[0], rows[0], worst_best[0]);
-  printf("rows under %.0f ms, shm - kern <= echo + %.1f ms: medians %d of %d "
-         "rows, worst %+.3f ms past; fastest reps %d of %d, worst %+.3f ms "
-         "past\n",
-         SHM_LONG_MS, SHM_SHORT_SLACK_MS, rows_ok[1], rows[1], worst[1],
-         rows_ok_best[1], rows[1], worst_best[1]);
+  if (rows[0])
+    printf("rows of >= %.0f ms of kernel, shm / kern <= %.2f: medians %d of "
+           "%d rows, worst %+.2f past; fastest reps %d of %d, worst %+.2f "
+           "past\n",
+           SHM_LONG_MS, SHM_LONG_RATIO, rows_ok[0], rows[0], worst[0],
+           rows_ok_best[0], rows[0], worst_best[0]);
+  if (rows[1])
+    printf("rows under %.0f ms, shm - kern <= echo + %.1f ms: medians %d of "
+           "%d rows, worst %+.3f ms past; fastest reps %d of %d, worst %+.3f "
+           "ms past\n",
+           SHM_LONG_MS, SHM_SHORT_SLACK_MS, rows_ok[1], rows[1], worst[1],
+           rows_ok_best[1], rows[1], worst_best[1]);
   cg_engine_free(e);
   fclose(f);
 }
