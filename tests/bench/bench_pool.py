@@ -1,18 +1,26 @@
 #!/usr/bin/python3
 """bench_pool.py - issue 36's figures: one call over a pool of replicas.
 
-Replicas are convgrad-server processes on loopback, each with one worker
-pinned to a core of its own (--cpus, static threads: parts compute alike
-on both); the client is this process, through the Python package with
-Client(replicas=N). The layer is ResNet-50's res2a (3x3 64->64, 56x56,
-batch 8, f32, NCX/OIX). Rounds are interleaved and figures are medians.
+Replicas are convgrad-server processes, each with one worker pinned to a
+core of its own (--cpus, static threads: parts compute alike on both):
+replica 0 on core 0, replica 1 on core 1. On the rig (tests/net/rig.sh
+--replicas 2, as root, the default where one can be built; --rig asks for
+it, --loopback not) each replica is in a network namespace and cgroup of
+its own behind a switch, the trainer (this process, the client) in its
+own, every link at --rate; the client runs on both cores (a machine of 2
+cores has none left for it). Elsewhere: loopback. The client is the
+Python package with Client(replicas=N). The layer is ResNet-50's res2a
+(3x3 64->64, 56x56, batch 8, f32, NCX/OIX). Rounds are interleaved and
+figures are medians; each figure's line is followed by the load average
+when it was taken.
 
   split_ratio                     the layer split over 2 replicas / on 1
   split_deterministic             3 split calls give the same bits (yes/no)
   straggler_p99_over_p50          replica 1 held to a 20% CPU quota
                                   (cgroup): p99 / p50 of the layer call,
                                   hedging on (default budget 5%)
-  straggler_p99_over_p50_unhedged the same with hedge_budget=0
+  straggler_p99_over_p50_unhedged the same with hedge_budget=0 (a client
+                                  of its own, its calls interleaved)
   hedges_straggler_pct            backups sent per 100 parts, straggler run
   quiet_p99_over_p50              p99 / p50 with no straggler: the noise
   hedges_quiet_pct                the same with no straggler (the budget
@@ -21,21 +29,28 @@ batch 8, f32, NCX/OIX). Rounds are interleaved and figures are medians.
   kill_failed_steps               20 steps of ResNet-18 layer calls (its
                                   six 3x3 shapes at batch 8) over 2
                                   replicas, replica 1 killed with SIGKILL
-                                  at step 10: steps that failed
+                                  at step 10: steps that failed (the cut
+                                  fixed at 4 parts, split_parts=4: left
+                                  to the channel, each run's first
+                                  measurements choose it)
   kill_gradients_equal            every step's gradients equal (bitwise)
                                   those of a run without the kill (yes/no)
   warm_first_over_repeat          first call of a shape a server warmed
-                                  (--warmup) / the median of its repeats
-                                  (the client connected first); median of
-                                  3 fresh servers
-  cold_first_over_repeat          the same without --warmup, for scale
+                                  (--warmup) / the median of its repeats,
+                                  on a connection that has carried a call
+                                  of another shape (a 1x1 layer of the same
+                                  tensors), as a trainer's has by then;
+                                  median of 3 fresh servers
+  warm_first_fresh_over_repeat    the same on a connection that carried
+                                  only a health check: a new connection's
+                                  first large transfer is slow
+  cold_first_over_repeat          the same without --warmup (connection
+                                  used), for scale
 
     /usr/bin/python3 tests/bench/bench_pool.py --build build
 
 Without root (no cgroup) the straggler figures are skipped with a line that
-says so. Not the off-host rig of issue 38 (tests/net/rig.sh makes one
-trainer and one server namespace): loopback, so the link is not measured
-here. Figures, not a test: nothing is asserted."""
+says so. Figures, not a test: nothing is asserted."""
 import argparse
 import os
 import re
@@ -49,8 +64,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import numpy as np  # noqa: E402
+
+import cgtest  # noqa: E402
 
 convgrad = None  # imported by main(), once CONVGRAD_LIBRARY is set
 
@@ -61,22 +79,42 @@ RESNET18 = [(8, 64, 56, 64, 3), (8, 128, 28, 128, 3), (8, 256, 14, 256, 3),
 CGROUP = "/sys/fs/cgroup/cpu"
 
 
-class Server:
-    """A convgrad-server with one worker on core cpu."""
+def rig_side(replica):
+    return "srv" if replica == 0 else "srv%d" % replica
 
-    def __init__(self, build, cpu, extra=()):
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def figure(name, fmt, value):
+    print(("%s: " + fmt) % (name, value))
+    print("  load: %s" % load(), flush=True)
+
+
+class Server:
+    """A convgrad-server with one worker on core replica: on the rig in
+    that replica's namespace, cgroup and core, else on loopback."""
+
+    def __init__(self, build, replica, extra=()):
+        if os.environ.get("CG_RIG"):
+            prefix = cgtest.rig_server_prefix(rig_side(replica))
+            host = os.environ["CG_RIG_SERVERS"].split(",")[replica]
+        else:
+            prefix, host = ["taskset", "-c", str(replica)], "127.0.0.1"
         self.proc = subprocess.Popen(
-            ["taskset", "-c", str(cpu),
-             os.path.join(build, "server", "convgrad-server"), "--listen",
-             "127.0.0.1:0", "--workers", "1", "--threads-policy", "static",
-             "--cpus", str(cpu)] + list(extra),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            prefix + [os.path.join(build, "server", "convgrad-server"),
+                      "--listen", host + ":0", "--workers", "1",
+                      "--threads-policy", "static", "--cpus", str(replica)] +
+            list(extra), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True)
         line = self.proc.stdout.readline()
-        m = re.search(r"listen=127\.0\.0\.1:(\d+)", line)
+        m = re.search(r"listen=%s:(\d+)" % re.escape(host), line)
         if not m:
             self.proc.kill()
             raise SystemExit("server did not get ready: %r" % line)
-        self.target = "127.0.0.1:%d" % int(m.group(1))
+        self.target = "%s:%d" % (host, int(m.group(1)))
 
     def stop(self):
         if self.proc.poll() is None:
@@ -87,6 +125,22 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.proc.stdout.close()
+
+
+class RigQuota:
+    """The CPU quota of a rig's replica at pct percent of one core, set
+    back to none by close()."""
+
+    def __init__(self, replica, pct):
+        self.side = rig_side(replica)
+        self.set(str(pct))
+
+    def set(self, pct):
+        subprocess.run([cgtest.RIG, "quota", os.environ["CG_RIG"], self.side,
+                        pct], check=True, stdout=subprocess.DEVNULL)
+
+    def close(self):
+        self.set("max")
 
 
 class Quota:
@@ -160,7 +214,7 @@ def split_figures(build, rounds):
             if len(outs) < 3:
                 outs.append(out)
         print("split_parts: %s" % res.worker)
-        print("split_ratio: %.3f" % statistics.median(ratios))
+        figure("split_ratio", "%.3f", statistics.median(ratios))
         same = all(np.array_equal(outs[0][g], o[g]) for o in outs[1:]
                    for g in outs[0])
         print("split_deterministic: %s" % ("yes" if same else "no"))
@@ -171,27 +225,35 @@ def split_figures(build, rounds):
         b.stop()
 
 
-def straggler_run(build, calls, hedge_budget, quota):
+def straggler_run(build, calls, budgets, quota):
     """p99/p50 and backups per 100 parts of calls layer calls over two
-    replicas, replica 1 at quota percent (None: no quota)."""
+    replicas, replica 1 at quota percent (None: no quota), for each hedge
+    budget of budgets: a client each, their calls interleaved."""
     a, b = Server(build, 0), Server(build, 1)
     q = None
     try:
-        c = convgrad.Client(a.target + "," + b.target, replicas=2,
-                            hedge_budget=hedge_budget)
+        cs = [convgrad.Client(a.target + "," + b.target, replicas=2,
+                              hedge_budget=budget) for budget in budgets]
         t = layer(RES2A, 2)
         for _ in range(10):  # the shape's latencies, before the quota
-            call(c, t)
+            for c in cs:
+                call(c, t)
         if quota:
-            q = Quota(b.proc.pid, quota)
-        ms, extra, parts = [], 0, 0
+            q = RigQuota(1, quota) if os.environ.get("CG_RIG") else Quota(
+                b.proc.pid, quota)
+        ms = [[] for _ in cs]
+        extra, parts = [0] * len(cs), [0] * len(cs)
         for _ in range(calls):
-            m, _, res = timed(c, t)
-            ms.append(m)
-            extra += res.attempts - 1
-            parts += int(res.worker.split()[0]) if "parts" in res.worker else 1
-        c.close()
-        return pct(ms, 99) / pct(ms, 50), 100.0 * extra / parts
+            for i, c in enumerate(cs):
+                m, _, res = timed(c, t)
+                ms[i].append(m)
+                extra[i] += res.attempts - 1
+                parts[i] += (int(res.worker.split()[0])
+                             if "parts" in res.worker else 1)
+        for c in cs:
+            c.close()
+        return [(pct(m, 99) / pct(m, 50), 100.0 * e / n)
+                for m, e, n in zip(ms, extra, parts)]
     finally:
         if q:
             q.close()
@@ -205,7 +267,8 @@ def kill_run(build, steps, kill_at):
     the steps that failed."""
     a, b = Server(build, 0), Server(build, 1)
     try:
-        c = convgrad.Client(a.target + "," + b.target, replicas=2)
+        c = convgrad.Client(a.target + "," + b.target, replicas=2,
+                            split_parts=4)
         layers = [layer(s, 10 + i) for i, s in enumerate(RESNET18)]
         grads, failed = [], 0
         for step in range(steps):
@@ -223,9 +286,10 @@ def kill_run(build, steps, kill_at):
         b.stop()
 
 
-def warm_figure(build, warm, reps, starts=3):
+def warm_figure(build, warm, reps, used, starts=3):
     """First call of res2a on a fresh server / the median of its repeats,
-    the median over starts fresh servers."""
+    the median over starts fresh servers; used: the connection has
+    carried a call of another shape first."""
     ratios = []
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
         f.write("mb8ic64ih56oc64oh56kh3ph1 data_format=NCX "
@@ -235,8 +299,12 @@ def warm_figure(build, warm, reps, starts=3):
             s = Server(build, 0, ["--warmup", f.name] if warm else [])
             try:
                 c = convgrad.Client(s.target)
-                c.health()  # connected, as a trainer's client is by then
+                c.health()
                 t = layer(RES2A, 3)
+                if used:
+                    one = list(t)
+                    one[2] = np.ascontiguousarray(t[2][:, :, :1, :1])
+                    call(c, one)
                 first, _, _ = timed(c, t)
                 rest = [timed(c, t)[0] for _ in range(reps)]
                 c.close()
@@ -252,7 +320,20 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=100)
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--rig", action="store_true",
+                       help="on the rig, or fail (default: the rig where "
+                       "one can be built, else loopback)")
+    where.add_argument("--loopback", action="store_true")
+    ap.add_argument("--rate", default="10gbit",
+                    help="the rig's links (tc units; default 10gbit)")
     args = ap.parse_args()
+    if not args.loopback and not os.environ.get("CG_RIG"):
+        rc = cgtest.rig_enter("bp", [
+            "--replicas", "2", "--rate", args.rate, "--srv-cpus", "0",
+            "--srv1-cpus", "1", "--srv-quota", "max", "--srv1-quota", "max"])
+        if rc is not None and (rc != 77 or args.rig):
+            sys.exit(rc)
     os.environ.setdefault("CONVGRAD_LIBRARY", os.path.join(
         args.build, "client", "libcgclient.so"))
     global convgrad
@@ -263,18 +344,31 @@ def main():
     print("machine: %d cpus, isa %s, oneDNN %s; replicas on cores 0 and 1, "
           "one worker each" % (os.cpu_count(), info["cpu_isa"],
                                info["onednn_version"]))
+    if os.environ.get("CG_RIG"):
+        show = subprocess.run([cgtest.RIG, "show", os.environ["CG_RIG"]],
+                              check=True, stdout=subprocess.PIPE, text=True)
+        cfg = dict(line.split("=", 1) for line in show.stdout.split())
+        print("ran on: rig %s: replicas %s behind a switch, links %s, "
+              "replica cores %s and %s, trainer (client) cores %s, cgroup %s"
+              % (os.environ["CG_RIG"], cfg["servers"], cfg["rate"],
+                 cfg["srv_cpus"], cfg["srv1_cpus"], cfg["trn_cpus"],
+                 cfg["cgroup"]))
+    else:
+        print("ran on: loopback, replicas on cores 0 and 1, the client on "
+              "both")
+    print("load: %s" % load())
     split_figures(args.build, args.rounds)
     if os.geteuid() == 0 and os.path.isdir(CGROUP):
-        for budget, name in ((0.05, ""), (0.0, "_unhedged")):
-            ratio, hedges = straggler_run(args.build, args.calls, budget, 20)
-            print("straggler_p99_over_p50%s: %.3f" % (name, ratio))
-            if budget:
-                print("hedges_straggler_pct: %.2f" % hedges)
+        (ratio, hedges), (unhedged, _) = straggler_run(
+            args.build, args.calls, (0.05, 0.0), 20)
+        figure("straggler_p99_over_p50", "%.3f", ratio)
+        figure("straggler_p99_over_p50_unhedged", "%.3f", unhedged)
+        figure("hedges_straggler_pct", "%.2f", hedges)
     else:
         print("straggler: skipped (needs root and cgroup v1's %s)" % CGROUP)
-    ratio, quiet = straggler_run(args.build, args.calls, 0.05, None)
-    print("quiet_p99_over_p50: %.3f" % ratio)
-    print("hedges_quiet_pct: %.2f" % quiet)
+    [(ratio, quiet)] = straggler_run(args.build, args.calls, (0.05,), None)
+    figure("quiet_p99_over_p50", "%.3f", ratio)
+    figure("hedges_quiet_pct", "%.2f", quiet)
     want, _ = kill_run(args.build, 20, None)
     got, failed = kill_run(args.build, 20, 10)
     equal = all(g is not None and all(
@@ -282,8 +376,12 @@ def main():
         for k in w[i]) for w, g in zip(want, got))
     print("kill_failed_steps: %d" % failed)
     print("kill_gradients_equal: %s" % ("yes" if equal else "no"))
-    print("warm_first_over_repeat: %.3f" % warm_figure(args.build, True, 9))
-    print("cold_first_over_repeat: %.3f" % warm_figure(args.build, False, 9))
+    figure("warm_first_over_repeat", "%.3f",
+           warm_figure(args.build, True, 9, True))
+    figure("warm_first_fresh_over_repeat", "%.3f",
+           warm_figure(args.build, True, 9, False))
+    figure("cold_first_over_repeat", "%.3f",
+           warm_figure(args.build, False, 9, True))
 
 
 if __name__ == "__main__":

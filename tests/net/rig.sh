@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
-# rig.sh - a trainer and a server on one machine, joined by a shaped link:
-# two network namespaces of this script's own (NAME-trn and NAME-srv, each
-# with its loopback up), one veth pair between them made inside them (the
-# root namespace never sees it), 10.231.0.1/30 on the trainer's end and
-# 10.231.0.2/30 on the server's (addresses that exist only inside these
-# namespaces), tc tbf at --rate on both ends, and per side the cores
-# (taskset) and a CPU quota (cgroup v2's cpu.max, or v1's cpu controller,
-# whichever this machine has).
+# rig.sh - a trainer and a server (or a pool of them) on one machine,
+# joined by shaped links: network namespaces of this script's own
+# (NAME-trn, NAME-srv, and with --replicas N also NAME-srv1 ... and a
+# switch NAME-sw), each with its loopback up, veth pairs made inside them
+# (the root namespace never sees one), tc tbf at --rate on both ends of
+# every link, and per side the cores (taskset) and a CPU quota (cgroup
+# v2's cpu.max, or v1's cpu controller, whichever this machine has).
+#
+# One replica (the default): one veth pair, 10.231.0.1/30 on the
+# trainer's end and 10.231.0.2/30 on the server's (addresses that exist
+# only inside these namespaces). N replicas: the trainer's link and one
+# link per replica meet at a bridge in NAME-sw, a switch: the trainer's
+# one NIC (10.231.0.1/24, --rate each way, shared by every replica's
+# traffic) and each replica's own (10.231.0.2, .3, ... /24, --rate each).
 #
 #   rig.sh up NAME [options]      build the rig (torn down again on failure)
-#   rig.sh exec NAME trn|srv -- CMD...
+#   rig.sh exec NAME SIDE -- CMD...
 #                                 run CMD in a side's namespace, cgroup and
-#                                 cores
+#                                 cores; SIDE is trn, srv (replica 0) or
+#                                 srvI (replica I, 1 <= I < N)
+#   rig.sh quota NAME SIDE P      set a side's CPU quota now: P percent of
+#                                 one core, or max (its processes stay; the
+#                                 side needs a cgroup: up with a quota)
 #   rig.sh run NAME [options] -- CMD...
 #                                 up, CMD on the trainer's side with
-#                                 CG_RIG=NAME and CG_RIG_SERVER=10.231.0.2,
-#                                 then down, whatever CMD does (trap);
-#                                 exits with CMD's status
+#                                 CG_RIG=NAME, CG_RIG_SERVER=10.231.0.2 and
+#                                 CG_RIG_SERVERS (every replica's address,
+#                                 comma-separated), then down, whatever CMD
+#                                 does (trap); exits with CMD's status
 #   rig.sh down NAME              tear it down: idempotent, also after a
 #                                 failed or interrupted up
 #   rig.sh show NAME              what the rig is (one line per setting)
@@ -24,8 +35,8 @@
 #                                 (exit 0), else why not (exit 77)
 #
 # Options of up and run:
-#   --rate R           tbf rate of both ends, tc's units (10gbit, 1gbit,
-#                      500mbit); default 10gbit
+#   --rate R           tbf rate of both ends of each link, tc's units
+#                      (10gbit, 1gbit, 500mbit); default 10gbit
 #   --burst B          tbf burst (default: 4 ms at the rate, at least 64kb)
 #   --mtu N            the veths' MTU (default 65535: a real NIC segments and
 #                      coalesces in hardware, TSO and GRO, where a veth's
@@ -33,11 +44,15 @@
 #                      very cores measured: 2-3 Gbit/s at most here)
 #   --delay D          added one-way delay per end (netem; this script says
 #                      so and fails where the kernel has no netem)
+#   --replicas N       server namespaces, 1 to 8 (default 1)
 #   --trn-cpus LIST    trainer's cores (taskset -c list); default: all
-#   --srv-cpus LIST    server's cores; default: all
+#   --srv-cpus LIST    server's cores (every replica's unless --srvI-cpus
+#                      says otherwise); default: all
+#   --srvI-cpus LIST   replica I's cores (1 <= I < N)
 #   --trn-quota P      trainer's CPU quota, percent of one core per 100 ms
 #                      period (50: half a core); default: none
-#   --srv-quota P      the server's
+#   --srv-quota P      the server's (every replica's unless --srvI-quota)
+#   --srvI-quota P     replica I's
 #
 # Only root can make namespaces and qdiscs: as anyone else (or without
 # CAP_NET_ADMIN, e.g. an unprivileged container) it says why and exits 77,
@@ -52,6 +67,7 @@ TRN_ADDR=10.231.0.1
 SRV_ADDR=10.231.0.2
 PREFIX=30
 DEV=cgv0
+REPLICAS_MAX=8
 STATE_ROOT=${CG_RIG_STATE:-/run/convgrad-rig}
 
 die() {
@@ -114,6 +130,18 @@ check_name() {
 
 ns() { echo "cgrig-$1-$2"; } # NAME SIDE
 
+# replica_sides N: the sides of N replicas (srv srv1 ... srvN-1).
+replica_sides() {
+  local i
+  echo srv
+  for ((i = 1; i < $1; i++)); do echo "srv$i"; done
+}
+
+# srv_addr N I: replica I's address in a rig of N replicas.
+srv_addr() {
+  if [ "$1" = 1 ]; then echo "$SRV_ADDR"; else echo "10.231.0.$((2 + $2))"; fi
+}
+
 # bytes RATE: tc's rate (bit, kbit, mbit, gbit; k/m/g are 1000s) in bytes/s.
 bytes_per_s() {
   local r=${1,,} n unit
@@ -131,25 +159,37 @@ quota_us() { # PERCENT
   echo $(($1 * 1000))
 }
 
-# shape NS: tbf at $rate (and netem's $delay before it) on NS's end.
+# shape NS DEV: tbf at $rate (and netem's $delay before it) on DEV, NS's
+# end of a link.
 shape() {
-  local n=$1
+  local n=$1 dev=$2
   if [ -n "$delay" ]; then
-    if ! tc -n "$n" qdisc add dev "$DEV" root handle 1: netem delay "$delay" 2>/dev/null; then
+    if ! tc -n "$n" qdisc add dev "$dev" root handle 1: netem delay "$delay" 2>/dev/null; then
       die "--delay $delay: this kernel has no netem (sch_netem, CONFIG_NET_SCH_NETEM); no delay can be added"
     fi
-    tc -n "$n" qdisc add dev "$DEV" parent 1:1 handle 10: tbf rate "$rate" burst "$burst" latency 100ms
+    tc -n "$n" qdisc add dev "$dev" parent 1:1 handle 10: tbf rate "$rate" burst "$burst" latency 100ms
   else
-    tc -n "$n" qdisc add dev "$DEV" root tbf rate "$rate" burst "$burst" latency 100ms
+    tc -n "$n" qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
   fi
 }
 
+# link NS1 DEV1 NS2 DEV2: a veth pair between two namespaces, up at $mtu
+# and shaped on both ends.
+link() {
+  ip -n "$1" link add "$2" type veth peer name "$4" netns "$3"
+  ip -n "$1" link set "$2" mtu "$mtu" up
+  ip -n "$3" link set "$4" mtu "$mtu" up
+  shape "$1" "$2"
+  shape "$3" "$4"
+}
+
 # limit NAME SIDE QUOTA: the side's cgroup with QUOTA percent of a core
-# (empty: no limit; a cgroup all the same, so that a process one side
-# starts on the other, the server from the trainer's, leaves the first's).
+# (empty or max: no limit; a cgroup all the same, so that a process one
+# side starts on the other, the server from the trainer's, leaves the
+# first's).
 limit() {
   local dir us=max
-  [ -n "$3" ] && us=$(quota_us "$3")
+  [ -n "$3" ] && [ "$3" != max ] && us=$(quota_us "$3")
   dir=$(cgroup_dir "$1" "$2")
   case $(cgroup_kind) in
     v2)
@@ -176,20 +216,36 @@ check_cpus() { # LIST
 cmd_up() {
   local name=$1
   shift
-  rate=10gbit burst="" mtu=65535 delay="" trn_cpus="" srv_cpus="" trn_quota="" srv_quota=""
+  rate=10gbit burst="" mtu=65535 delay="" replicas=1
+  local -A cpus=() quota=()
+  local side
   while [ $# -gt 0 ]; do
+    [ $# -ge 2 ] || die "up: $1 needs a value"
+    side=${1#--}
     case $1 in
       --rate) rate=$2 ;;
       --burst) burst=$2 ;;
       --mtu) mtu=$2 ;;
       --delay) delay=$2 ;;
-      --trn-cpus) trn_cpus=$2 ;;
-      --srv-cpus) srv_cpus=$2 ;;
-      --trn-quota) trn_quota=$2 ;;
-      --srv-quota) srv_quota=$2 ;;
+      --replicas) replicas=$2 ;;
+      --trn-cpus | --srv-cpus | --srv[1-7]-cpus) cpus[${side%-cpus}]=$2 ;;
+      --trn-quota | --srv-quota | --srv[1-7]-quota) quota[${side%-quota}]=$2 ;;
       *) die "up: unknown option '$1'" ;;
     esac
-    shift 2 || die "up: $1 needs a value"
+    shift 2
+  done
+  [[ $replicas =~ ^[1-8]$ ]] || die "--replicas '$replicas': 1 to $REPLICAS_MAX"
+  local sides i
+  sides="trn $(replica_sides "$replicas" | tr '\n' ' ')"
+  for side in "${!cpus[@]}" "${!quota[@]}"; do
+    [[ " $sides " == *" $side "* ]] || die "--$side-*: no such side with --replicas $replicas"
+  done
+  # A replica without cores or a quota of its own has the server's.
+  for side in $sides; do
+    if [ "$side" != trn ]; then
+      [ -n "${cpus[$side]:-}" ] || cpus[$side]=${cpus[srv]:-}
+      [ -n "${quota[$side]:-}" ] || quota[$side]=${quota[srv]:-}
+    fi
   done
   local bps
   bps=$(bytes_per_s "$rate")
@@ -197,48 +253,61 @@ cmd_up() {
     burst=$((bps / 250))
     [ "$burst" -lt 65536 ] && burst=65536
   fi
-  check_cpus "$trn_cpus"
-  check_cpus "$srv_cpus"
+  for side in $sides; do check_cpus "${cpus[$side]:-}"; done
   [ -e "$STATE_ROOT/$name" ] && die "rig $name is up already (rig.sh down $name)"
   # Anything half made is removed on the way out.
   rig_name=$name
   trap 'cmd_down "$rig_name" >/dev/null 2>&1' EXIT
   mkdir -p "$STATE_ROOT/$name"
-  local t s
+  local t sw="" addrs="" any_quota=""
+  for side in $sides; do
+    ip netns add "$(ns "$name" "$side")"
+    ip -n "$(ns "$name" "$side")" link set lo up
+  done
   t=$(ns "$name" trn)
-  s=$(ns "$name" srv)
-  ip netns add "$t"
-  ip netns add "$s"
-  ip -n "$t" link set lo up
-  ip -n "$s" link set lo up
-  ip -n "$t" link add "$DEV" type veth peer name "$DEV" netns "$s"
-  ip -n "$t" addr add "$TRN_ADDR/$PREFIX" dev "$DEV"
-  ip -n "$s" addr add "$SRV_ADDR/$PREFIX" dev "$DEV"
-  ip -n "$t" link set "$DEV" mtu "$mtu" up
-  ip -n "$s" link set "$DEV" mtu "$mtu" up
-  shape "$t"
-  shape "$s"
-  if [ -n "$trn_quota$srv_quota" ]; then
-    limit "$name" trn "$trn_quota"
-    limit "$name" srv "$srv_quota"
+  if [ "$replicas" = 1 ]; then
+    link "$t" "$DEV" "$(ns "$name" srv)" "$DEV"
+    ip -n "$t" addr add "$TRN_ADDR/$PREFIX" dev "$DEV"
+    ip -n "$(ns "$name" srv)" addr add "$SRV_ADDR/$PREFIX" dev "$DEV"
+    addrs=$SRV_ADDR
+  else
+    # The switch: a bridge joining the trainer's link and each replica's.
+    sw=$(ns "$name" sw)
+    ip netns add "$sw"
+    ip -n "$sw" link add br0 type bridge
+    ip -n "$sw" link set br0 up
+    link "$t" "$DEV" "$sw" cgt
+    ip -n "$sw" link set cgt master br0
+    ip -n "$t" addr add "$TRN_ADDR/24" dev "$DEV"
+    for ((i = 0; i < replicas; i++)); do
+      side=$(replica_sides "$replicas" | sed -n "$((i + 1))p")
+      link "$(ns "$name" "$side")" "$DEV" "$sw" "cgr$i"
+      ip -n "$sw" link set "cgr$i" master br0
+      ip -n "$(ns "$name" "$side")" addr add "$(srv_addr "$replicas" "$i")/24" dev "$DEV"
+      addrs+=${addrs:+,}$(srv_addr "$replicas" "$i")
+    done
   fi
-  # A side without cores of its own gets every core up had, not those of
-  # the process that runs exec.
-  [ -n "$trn_cpus" ] || trn_cpus=$(taskset -pc $$ | sed 's/.*: //')
-  [ -n "$srv_cpus" ] || srv_cpus=$(taskset -pc $$ | sed 's/.*: //')
-  cat >"$STATE_ROOT/$name/config" <<EOF
-rate=$rate
-burst=$burst
-mtu=$mtu
-delay=$delay
-trn_cpus=$trn_cpus
-srv_cpus=$srv_cpus
-trn_quota=$trn_quota
-srv_quota=$srv_quota
-cgroup=$(cgroup_kind)
-EOF
+  for side in $sides; do any_quota+=${quota[$side]:-}; done
+  if [ -n "$any_quota" ]; then
+    for side in $sides; do limit "$name" "$side" "${quota[$side]:-}"; done
+  fi
+  {
+    echo "rate=$rate"
+    echo "burst=$burst"
+    echo "mtu=$mtu"
+    echo "delay=$delay"
+    echo "replicas=$replicas"
+    echo "servers=$addrs"
+    # A side without cores of its own gets every core up had, not those
+    # of the process that runs exec.
+    for side in $sides; do
+      echo "${side}_cpus=${cpus[$side]:-$(taskset -pc $$ | sed 's/.*: //')}"
+    done
+    for side in $sides; do echo "${side}_quota=${quota[$side]:-}"; done
+    echo "cgroup=$(cgroup_kind)"
+  } >"$STATE_ROOT/$name/config"
   trap - EXIT
-  echo "rig $name up: $TRN_ADDR (trainer, $t) <-> $SRV_ADDR (server, $s), rate $rate burst $burst mtu $mtu${delay:+ delay $delay}"
+  echo "rig $name up: $TRN_ADDR (trainer, $t) <-> $addrs ($replicas server(s)${sw:+ behind the switch $sw}), rate $rate burst $burst mtu $mtu${delay:+ delay $delay}"
 }
 
 config() { # NAME KEY
@@ -247,12 +316,33 @@ config() { # NAME KEY
   sed -n "s/^$2=//p" "$f"
 }
 
+# check_side NAME SIDE: dies unless SIDE is one of rig NAME's.
+check_side() {
+  local n
+  n=$(config "$1" replicas)
+  n=${n:-1}
+  [[ " trn $(replica_sides "$n" | tr '\n' ' ')" == *" $2 "* ]] ||
+    die "side is trn, srv or srv1 to srv$((n - 1)) (rig $1 has $n replicas), not '$2'"
+}
+
+cmd_quota() {
+  local name=$1 side=${2:-} pct=${3:-} dir
+  [ -n "$pct" ] || usage
+  check_side "$name" "$side"
+  dir=$(cgroup_dir "$name" "$side")
+  if [ -z "$dir" ] || [ ! -d "$dir" ]; then
+    die "quota: $side has no cgroup (up with a quota, e.g. --$side-quota max)"
+  fi
+  limit "$name" "$side" "$pct"
+  echo "rig $name: $side quota $pct"
+}
+
 cmd_exec() {
   local name=$1 side=${2:-}
   shift 2 || usage
   [ "${1:-}" = -- ] && shift
   [ $# -gt 0 ] || usage
-  case $side in trn | srv) ;; *) die "exec: side is trn or srv, not '$side'" ;; esac
+  check_side "$name" "$side"
   local dir
   dir=$(cgroup_dir "$name" "$side")
   # This shell joins the side's cgroup, if it has one; CMD (exec'd below)
@@ -281,7 +371,9 @@ end_pids() {
 
 cmd_down() {
   local name=$1 side n dir
-  for side in trn srv; do
+  # Every side a rig can have: down also ends a rig whose config up never
+  # wrote.
+  for side in trn sw $(replica_sides "$REPLICAS_MAX"); do
     n=$(ns "$name" "$side")
     if [ -e "/var/run/netns/$n" ]; then
       # shellcheck disable=SC2046
@@ -324,7 +416,7 @@ cmd_run() {
   # (wait returns at once on a trapped signal; down ends CMD then).
   trap 'cmd_down "$rig_name" >/dev/null' EXIT
   trap 'exit 130' INT TERM
-  CG_RIG=$name CG_RIG_SERVER=$SRV_ADDR "$0" exec "$name" trn -- "$@" &
+  CG_RIG=$name CG_RIG_SERVER=$SRV_ADDR CG_RIG_SERVERS=$(config "$name" servers) "$0" exec "$name" trn -- "$@" &
   local rc=0
   wait $! || rc=$?
   exit "$rc"
@@ -339,7 +431,7 @@ case $cmd in
     echo "rig: skipped: $why"
     exit "$SKIP"
     ;;
-  up | run | down | exec | show)
+  up | run | down | exec | show | quota)
     check_name "${1:-}"
     if [ "$cmd" = up ] || [ "$cmd" = run ]; then
       why=$(can_rig)

@@ -102,10 +102,10 @@ def rig_enter(prefix, rig_args):
                            ["--", sys.executable] + sys.argv)
 
 
-def rig_server_prefix():
-    """Inside a rig: the command prefix that runs a program on the
-    server's side (its namespace, cgroup and cores)."""
-    return [RIG, "exec", os.environ["CG_RIG"], "srv", "--"]
+def rig_server_prefix(side="srv"):
+    """Inside a rig: the command prefix that runs a program on a server's
+    side (its namespace, cgroup and cores): srv, or srvI for replica I."""
+    return [RIG, "exec", os.environ["CG_RIG"], side, "--"]
 
 
 def rig_link_bytes():
