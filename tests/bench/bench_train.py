@@ -14,7 +14,9 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          (+keep: backward_threads=None) or the backward pass narrowed
          to one thread (+narrow: backward_threads=1) instead of ended
          before each call (offload's default); +bf16: the opt-in bf16
-         wire (wire="bf16": f32 layers' tensors travel as bf16).
+         wire (wire="bf16": f32 layers' tensors travel as bf16); +share:
+         the trainer computes a share of each call's minibatch itself
+         (local_share="auto"; +shareN: N %), its rows per conv printed.
          Prints per mode the median over rounds of ms/step and of its
          ratio to local's in the same round, and per step the calls,
          bytes up and down, the server's compute and the arena's size;
@@ -32,6 +34,10 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          inputs would give (torch in f32 on the rounded inputs); then the
          loss over --wire-steps steps of SGD from equal weights, local
          against offloaded with each wire.
+  share  a call shared with the trainer (offload's local_share) against
+         the exact gradients (torch in f64 on the same inputs), per
+         convolution of one local step, beside local's and the server's
+         whole call's errors.
   layer  one 3x3 64->64 conv on 56x56 at batch 8, forward and backward
          (input and weight gradients), three ways interleaved: local
          torch, convgrad offload (unix socket and regions), and a
@@ -115,7 +121,9 @@ def make_modes(args, model0, tcp, unix, alt):
     src and weights too), +bf16 (wire="bf16"), +pipe (Client(replicas=1):
     a large call's parts pipelined over the server, as many as the
     client's model of the link says) or +pipeN (N parts: split_parts=N)
-    and +whole (replicas=0: no pipelining whatever offload's default)."""
+    and +whole (replicas=0: no pipelining whatever offload's default),
+    +share (local_share="auto": the trainer computes the share of each
+    call libcgclient's model gives it) or +shareN (local_share=N/100)."""
     import convgrad
     import convgrad.torch as ct
     modes = [Mode("local", copy.deepcopy(model0), args.threads)]
@@ -125,9 +133,11 @@ def make_modes(args, model0, tcp, unix, alt):
         base, flags = "+".join(parts[:n]), parts[n:]
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
         pipe = [f for f in flags if f.startswith("pipe")]
+        share = [f for f in flags if f.startswith("share")]
         known = {"serial", "keep", "narrow", "nostage", "bf16", "whole"}
-        if not target or set(flags) - known - set(pipe) or \
-                any(f != "pipe" and not f[4:].isdigit() for f in pipe):
+        if not target or set(flags) - known - set(pipe) - set(share) or \
+                any(f != "pipe" and not f[4:].isdigit() for f in pipe) or \
+                any(f != "share" and not f[5:].isdigit() for f in share):
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         split = {}
@@ -142,9 +152,21 @@ def make_modes(args, model0, tcp, unix, alt):
                            backward_threads=None if "keep" in flags else
                            1 if "narrow" in flags else "auto",
                            stage="nostage" not in flags,
-                           wire="bf16" if "bf16" in flags else "f32")
+                           wire="bf16" if "bf16" in flags else "f32",
+                           local_share=("auto" if share[0] == "share" else
+                                        int(share[0][5:]) / 100)
+                           if share else 0)
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
+
+
+def trainer_shares(model):
+    """The rows of each offloaded conv's calls its trainer computes
+    (offload's local_share), "-" where not decided, in model order."""
+    rows = [str(share.rows if share.rows is not None else "-")
+            for m in model.modules()
+            for share in getattr(m, "_convgrad_shares", {}).values()]
+    return " ".join(rows)
 
 
 def conv_backward_ms(model, x, autocast, reps=5):
@@ -397,6 +419,9 @@ def bench_train(args, tcp, unix, alt):
                     m.client.close()
                 print(line + "   (rounds: %s)" % " ".join(
                     "%.0f" % t for t in m.times), flush=True)
+                shares = trainer_shares(m.model)
+                if shares:
+                    print("    trainer's rows of each call: %s" % shares)
             print("  local convolution backward: %.1f ms/step (the part an "
                   "offloaded step replaces; aten::convolution_backward of "
                   "each conv's shapes)" % conv_ms, flush=True)
@@ -407,6 +432,84 @@ def rel_err(got, ref):
     ref = ref.double()
     return ((got.double() - ref).abs().max() /
             max(ref.abs().max().item(), 1e-30)).item()
+
+
+def layer_tensors(local, batch):
+    """One step of local on batch: its convs, and each conv's module,
+    input, grad_output and whether the input wants a gradient, in the
+    order the backward met them."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+    seen = []
+
+    def keep(m, inp, out):
+        out.register_hook(lambda gy: seen.append(
+            (m, inp[0].detach(), gy.detach(), inp[0].requires_grad)))
+    convs = [m for m in local.modules() if isinstance(m, nn.Conv2d)]
+    handles = [m.register_forward_hook(keep) for m in convs]
+    F.cross_entropy(local(batch[0]), batch[1]).backward()
+    for h in handles:
+        h.remove()
+    return convs, seen
+
+
+def conv_attrs(m):
+    """The call attributes of nn.Conv2d m (int padding)."""
+    return dict(strides=list(m.stride), pads_begin=list(m.padding),
+                pads_end=list(m.padding), dilations=list(m.dilation),
+                groups=m.groups, data_format="NCX", weights_format="OIX")
+
+
+def bench_share(args, tcp):
+    """The error of a call shared with the trainer (offload's
+    local_share) against the exact gradients, beside local's and the
+    server's whole call's (the "share" part)."""
+    import torch
+    import convgrad
+    import convgrad.torch as ct
+    for setting in args.settings:
+        hw, batch = SETTINGS[setting]
+        model0, batches = problem(hw, batch)
+        local = copy.deepcopy(model0)
+        _, seen = layer_tensors(local, batches[0])
+        client = convgrad.Client(tcp, shm=False)
+        print("a share for the trainer: resnet18 %dx%d batch %d f32, each "
+              "conv's tensors of local's step; max |g - exact| / max "
+              "|exact| per tensor, exact: torch in f64 on the same inputs; "
+              "whole: the server's call; share N: offload(local_share=N)"
+              % (hw, hw, batch))
+        print("  %-24s %-16s %-4s %9s %9s %9s %9s" % (
+            "layer", "input", "grad", "local", "whole", "share .5",
+            "share .25"))
+        for m, x, gy, need_x in reversed(seen):  # forward order
+            w = m.weight.detach()
+            attrs = conv_attrs(m)
+
+            def torch_grads(dt):
+                return torch.ops.aten.convolution_backward(
+                    gy.to(dt), x.to(dt), w.to(dt), [0], m.stride, m.padding,
+                    m.dilation, False, [0, 0], m.groups,
+                    [need_x, True, False])[:2]
+            exact = torch_grads(torch.float64)
+            rows = {"local": torch_grads(torch.float32)}
+            whole = client.conv_backward(
+                x, gy, w, outputs=(["diff_src"] if need_x else []) +
+                ["diff_weights"], **attrs)
+            rows["whole"] = (whole.get("diff_src"), whole["diff_weights"])
+            for share in (0.5, 0.25):
+                mm = ct.offload(copy.deepcopy(m), client, local_share=share)
+                xr = x.clone().requires_grad_(need_x)
+                mm(xr).backward(gy)
+                rows[share] = (xr.grad, mm.weight.grad)
+            name = next(n for n, c in local.named_modules() if c is m)
+            for i, grad in enumerate(("dX", "dW")):
+                if exact[i] is None:
+                    continue
+                print("  %-24s %-16s %-4s %s" % (
+                    name, "x".join(map(str, x.shape)), grad, " ".join(
+                        "%9.1e" % rel_err(rows[k][i], exact[i])
+                        for k in ("local", "whole", 0.5, 0.25))), flush=True)
+        client.close()
 
 
 def bench_wire(args, tcp):
@@ -422,16 +525,7 @@ def bench_wire(args, tcp):
         print("bf16 wire against f32: resnet18 %dx%d batch %d"
               % (hw, hw, batch), flush=True)
         local = copy.deepcopy(model0)
-        seen = []  # each conv's input and grad_output in local's step
-
-        def keep(m, inp, out):
-            out.register_hook(lambda gy: seen.append(
-                (m, inp[0].detach(), gy.detach(), inp[0].requires_grad)))
-        convs = [m for m in local.modules() if isinstance(m, nn.Conv2d)]
-        handles = [m.register_forward_hook(keep) for m in convs]
-        F.cross_entropy(local(batches[0][0]), batches[0][1]).backward()
-        for h in handles:
-            h.remove()
+        convs, seen = layer_tensors(local, batches[0])
         client = convgrad.Client(tcp, shm=False)
         remote = ct.offload(copy.deepcopy(model0), client, wire="bf16")
         F.cross_entropy(remote(batches[0][0]), batches[0][1]).backward()
@@ -447,10 +541,7 @@ def bench_wire(args, tcp):
         bf = torch.bfloat16
         for m, x, gy, need_x in reversed(seen):  # forward order
             w = m.weight.detach()
-            attrs = dict(strides=list(m.stride), pads_begin=list(m.padding),
-                         pads_end=list(m.padding),
-                         dilations=list(m.dilation), groups=m.groups,
-                         data_format="NCX", weights_format="OIX")
+            attrs = conv_attrs(m)
             outputs = (["diff_src"] if need_x else []) + ["diff_weights"]
             ref = torch.ops.aten.convolution_backward(
                 gy, x, w, [0], m.stride, m.padding, m.dilation, False,
@@ -598,9 +689,11 @@ def main():
                     "alt:unix+shm (a second server started with "
                     "--alt-server-args), each optionally with +serial "
                     "(overlap=False), +keep (torch's threads kept through "
-                    "the backward pass), +narrow (backward_threads=1) and "
+                    "the backward pass), +narrow (backward_threads=1), "
                     "+nostage (the backward sends src and weights instead "
-                    "of naming them staged)")
+                    "of naming them staged), +bf16, +pipe[N], +whole and "
+                    "+share[N] (the trainer computes a share of each call: "
+                    "local_share='auto', or N%%)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
@@ -617,7 +710,7 @@ def main():
     ap.add_argument("--alt-server-args",
                     help="flags of a second server, for the alt: modes "
                     "(e.g. '--workers 1 --threads-per-worker 2')")
-    ap.add_argument("--only", choices=("train", "layer", "wire"),
+    ap.add_argument("--only", choices=("train", "layer", "wire", "share"),
                     help="one part (default: train and layer)")
     ap.add_argument("--wire-steps", type=int, default=20,
                     help="steps of the wire part's loss curves")
@@ -674,6 +767,8 @@ def main():
             bench_layer(args, "unix:" + sock)
         if args.only == "wire":
             bench_wire(args, server.target)
+        if args.only == "share":
+            bench_share(args, server.target)
     finally:
         server.stop()
         if alt:

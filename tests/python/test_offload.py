@@ -109,14 +109,17 @@ def compare_grads(case, local, remote, xl, xr, tol):
                             "input %d" % i)
 
 
-def expected_download(model, xs):
+def expected_download(model, xs, own=0):
     """Bytes the offloaded backward of model(*xs) must receive: per layer,
-    grad_input only when its input requires grad, grad_weight and
-    grad_bias only when they require grad (f32)."""
+    grad_input only when its input requires grad (less the first own rows,
+    the trainer's share), grad_weight and grad_bias only when they require
+    grad (f32)."""
     sizes = []
 
     def hook(m, inp, out):
-        sizes.append(inp[0].numel() * inp[0].requires_grad +
+        rows = inp[0].shape[0]
+        sizes.append(inp[0].numel() // rows * (rows - own) *
+                     inp[0].requires_grad +
                      m.weight.numel() * m.weight.requires_grad +
                      (m.bias.numel() * m.bias.requires_grad
                       if m.bias is not None else 0))
@@ -909,6 +912,92 @@ class Regions(unittest.TestCase):
         finally:
             srv.stop()
             os.rmdir(d) if not os.listdir(d) else None
+
+
+class LocalShare(unittest.TestCase):
+    """offload(local_share=): the trainer computes the first rows of each
+    layer call itself (torch) while the server computes the rest; the
+    gradients are within f32's summation tolerance of local's, and the
+    same bits from one pass to the next."""
+
+    def grads(self, model, xs):
+        model.zero_grad()
+        xs = [x.detach().requires_grad_() for x in xs]
+        loss_of(model(*xs)).backward()
+        return [p.grad.clone() for p in model.parameters()] + [
+            x.grad.clone() for x in xs]
+
+    def check_half(self, **options):
+        local, remote = models(local_share=0.5, **options)
+        xl, xr = inputs(), inputs()
+        s = step_stats(self, local, remote, xl, xr)
+        if options.get("shm") is not False:
+            return remote, xr
+        # The server computed and sent the second row of each grad_input.
+        self.assertEqual(s["bytes_received"],
+                         expected_download(remote, xr, own=1))
+        return remote, xr
+
+    def test_half_over_bytes_and_repeatable(self):
+        remote, xs = self.check_half(shm=False)
+        first = self.grads(remote, xs)
+        for _ in range(2):  # the next steps stage src's server rows only
+            for a, b in zip(first, self.grads(remote, xs)):
+                self.assertTrue(torch.equal(a, b))
+        _, other = models(local_share=0.5, shm=False)  # another client
+        for a, b in zip(first, self.grads(other, xs)):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_half_over_regions(self):
+        remote, xs = self.check_half()
+        self.assertIsNotNone(remote.c1._convgrad_client.arena())
+        first = self.grads(remote, xs)
+        for a, b in zip(first, self.grads(remote, xs)):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_auto_measures_then_keeps_a_cut(self):
+        """The first call of each shape on the server, the second here
+        (no call), the third on the server, measured; then a cut, kept."""
+        local, remote = models(local_share="auto", shm=False)
+        client = remote.c1._convgrad_client
+        calls = []
+        for step in range(4):
+            xl, xr = inputs(), inputs()
+            client.stats(reset=True)
+            for m in (local, remote):
+                m.zero_grad()
+            loss_of(local(*xl)).backward()
+            loss_of(remote(*xr)).backward()
+            compare_grads(self, local, remote, xl, xr, 1e-5)
+            calls.append(client.stats()["calls"])
+        self.assertEqual(calls[:3], [5, 0, 5])
+        shares = [sh for m in remote.modules()
+                  for sh in getattr(m, "_convgrad_shares", {}).values()]
+        self.assertEqual(len(shares), 5)
+        for sh in shares:
+            self.assertIn(sh.rows, (0, 1))
+
+    def test_model_of_the_share(self):
+        """cgc_local_rows: equal speeds over a fast link split the
+        minibatch in two; a server 3x slower takes a quarter; a server
+        10x faster than the trainer takes it all."""
+        client = convgrad.Client(SERVER.target, split_min_flops=1)
+        x, w = torch.randn(8, 16, 32, 32), torch.randn(16, 16, 3, 3)
+        attrs = dict(pads_begin=[1, 1], pads_end=[1, 1], data_format="NCX",
+                     weights_format="OIX")
+
+        def rows(server_ms, local_ms):
+            r = convgrad._lib.Result()
+            r.compute_ms, r.total_ms = server_ms, server_ms + 1
+            r.bytes_sent = 10 ** 9  # a link of a GB/ms: bytes cost nothing
+            return client.local_rows(x, x, w, convgrad.CallResult(r),
+                                     local_ms, **attrs)
+        self.assertEqual(rows(100, 100), 4)
+        self.assertEqual(rows(300, 100), 6)
+        self.assertEqual(rows(10, 100), 0)
+        with self.assertRaises(ValueError):
+            models(local_share=1)
+        client.close()
 
 
 def main():

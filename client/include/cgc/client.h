@@ -146,9 +146,9 @@ typedef struct cgc_options {
    * hedge_budget). Smaller calls go whole to the least loaded replica.
    * Blocking and asynchronous calls (cgc_call_start) alike. */
   int replicas;
-  /* Parts of one call at most; 0: as many as the replicas' measured
-   * speeds and link say (at most 8, or 2 x replicas if more), chosen the
-   * first time the channel sees a shape and kept (client/README.md,
+  /* Parts of one call at most; 0: 2 x replicas, or with one replica as
+   * many as its measured link and speed say (at most 8), chosen the first
+   * time the channel sees a shape and kept (client/README.md,
    * "Replicas"): set it for results that are the same bits from one
    * process to the next. */
   int split_parts;
@@ -156,11 +156,9 @@ typedef struct cgc_options {
    * call under 2 parts' worth is never split. */
   uint64_t split_min_flops;
   /* Backup parts sent at most, as a fraction of the parts sent (default
-   * 0.05; at most 40 parts' worth saved up); 0: none. A part gets one when
-   * it has not answered after the 95th percentile of the latencies of its
-   * shape and 3 x their median (once 8 are known); a replica left out for
-   * being slow gets a copy of a part now and then (a probe), from the same
-   * budget. */
+   * 0.05); 0: none. A part gets one when it has not answered after the
+   * 95th percentile of the latencies of its shape and 3 x their median
+   * (once 8 are known). */
   double hedge_budget;
   /* The client's own checks of what it receives (proto/SEMANTICS.md
    * "Result checks"): the fraction of calls (0 to 1) whose every output
@@ -495,6 +493,28 @@ CGC_EXPORT int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
                          int64_t deadline_ms,
                          unsigned char id[CGC_STAGED_ID_BYTES],
                          cgc_stage_result *res, cgc_status *st);
+
+/* ------------------------------------------------------------------ */
+/* A share for the caller's own cores */
+
+/* How many of the first rows of req's minibatch (a layer op) a caller
+ * should compute itself, taking local_ms (its own time for req whole,
+ * measured) in proportion, while ch's server computes the rest, so that
+ * the call ends soonest: the server's speed and the link's are those measured
+ * by a call of req's shape whole on ch (its compute_ms over the flops, its
+ * bytes over the rest of its time; a call that moved no bytes, over
+ * regions, makes them free); the server's rows are costed as ch
+ * would run them (pipelined over a channel of one replica, else whole,
+ * their staged inputs not sent). *rows is 0 when a share would not end
+ * the call 5 % sooner (a fast server, a slow caller, nothing measured)
+ * or either side's work would be under split_min_flops; at most the
+ * minibatch less one. The caller sums its diff_weights and diff_bias
+ * first, then the server's (client/README.md, "A share for the caller").
+ * Returns 0, or CG_EINVAL (st filled) for a request that does not
+ * resolve, is not a layer op, or has a minibatch under 2. Thread-safe. */
+CGC_EXPORT int cgc_local_rows(cgc_channel *ch, const cgc_request *req,
+                              const cgc_result *measured, double local_ms,
+                              int64_t *rows, cgc_status *st);
 
 /* ------------------------------------------------------------------ */
 /* Shared-memory regions: tensors passed by reference on one host */

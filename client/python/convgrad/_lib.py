@@ -237,6 +237,8 @@ def _declare(lib):
         "cgc_region_unregister": (C.c_int, [C.c_void_p, P(Status)]),
         "cgc_region_unlink": (C.c_int, [C.c_void_p, P(Status)]),
         "cgc_region_free": (None, [C.c_void_p]),
+        "cgc_local_rows": (C.c_int, [C.c_void_p, P(Request), P(Result),
+                                     C.c_double, P(C.c_int64), P(Status)]),
         "cgc_stage": (C.c_int, [C.c_void_p, C.c_void_p, C.c_size_t,
                                 C.c_int64, C.c_void_p, P(StageResult),
                                 P(Status)]),

@@ -188,10 +188,12 @@ class CallResult:
         self.pads_begin = list(r.pads_begin[:r.npads])
         self.pads_end = list(r.pads_end[:r.npads])
         del self.__dict__["npads"]
+        self._raw = r  # for Client.local_rows
 
     def __repr__(self):
         return "CallResult(%s)" % ", ".join(
-            "%s=%r" % kv for kv in sorted(self.__dict__.items()))
+            "%s=%r" % kv for kv in sorted(self.__dict__.items())
+            if not kv[0].startswith("_"))
 
 
 class Client:
@@ -576,6 +578,32 @@ class Client:
                                              ("diff_dst", diff_dst),
                                              ("weights", weights)],
                            out, attrs, outputs)
+
+    def local_rows(self, src, diff_dst, weights, measured, local_ms,
+                   transposed=False, outputs=None, **attrs):
+        """How many of the first rows of the minibatch of a layer call
+        (conv_backward's arguments, conv_transpose_backward's with
+        transposed=True) the caller should compute itself, its own time
+        for the call whole being local_ms, while the server computes the
+        rest, so that the call ends soonest. measured: the CallResult of
+        a call of this shape whole on this client (with_result=True),
+        whose compute time and bytes on the wire tell the server's speed
+        and the link's. 0 when a share would not end the call 5 % sooner
+        (libcgclient's cgc_local_rows; client/python/README.md, "A share
+        for the trainer")."""
+        op = L.OP_DECONV_BWD if transposed else L.OP_CONV_BWD
+        req, keep, ins, _ = self._request(op, [("src", src),
+                                               ("diff_dst", diff_dst),
+                                               ("weights", weights)],
+                                          attrs, outputs)
+        rows = C.c_int64()
+        st = L.Status()
+        rc = self._lib.cgc_local_rows(self._channel(), C.byref(req),
+                                      C.byref(measured._raw), local_ms,
+                                      C.byref(rows), C.byref(st))
+        del keep, ins
+        self._check(rc, st)
+        return rows.value
 
     def _request(self, op, inputs, attrs, outputs):
         """The cgc_request of an op call, the arrays and lists it points to

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import os
 import threading
+import time
 import warnings
 
 import torch
@@ -113,12 +114,14 @@ class _ConvFunction(torch.autograd.Function):
         client = m._convgrad_client
         arena = client.arena()
         m._convgrad_threads.narrow(client)
+        share = _share_of(ctx, x, w, need)
+        xs, ws = x, w  # the trainer's share computes from these
         x, w = _staged_or(client, ctx.staged, x, w)
         ctx.staged = None
         gy, w = _place(arena, gy, dt), _place(arena, w, dt)
         out = {}
         if need[0]:
-            out["diff_src"] = _empty(arena, x.shape, dt)
+            out["diff_src"] = _empty(arena, xs.shape, dt)
         if need[1]:
             out["diff_weights"] = _empty(arena, w.shape, dt)
         if need[2]:
@@ -130,9 +133,23 @@ class _ConvFunction(torch.autograd.Function):
             x = _place(arena, x, dt)
         m._convgrad_threads.before_call(client)
         if data_only:
-            _data_call(client, ctx, gy, w, x.shape, out["diff_src"])
+            _data_call(client, ctx, gy, w, xs.shape, out["diff_src"])
             return out["diff_src"].to(ctx.dtypes[0]), None, None, None, None
-        layer = _Layer(ctx, x, gy, w, out)
+        measuring = None
+        if share is not None and share.rows is None:
+            # Not decided yet: the first call warms the server's kernels,
+            # the second is the trainer's alone, timed, the third the
+            # server's, measured (_Share).
+            share.calls += 1
+            if share.calls == 2:
+                grads = share.time(ctx, xs, gy, ws, need)
+                return tuple(None if g is None else g.to(t) for g, t in zip(
+                    grads, ctx.dtypes)) + (None, None)
+            measuring = share if share.calls == 3 else None
+        if share is not None and share.rows:
+            layer = _SharedLayer(ctx, share.rows, xs, x, gy, ws, w, out)
+        else:
+            layer = _Layer(ctx, x, gy, w, out, measuring)
         if need[0] and _may_defer(m):
             # grad_input goes on through autograd as soon as it is in (the
             # server sends it first, as soon as it is computed); the weight
@@ -161,7 +178,9 @@ def _stage_inputs(m, needs, x, w, dt):
     # client that pipelines a call's parts over its server sends each part
     # its share of src whatever is staged (a staged id names the whole
     # tensor): only the weights, which every part names, are staged then.
-    fx = client.stage_async(x.detach().to(dt).contiguous()) \
+    share = m._convgrad_shares.get(_share_key(x, needs))
+    own = share.rows if share is not None and share.rows else 0
+    fx = client.stage_async(x.detach()[own:].to(dt).contiguous()) \
         if (needs[1] or needs[2]) and not client._pipelines else None
     fw = m.__dict__.pop("_convgrad_wfut", None)
     if fw is None or _wire_dtype(m, w.dtype) != dt:
@@ -277,13 +296,15 @@ def _with_fallback(client, call):
 
 class _Layer:
     """One layer's backward in flight: one call, whose outputs can be
-    taken one by one as the server sends them (grad_input first)."""
+    taken one by one as the server sends them (grad_input first). With
+    share (a _Share measuring the server), its CallResult goes there."""
 
-    def __init__(self, ctx, x, gy, w, out):
+    def __init__(self, ctx, x, gy, w, out, share=None):
         self.ctx, self.m = ctx, ctx.m
         self.client = ctx.m._convgrad_client
         self.args = (x, gy, w)
         self.out = out
+        self.share = share
         self.given = set()  # outputs handed over already
         self.future = self._start(list(out))
 
@@ -291,7 +312,8 @@ class _Layer:
         layer = (self.client.conv_transpose_backward_async
                  if self.ctx.transposed else self.client.conv_backward_async)
         return layer(*self.args, outputs=outputs,
-                     out={g: self.out[g] for g in outputs}, **self.ctx.attrs)
+                     out={g: self.out[g] for g in outputs},
+                     with_result=self.share is not None, **self.ctx.attrs)
 
     def _again(self, e):
         """After a call over regions failed for good: the outputs not yet
@@ -320,11 +342,135 @@ class _Layer:
 
     def result(self):
         try:
-            self.future.result()
+            got = self.future.result()
         except Error as e:
             self._again(e)
-            self.future.result()
+            got = self.future.result()
+        if self.share is not None:
+            self.share.measured(self, got[1])
+            self.share = None
         self.args = None
+        return self.out
+
+
+# offload's local_share: "auto", or a fraction of each call's minibatch.
+_AUTO = "auto"
+
+
+def _share_key(x, needs):
+    return tuple(x.shape), tuple(bool(n) for n in needs[:3])
+
+
+def _share_of(ctx, x, w, need):
+    """The _Share of this call's shape, made at its first call, or None
+    where the trainer takes no share: local_share=0, a call for
+    grad_input alone, a minibatch under 2, a dtype torch has no kernel
+    for here or that the call changes (a bf16 wire, autocast), pads that
+    differ at the two ends."""
+    m = ctx.m
+    if not m._convgrad_local or not (need[1] or need[2]) or x.shape[0] < 2:
+        return None
+    dt = ctx.dt
+    if x.dtype != dt or w.dtype != dt or not _local_dtype_ok(
+            dt, ctx.transposed) or torch.is_autocast_cpu_enabled() or \
+            ctx.attrs["pads_begin"] != ctx.attrs["pads_end"]:
+        return None
+    key = _share_key(x, ctx.needs_input_grad)
+    share = m._convgrad_shares.get(key)
+    if share is None:
+        share = m._convgrad_shares[key] = _Share(m._convgrad_local,
+                                                 x.shape[0])
+    return share
+
+
+class _Share:
+    """The rows of a layer's minibatch its trainer computes itself (the
+    first ones), for one shape: local_share's fraction, or with "auto"
+    libcgclient's cgc_local_rows from two measurements, the trainer's
+    time for the call whole (torch, its second call) and the server's
+    call whole (its third), decided once and kept, so that the cut, and
+    so the gradients' bits, stay the same from step to step."""
+
+    def __init__(self, want, mb):
+        self.calls = 0
+        self.local_ms = None
+        if want == _AUTO:
+            self.rows = None  # not decided yet
+        else:
+            self.rows = min(int(round(want * mb)), mb - 1)
+
+    def time(self, ctx, x, gy, w, need):
+        """The call whole in torch (its gradients are returned), timed."""
+        t0 = time.perf_counter()
+        grads = _local_grads(ctx, x, gy, w, need)
+        self.local_ms = (time.perf_counter() - t0) * 1e3
+        return grads
+
+    def measured(self, layer, result):
+        """The server's whole call of this shape ended: the cut."""
+        if self.rows is not None or self.local_ms is None:
+            return
+        x, gy, w = layer.args
+        ctx = layer.ctx
+        self.rows = layer.client.local_rows(
+            x, gy, w, result, self.local_ms, transposed=ctx.transposed,
+            outputs=list(layer.out), **ctx.attrs)
+
+
+def _local_grads(ctx, x, gy, w, need):
+    """grad_input, grad_weight and grad_bias (None where not needed) of
+    rows x and gy, computed here by torch."""
+    m = ctx.m
+    bias = None
+    if need[2]:
+        bias = [w.shape[1] * m.groups if ctx.transposed else w.shape[0]]
+    with torch.no_grad():
+        return torch.ops.aten.convolution_backward(
+            gy, x, w, bias, ctx.attrs["strides"], ctx.attrs["pads_begin"],
+            ctx.attrs["dilations"], ctx.transposed,
+            ctx.attrs.get("output_padding", [0] * len(m.kernel_size)),
+            m.groups, [bool(n) for n in need])
+
+
+class _SharedLayer:
+    """A layer's backward shared with the trainer: the server computes
+    the rows from own on (one call, a _Layer), torch the first own rows on
+    this thread meanwhile. grad_input is the two's rows; grad_weight and
+    grad_bias are the trainer's plus the server's, in that order, so that
+    the bits do not depend on which ended first."""
+
+    def __init__(self, ctx, own, xs, x, gy, ws, w, out):
+        self.ctx, self.m, self.out = ctx, ctx.m, out
+        client = ctx.m._convgrad_client
+        arena = client.arena()
+        theirs = {g: (t[own:] if g == "diff_src" else
+                      _empty(arena, t.shape, t.dtype)) for g, t in out.items()}
+        # src staged at forward time once the cut was known holds the
+        # server's rows; else they go from the trainer's.
+        if not isinstance(x, Staged):
+            x = x[own:]
+        elif x.shape[0] != xs.shape[0] - own:  # staged whole
+            x = _place(arena, xs[own:], ctx.dt)
+        self.remote = _Layer(ctx, x, gy[own:], w, theirs)
+        need = ["diff_src" in out, "diff_weights" in out, "diff_bias" in out]
+        gx, gw, gb = _local_grads(ctx, xs[:own], gy[:own], ws, need)
+        if gx is not None:
+            out["diff_src"][:own].copy_(gx)
+        self.mine = {"diff_weights": gw, "diff_bias": gb}
+
+    def output(self, name):
+        self.remote.output(name)
+        return self.out[name]
+
+    def done(self):
+        return self.remote.done()
+
+    def result(self):
+        theirs = self.remote.result()
+        for g in ("diff_weights", "diff_bias"):
+            if g in self.out:
+                torch.add(self.mine[g], theirs[g], out=self.out[g])
+        self.mine = None
         return self.out
 
 
@@ -648,7 +794,7 @@ _WIRES = ("f32", "bf16")
 
 
 def offload(model, target, overlap=True, backward_threads="auto",
-            stage=True, wire="f32", **options):
+            stage=True, wire="f32", local_share=0, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -722,10 +868,32 @@ def offload(model, target, overlap=True, backward_threads="auto",
     rounding (8 significant bits: ~0.3-0.7 % of each tensor's largest
     value on ResNet-18; client/python/README.md, "A bf16 wire"). Layers
     that already run in bf16 or f16 (autocast, a model in that dtype) are
-    unchanged. A value other than these is a ValueError."""
+    unchanged. A value other than these is a ValueError.
+
+    local_share: the share of a layer's backward the trainer computes
+    itself, on the thread running the backward pass (torch's kernels,
+    its threads), while the server computes the rest of the minibatch:
+    the first rows' grad_input here, the others' on the server, and
+    grad_weight and grad_bias the trainer's plus the server's, in that
+    order whichever ends first. 0 (default): none. A fraction in [0, 1):
+    that share of each call's rows (rounded; at most all rows but one).
+    "auto": for each layer's shape, its first three calls run on the
+    server, here (timed) and on the server (measured), and from then on
+    the trainer takes the rows libcgclient's cgc_local_rows says end the
+    call soonest from those two times and the link's speed, or none (a
+    fast server, a slow trainer, a tiny call); the cut is then kept. Only
+    for layer calls that ask for the weight's or bias's gradient, in a
+    dtype torch computes here (f32; bf16 convolutions), with pads equal
+    at both ends, not under autocast or a bf16 wire. The gradients are
+    within the summation tolerance of local's but not its bits
+    (client/python/README.md, "A share for the trainer")."""
     if wire not in _WIRES:
         raise ValueError("offload: wire=%r; accepted: %s"
                          % (wire, ", ".join(map(repr, _WIRES))))
+    if local_share != _AUTO and not (
+            isinstance(local_share, (int, float)) and 0 <= local_share < 1):
+        raise ValueError("offload: local_share=%r; accepted: 'auto', or a "
+                         "fraction in [0, 1)" % (local_share,))
     threads = _Threads(backward_threads)
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
@@ -744,6 +912,8 @@ def offload(model, target, overlap=True, backward_threads="auto",
         m._convgrad_threads = threads
         m._convgrad_stage = bool(stage)
         m._convgrad_wire = wire
+        m._convgrad_local = local_share
+        m._convgrad_shares = {}
     if stage and not hasattr(model, "_convgrad_stage_hook"):
         model._convgrad_stage_hook = model.register_forward_pre_hook(
             _stage_weights)
@@ -762,6 +932,7 @@ def restore(model):
             m.__class__ = base
             del m._convgrad_client, m._convgrad_overlap, m._convgrad_threads
             del m._convgrad_stage, m._convgrad_wire
+            del m._convgrad_local, m._convgrad_shares
             m.__dict__.pop("_convgrad_grad_on", None)
             m.__dict__.pop("_convgrad_wfut", None)
     hook = model.__dict__.pop("_convgrad_stage_hook", None)
