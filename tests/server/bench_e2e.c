@@ -112,15 +112,15 @@ static double bare_down_s(grpc_channel *ch, uint64_t bytes) {
   return t;
 }
 
-static void measure_bare(bare *b, int port) {
+static void measure_bare(bare *b, int port, int bare_mib) {
   char target[64];
   snprintf(target, sizeof target, "127.0.0.1:%d", port);
   grpc_channel_credentials *cr = grpc_insecure_credentials_create();
   grpc_channel *ch = grpc_channel_create(target, cr, NULL);
   grpc_channel_credentials_release(cr);
 
-  /* 256 MiB each way, best of 3 */
-  size_t total = (size_t)256 << 20;
+  /* bare_mib (default 256) each way, best of 3 */
+  size_t total = (size_t)bare_mib << 20;
   void *big = malloc(total);
   if (!big)
     total = 0;
@@ -759,7 +759,7 @@ static void shm_section(const char *problems, int reps, int threads,
 int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
   int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0, shm = 0;
-  int idle_us = 1000;
+  int idle_us = 1000, bare_mib = 256;
   static const struct option lo[] = {
       {"problems", required_argument, 0, 'p'},
       {"reps", required_argument, 0, 'r'},
@@ -768,6 +768,7 @@ int main(int argc, char **argv) {
       {"tiny-only", no_argument, 0, 's'},
       {"shm", no_argument, 0, 'm'},
       {"idle-us", required_argument, 0, 'i'},
+      {"bare-mib", required_argument, 0, 'b'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   int ch;
@@ -794,14 +795,19 @@ int main(int argc, char **argv) {
     case 'i':
       idle_us = bench_idle_us(optarg);
       break;
+    case 'b':
+      bare_mib = atoi(optarg) > 0 ? atoi(optarg) : 1;
+      break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
-             "[--latency-calls N] [--tiny-only] [--shm [--idle-us N]]\n"
+             "[--latency-calls N] [--tiny-only] [--bare-mib N] "
+             "[--shm [--idle-us N]]\n"
              "Prints loopback gRPC bandwidth, per-row e2e vs in-process "
              "kernel times, and the tiny problem's latency and "
              "throughput; with --shm, the same for shared-memory regions "
              "over a unix socket, each timed run of a row after --idle-us "
-             "(default 1000) microseconds idle.\n",
+             "(default 1000) microseconds idle; --bare-mib: MiB each way "
+             "of the bandwidth figure (default 256).\n",
              argv[0]);
       return ch == 'h' ? 0 : 2;
     }
@@ -842,7 +848,7 @@ int main(int argc, char **argv) {
   }
   grpc_init();
   bare b;
-  measure_bare(&b, echo_port);
+  measure_bare(&b, echo_port, bare_mib);
   printf("loopback gRPC (bare C core, 1 MiB messages): upload %.2f GB/s, "
          "download %.2f GB/s; unary 1 KiB echo p50 %.1f us\n",
          b.up_bps / 1e9, b.down_bps / 1e9, b.echo_p50_us);
