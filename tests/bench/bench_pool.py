@@ -37,13 +37,15 @@ when it was taken.
                                   those of a run without the kill (yes/no)
   warm_first_over_repeat          first call of a shape a server warmed
                                   (--warmup) / the median of its repeats,
-                                  on a connection that has carried a call
+                                  on a connection that has carried 3 calls
                                   of another shape (a 1x1 layer of the same
                                   tensors), as a trainer's has by then;
                                   median of 3 fresh servers
   warm_first_fresh_over_repeat    the same on a connection that carried
-                                  only a health check: a new connection's
-                                  first large transfer is slow
+                                  only a health check: a connection's
+                                  first large transfers are slow (TCP and
+                                  HTTP/2 windows growing), whatever the
+                                  shape
   cold_first_over_repeat          the same without --warmup (connection
                                   used), for scale
 
@@ -301,9 +303,9 @@ def warm_figure(build, warm, reps, used, starts=3):
                 c = convgrad.Client(s.target)
                 c.health()
                 t = layer(RES2A, 3)
-                if used:
-                    one = list(t)
-                    one[2] = np.ascontiguousarray(t[2][:, :, :1, :1])
+                one = list(t)
+                one[2] = np.ascontiguousarray(t[2][:, :, :1, :1])
+                for _ in range(3 if used else 0):
                     call(c, one)
                 first, _, _ = timed(c, t)
                 rest = [timed(c, t)[0] for _ in range(reps)]
