@@ -411,8 +411,13 @@ static void *worker_main(void *arg) {
     return NULL;
   warm_up(w, engine);
 
-  int holding = p->warm.n > 0; /* the engine keeps buffers from the last
-                                  job */
+  /* The engine keeps buffers from the last job, released once idle for
+   * RELEASE_AFTER_S; not those warm-up left, which are what the first
+   * call of a warmed shape needs however long it takes to come (else it
+   * faults them in again: res2a's first compute after 1.5 s idle took
+   * 150-480 ms released, 60-110 kept, its repeats 40; load 4-6). Bounded
+   * by the --warmup list. */
+  int holding = 0;
   for (;;) {
     pthread_mutex_lock(&p->mu);
     while (!p->stop && (!p->queue.head || w->lent_to)) {

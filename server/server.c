@@ -229,6 +229,10 @@ static void on_housekeeping(uv_timer_t *h) {
   s->calls_ended_at_tick = over;
   if (cgs_calls_live(&s->calls) != 0)
     return;
+  /* A warmed server keeps what warm-up left (tensor buffers cached, the
+   * heap's pages) until a job has run: the first call's. */
+  if (s->warmup.n && cgs_pool_mean_run_ms(s->pool) == 0)
+    return;
   if (!ended)
     cgs_buf_drain();
   malloc_trim(0);

@@ -105,8 +105,8 @@ typedef struct cgc__lat {
 
 typedef struct cgc__split cgc__split;
 
-/* The number of parts a channel with one replica cut a request's shape
- * into, the first time it saw it (split.c, cgc__pipe_cut). */
+/* The number of parts a channel cut a request's shape into, the first
+ * time it saw it (split.c, cgc__auto_cut). */
 #define CGC__CUTS 64
 typedef struct cgc__cut {
   uint64_t key; /* 0: free */
@@ -114,7 +114,10 @@ typedef struct cgc__cut {
 } cgc__cut;
 
 struct cgc__split_stats {
-  uint64_t parts, hedges; /* sent so far: parts first sent, backups */
+  /* Backups that may go now: each part first sent adds hedge_budget, up
+   * to its share of CGC__HEDGE_WINDOW parts (at least 1); a backup or a
+   * probe takes 1 (split.c). */
+  double hedge_tokens;
   cgc__lat lat[CGC__LAT_SHAPES];
   cgc__cut cuts[CGC__CUTS];
   /* The thread that drives the channel's split calls (split.c), started

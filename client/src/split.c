@@ -9,12 +9,13 @@
  * within a budget, and the copy that loses is cancelled. Smaller calls go
  * whole to the least loaded replica.
  *
- * How the cut is decided (client/README.md, "Replicas"): the parts depend
- * on the request and the options only, never on timing, so the sums, and
- * the result, are the same bits from one run to the next. Timing decides
- * only which replica computes which part. Every attempt of a part writes
- * into buffers of its own, so that a backup and the attempt it races never
- * write into the same bytes. */
+ * How the cut is decided (client/README.md, "Replicas"): the number of
+ * parts of a shape is chosen from the replicas' measured speeds and link
+ * the first time the channel sees it, and kept (split_parts fixes it), so
+ * the sums, and the result, are the same bits from call to call. Timing
+ * decides which replica computes which part. Every attempt of a part
+ * writes into buffers of its own, so that a backup and the attempt it
+ * races never write into the same bytes. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -42,11 +43,17 @@
  * is up: what gRPC's outlier detection does, which Debian's gRPC 1.51
  * has only for its xDS policies. */
 #define CGC__DOWN_MS 1000.0
-/* A replica's speed older than this is guessed again (cgc__estimate). */
+/* A replica a split call leaves out, its speed measured over this long
+ * ago, gets a copy of one of the call's parts (a probe, paid from the
+ * hedge budget): whether it is still slow, without a caller waiting on
+ * it. */
 #define CGC__STALE_MS 2000.0
-/* Parts of a call pipelined over one replica at most, when split_parts
- * does not say. */
-#define CGC__PIPE_PARTS 8
+/* Parts of a call at most, when split_parts does not say. */
+#define CGC__AUTO_PARTS 8
+/* Backups in hand at most: hedge_budget's share of this many parts. */
+#define CGC__HEDGE_WINDOW 40.0
+/* A part gets no backup on a replica known this many times slower. */
+#define CGC__HEDGE_SLOWER 2.0
 /* What a part costs beside its bytes and flops, in ms: a call's header
  * and status each way, the server's queue hop. */
 #define CGC__PART_MS 1.0
@@ -115,24 +122,18 @@ typedef struct cgc__plan {
 
 /* ---- replicas -------------------------------------------------------- */
 
-/* Expected milliseconds of flops and bytes on replica r at now. A speed
- * and link measured more than CGC__STALE_MS ago count as the guesses
- * again, so that
- * a replica left out for being slow gets a part now and then and shows
- * whether it still is. split_mu held. */
-static void cgc__speeds(const cgc__replica *r, double now, double *ms_gf,
-                        double *link) {
-  int fresh = now - r->measured_ms < CGC__STALE_MS;
-  *ms_gf =
-      r->ms_per_gflop > 0 && fresh ? r->ms_per_gflop : CGC__GUESS_MS_PER_GFLOP;
-  *link =
-      r->bytes_per_ms > 0 && fresh ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
+/* Replica r's measured speed (ms per GFLOP) and link (bytes per ms), or
+ * the guesses while unmeasured. A replica measured slow stays so until it
+ * measures otherwise: a probe (CGC__STALE_MS) or a call it is given when
+ * the others are busier. split_mu held. */
+static void cgc__speeds(const cgc__replica *r, double *ms_gf, double *link) {
+  *ms_gf = r->ms_per_gflop > 0 ? r->ms_per_gflop : CGC__GUESS_MS_PER_GFLOP;
+  *link = r->bytes_per_ms > 0 ? r->bytes_per_ms : CGC__GUESS_BYTES_PER_MS;
 }
 
-static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes,
-                            double now) {
+static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes) {
   double ms_gf, link;
-  cgc__speeds(r, now, &ms_gf, &link);
+  cgc__speeds(r, &ms_gf, &link);
   return flops / 1e9 * ms_gf + (double)bytes / link;
 }
 
@@ -152,7 +153,7 @@ static int cgc__pick(cgc_channel *ch, double flops, size_t bytes,
       if ((pass == 0 && r->down_until_ms > now) ||
           (i == avoid && ch->nreplicas > 1))
         continue;
-      double est = cgc__estimate(r, flops, bytes, now);
+      double est = cgc__estimate(r, flops, bytes);
       double t = finish ? finish[i] + est : est * (1 + r->outstanding);
       if (best < 0 || t < best_t) {
         best = i;
@@ -277,27 +278,61 @@ static double cgc__pipe_best(double ms_gf, double link, double flops,
   return best_t;
 }
 
-/* The parts, of at most kmax, that should end a call of work flops and
- * bytes b on replica r soonest, from its measured speed and link: k parts
- * are a pipeline of three stages (a part's upload, its compute, its
- * download), which takes the sum of one part's stages and k - 1 times its
- * slowest, plus CGC__PART_MS a part. One part more must gain
- * CGC__PIPE_GAIN. split_mu held. */
-static int cgc__pipe_parts(const cgc__replica *r, double flops,
-                           const cgc__bytes *b, int kmax, double now) {
-  double ms_gf, link;
-  cgc__speeds(r, now, &ms_gf, &link);
-  int best;
-  cgc__pipe_best(ms_gf, link, flops, b, kmax, &best);
-  return best;
+/* The milliseconds a call of work flops and bytes b should take in k
+ * equal parts over ch's replicas (those up, or all when none is), from
+ * their measured speeds and links: the parts go one by one to the replica
+ * that should finish them first, as cgc__pick sends them, and the n parts
+ * of one replica are a pipeline of three stages (a part's upload, its
+ * compute, its download), which takes the sum of one part's stages and
+ * n - 1 times its slowest, plus CGC__PART_MS a part. The trainer's link
+ * is one, whatever the replicas: every part's upload passes it, and every
+ * download, at the fastest link measured. split_mu held. */
+static double cgc__cut_ms(const cgc_channel *ch, double flops,
+                          const cgc__bytes *b, int k, double now) {
+  double up = k == 1 ? (double)b->up_whole
+                     : (double)b->up_data / k + (double)b->up_repeat;
+  double down = (double)b->down_data / k + (double)b->down_repeat;
+  double one[CGC__REPLICAS_MAX], stage[CGC__REPLICAS_MAX], link_max = 0;
+  int n[CGC__REPLICAS_MAX] = {0}, any_up = 0;
+  for (int i = 0; i < ch->nreplicas; i++)
+    any_up |= ch->replicas[i].down_until_ms <= now;
+  for (int i = 0; i < ch->nreplicas; i++) {
+    double ms_gf, link;
+    cgc__speeds(&ch->replicas[i], &ms_gf, &link);
+    double u = up / link, c = flops / 1e9 * ms_gf / k, d = down / link;
+    one[i] = u + c + d + CGC__PART_MS;
+    stage[i] = u > c ? (u > d ? u : d) : (c > d ? c : d);
+    link_max = link > link_max ? link : link_max;
+  }
+  double makespan = 0;
+  for (int part = 0; part < k; part++) {
+    int best = -1;
+    double best_t = 0;
+    for (int i = 0; i < ch->nreplicas; i++) {
+      if (any_up && ch->replicas[i].down_until_ms > now)
+        continue;
+      double t = one[i] + n[i] * (stage[i] + CGC__PART_MS);
+      if (best < 0 || t < best_t) {
+        best = i;
+        best_t = t;
+      }
+    }
+    n[best]++;
+    makespan = best_t > makespan ? best_t : makespan;
+  }
+  double uploads = (k * up + down) / link_max;
+  double downloads = (up + k * down) / link_max;
+  double shared = uploads > downloads ? uploads : downloads;
+  return makespan > shared ? makespan : shared;
 }
 
-/* The parts of req on ch's one replica, at most kmax: chosen by
- * cgc__pipe_parts the first time the channel sees req's shape (and which
- * of its inputs are staged), and kept for it, so that the cut, and so the
- * result's bits, stay the same from call to call while the measured link
- * and speed move. */
-static int cgc__pipe_cut(cgc_channel *ch, const cgc_request *req, double flops,
+/* The parts of req on ch, at most kmax: the k that should end the call
+ * soonest (cgc__cut_ms; one part more only for a gain of CGC__PIPE_GAIN),
+ * chosen the first time the channel sees req's shape (and which of its
+ * inputs are staged) and kept for it, so that the cut, and so the
+ * result's bits, stay the same from call to call while the measured
+ * speeds and links move. */
+static int cgc__auto_cut(cgc_channel *ch, const cgc_request *req, double flops,
                          const cgc__bytes *b, int kmax) {
   uint64_t key = cgc__shape_key(req);
   for (int i = 0; i < 3; i++)
@@ -315,8 +350,15 @@ static int cgc__pipe_cut(cgc_channel *ch, const cgc_request *req, double flops,
   if (!c) { /* a new shape, or one forgotten: the one the key hashes to */
     c = free_slot ? free_slot : &cuts[key % CGC__CUTS];
     c->key = key;
-    c->nparts =
-        cgc__pipe_parts(&ch->replicas[0], flops, b, kmax, cgc__now_ms());
+    double now = cgc__now_ms(), best_t = cgc__cut_ms(ch, flops, b, 1, now);
+    c->nparts = 1;
+    for (int k = 2; k <= kmax; k++) {
+      double t = cgc__cut_ms(ch, flops, b, k, now);
+      if (t < (1 - CGC__PIPE_GAIN) * best_t) {
+        c->nparts = k;
+        best_t = t;
+      }
+    }
   }
   int n = c->nparts < kmax ? c->nparts : kmax;
   pthread_mutex_unlock(&ch->split_mu);
@@ -340,11 +382,6 @@ static void cgc__bytes_of(const cgc_request *req, const cgc__plan *plan,
     if (plan->wants & CG_GRAD_BIT(g))
       *(g == CG_GRAD_DIFF_SRC ? &b->down_data : &b->down_repeat) +=
           l->out_bytes[g];
-}
-
-/* Whether ch pipelines a call's parts over its one replica. */
-static int cgc__pipelines(const cgc_channel *ch) {
-  return ch->nreplicas == 1 && !ch->opts.split_parts;
 }
 
 static double cgc__min_part_flops(const cgc_channel *ch) {
@@ -384,18 +421,19 @@ static void cgc__plan_of(cgc_channel *ch, const cgc_request *req,
   const cg_layer *l = &plan->layer;
   cgc__bytes b;
   cgc__bytes_of(req, plan, &b);
-  /* One replica: the parts pipeline over it, as many as the model says
-   * (unless split_parts fixes the cut). */
-  int pipe = cgc__pipelines(ch);
-  int max_parts = ch->opts.split_parts ? ch->opts.split_parts
-                  : pipe               ? CGC__PIPE_PARTS
-                                       : 2 * ch->nreplicas;
+  /* As many parts as the model says (unless split_parts fixes the cut):
+   * over one replica they pipeline, over several they also share. */
+  int automatic = !ch->opts.split_parts;
+  int max_parts = automatic ? CGC__AUTO_PARTS : ch->opts.split_parts;
+  if (automatic && max_parts < 2 * ch->nreplicas)
+    max_parts =
+        2 * ch->nreplicas < CGC__PARTS_MAX ? 2 * ch->nreplicas : CGC__PARTS_MAX;
   double min_flops = cgc__min_part_flops(ch);
   double flops = (double)cg_layer_flops(l);
   plan->nparts = cgc__nparts(plan->mb, flops, b.up_data + b.down_data,
                              b.up_repeat + b.down_repeat, max_parts, min_flops);
-  if (pipe && plan->nparts > 1)
-    plan->nparts = cgc__pipe_cut(ch, req, flops, &b, plan->nparts);
+  if (automatic && plan->nparts > 1)
+    plan->nparts = cgc__auto_cut(ch, req, flops, &b, plan->nparts);
   /* A part's buffer: its diff_src rows (the first parts have the most)
    * and the whole of the other outputs, each 64-byte aligned. */
   int64_t most = (plan->mb + plan->nparts - 1) / plan->nparts;
@@ -559,7 +597,11 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
   t->replica = r;
   t->t0 = cgc__now_ms();
   ch->replicas[r].outstanding++;
-  ch->stats->parts += pt->ntries == 0;
+  if (pt->ntries == 0) { /* a part first sent earns hedge_budget */
+    double most = fmax(ch->opts.hedge_budget * CGC__HEDGE_WINDOW, 1);
+    double *tokens = &ch->stats->hedge_tokens;
+    *tokens = fmin(*tokens + ch->opts.hedge_budget, most);
+  }
   pt->ntries++;
   pt->live++;
   return 0;
@@ -567,13 +609,26 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
 
 /* Cancels the attempts of pt still running and finishes them, so that
  * none outlives the call (they borrow its request, the caller's inputs
- * and maybe its buffers). The server counts each as CANCELLED. split_mu
- * held; released while waiting. */
+ * and maybe its buffers). The server counts each as CANCELLED. An attempt
+ * that lost to a copy which completed (a backup's loser, a probe that
+ * lost) had not done this part, and the others it had in flight, in the
+ * time it was given: its replica's speed is taken as at least twice that
+ * (a straggler's expected remaining time is at least what it has used),
+ * so it is left out while the others are faster. split_mu held; released
+ * while waiting. */
 static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
   for (int i = 0; i < pt->ntries; i++) {
     cgc__ptry *t = &pt->tries[i];
     if (!t->call)
       continue;
+    cgc__replica *r = &ch->replicas[t->replica];
+    if (pt->won && pt->flops > 0) {
+      double now = cgc__now_ms();
+      double gflops =
+          pt->flops / 1e9 * (r->outstanding > 1 ? r->outstanding : 1);
+      r->ms_per_gflop = fmax(r->ms_per_gflop, 2 * (now - t->t0) / gflops);
+      r->measured_ms = now;
+    }
     cgc_call *call = t->call;
     t->call = NULL;
     pt->live--;
@@ -582,7 +637,7 @@ static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
     cgc__call_cancel(call);
     cgc_call_finish(call, out, NULL, NULL);
     pthread_mutex_lock(&ch->split_mu);
-    ch->replicas[t->replica].outstanding--;
+    r->outstanding--;
   }
 }
 
@@ -677,7 +732,7 @@ static int cgc__may_hedge(const cgc__split *s, const cgc__part *pt) {
   const struct cgc__split_stats *ss = ch->stats;
   return ch->opts.hedge_budget > 0 && !pt->hedged && !pt->won &&
          pt->live == 1 && ch->nreplicas > 1 && pt->ntries < CGC__TRIES_MAX &&
-         (double)(ss->hedges + 1) <= ch->opts.hedge_budget * (double)ss->parts;
+         ss->hedge_tokens >= 1;
 }
 
 /* When pt should get a backup (cgc__now_ms() clock), or INFINITY. */
@@ -689,18 +744,26 @@ static double cgc__hedge_at(cgc__split *s, const cgc__part *pt) {
 }
 
 /* Sends a backup of pt, which has run past its shape's 95th percentile,
- * to another replica, within the hedge budget; split_mu held. */
+ * to another replica, within the hedge budget, unless that one is known
+ * CGC__HEDGE_SLOWER times slower than pt's (then pt gets none: it would
+ * not answer sooner); split_mu held. */
 static void cgc__maybe_hedge(cgc__split *s, cgc__part *pt, double now) {
   if (now < cgc__hedge_at(s, pt))
     return;
   cgc_channel *ch = s->ch;
   const cgc__ptry *first = &pt->tries[pt->ntries - 1];
   int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, first->replica, now);
+  if (cgc__estimate(&ch->replicas[to], pt->flops, pt->bytes) >
+      CGC__HEDGE_SLOWER *
+          cgc__estimate(&ch->replicas[first->replica], pt->flops, pt->bytes)) {
+    pt->hedged = 1;
+    return;
+  }
   cgc_status st;
   if (to != first->replica &&
       cgc__try_start(s, pt, to, (int64_t)(s->deadline - now), &st) == 0) {
     pt->hedged = 1;
-    ch->stats->hedges++;
+    ch->stats->hedge_tokens -= 1;
   }
 }
 
@@ -1012,6 +1075,29 @@ static const cgc__call_ops cgc__split_ops = {cgc__split_wants,
                                              cgc__split_result, cgc__split_take,
                                              cgc__split_free, NULL};
 
+/* Sends a copy of s's last part (the one its replica should finish last)
+ * to each replica s gave no part, that is idle and up, and whose speed
+ * was measured over CGC__STALE_MS ago: a replica left out for being slow
+ * shows whether it still is without a caller waiting on it (it wins the
+ * part if it is fast again; else cgc__give_up bounds its speed). Each
+ * probe takes a backup from the hedge budget. split_mu held. */
+static void cgc__probe(cgc__split *s, const int *given) {
+  cgc_channel *ch = s->ch;
+  cgc__part *pt = &s->parts[s->plan.nparts - 1];
+  double now = cgc__now_ms();
+  for (int i = 0; i < ch->nreplicas; i++) {
+    cgc__replica *r = &ch->replicas[i];
+    cgc_status st;
+    if (given[i] || r->outstanding || r->down_until_ms > now ||
+        now - r->measured_ms < CGC__STALE_MS || !cgc__may_hedge(s, pt) ||
+        cgc__try_start(s, pt, i, (int64_t)(s->deadline - now), &st) != 0)
+      continue;
+    pt->hedged = 1;
+    ch->stats->hedge_tokens -= 1;
+    r->measured_ms = now;
+  }
+}
+
 /* The bytes a request's inputs send (those not staged). */
 static size_t cgc__sent_bytes(const cgc_request *req) {
   size_t n = 0;
@@ -1056,9 +1142,9 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     cgc__part_init(plan, req, k, &s->parts[k]);
   /* The backlog of each replica: its calls in flight, each as a part. */
   for (int i = 0; i < ch->nreplicas; i++)
-    finish[i] = ch->replicas[i].outstanding *
-                cgc__estimate(&ch->replicas[i], s->parts[0].flops,
-                              s->parts[0].bytes, s->t0);
+    finish[i] =
+        ch->replicas[i].outstanding *
+        cgc__estimate(&ch->replicas[i], s->parts[0].flops, s->parts[0].bytes);
   /* Pipelining over one replica, its parts' uploads go one after the
    * other: sent side by side they would share the link, and the first
    * could start computing only once all were in. A part that fits one
@@ -1067,13 +1153,14 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
    * loopback measured worse; client/README.md, "Replicas"). */
   size_t one_message =
       ch->opts.upload_chunk_bytes ? ch->opts.upload_chunk_bytes : 1 << 20;
-  int last[CGC__REPLICAS_MAX];
+  int last[CGC__REPLICAS_MAX], given[CGC__REPLICAS_MAX] = {0};
   for (int i = 0; i < ch->nreplicas; i++)
     last[i] = -1;
   for (int k = 0; k < plan->nparts && !rc; k++) {
     cgc__part *pt = &s->parts[k];
     int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, s->t0);
-    finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes, s->t0);
+    finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes);
+    given[r] = 1;
     pt->replica = r;
     pt->after = last[r];
     if (ch->nreplicas == 1 && cgc__sent_bytes(&pt->req) > one_message)
@@ -1081,6 +1168,8 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     if (pt->after < 0)
       rc = cgc__try_start(s, pt, r, (int64_t)(s->deadline - s->t0), st);
   }
+  if (!rc)
+    cgc__probe(s, given);
   if (!rc) {
     s->call = cgc__call_new(&cgc__split_ops, s, NULL, notify, arg);
     if (!s->call) {
@@ -1288,7 +1377,7 @@ int cgc_local_rows(cgc_channel *ch, const cgc_request *req,
     link = INFINITY;
   cgc__bytes whole;
   cgc__bytes_of(req, &plan, &whole);
-  int kmax = cgc__pipelines(ch) ? CGC__PIPE_PARTS : 1, k;
+  int kmax = ch->nreplicas && !ch->opts.split_parts ? CGC__AUTO_PARTS : 1, k;
   double min_flops = cgc__min_part_flops(ch);
   double alone = cgc__pipe_best(ms_gf, link, flops, &whole, kmax, &k);
   double best_t = alone;

@@ -497,7 +497,8 @@ ts_desc ts_tiny_desc(uint64_t seed) {
   return d;
 }
 
-int ts_problem_init(ts_problem *tp, const ts_desc *d) {
+/* tp's problem, geometry and wire form for d, without its tensors. */
+static int problem_describe(ts_problem *tp, const ts_desc *d) {
   memset(tp, 0, sizeof *tp);
   int deconv =
       d->op == CG_OP_DECONV_BWD_DATA || d->op == CG_OP_DECONV_BWD_WEIGHTS;
@@ -564,13 +565,6 @@ int ts_problem_init(ts_problem *tp, const ts_desc *d) {
     fprintf(stderr, "ts_problem_init: %s\n", err);
     return rc;
   }
-  for (int i = 0; i < 2; i++) {
-    tp->in[i] = malloc(tp->g.in_bytes[i]);
-    if (!tp->in[i])
-      return CG_ENOMEM;
-    uint64_t state = (d->seed + (uint64_t)i) * 2654435761u + 1;
-    cg_fill_uniform(d->dtype, tp->in[i], tp->g.in_elems[i], &state);
-  }
 
   /* wire form */
   Convgrad__V1__Attributes a = CONVGRAD__V1__ATTRIBUTES__INIT;
@@ -604,6 +598,20 @@ int ts_problem_init(ts_problem *tp, const ts_desc *d) {
   h.n_inputs = 2;
   h.inputs = tp->tensor_ptrs;
   tp->header = h;
+  return 0;
+}
+
+int ts_problem_init(ts_problem *tp, const ts_desc *d) {
+  int rc = problem_describe(tp, d);
+  if (rc != 0)
+    return rc;
+  for (int i = 0; i < 2; i++) {
+    tp->in[i] = malloc(tp->g.in_bytes[i]);
+    if (!tp->in[i])
+      return CG_ENOMEM;
+    uint64_t state = (d->seed + (uint64_t)i) * 2654435761u + 1;
+    cg_fill_uniform(d->dtype, tp->in[i], tp->g.in_elems[i], &state);
+  }
   return 0;
 }
 
@@ -689,11 +697,23 @@ void ts_problem_free(ts_problem *tp) {
   memset(tp, 0, sizeof *tp);
 }
 
+/* FLOPs of the problem d describes. */
+static double desc_flops(const ts_desc *d) {
+  ts_problem tp;
+  return problem_describe(&tp, d) == 0 ? tp.g.flops : 0;
+}
+
 /* Grows d (by grow) until one run of it on the server takes min_ms, or
- * grow says it is as big as it may get; tp and *took are the last run. */
+ * grow says it is as big as it may get; tp and *took are the last run.
+ * A run too short is followed by the size its own rate says reaches
+ * min_ms (with a margin), skipping the steps between: every run moves
+ * the problem's tensors, which costs more than the compute under a
+ * sanitizer (under ThreadSanitizer the doublings to a 1 s weights problem
+ * took 40 s, all but 2 of them in copies and page faults). */
 static int grow_until_slow(grpc_channel *ch, ts_desc *d,
                            int (*grow)(ts_desc *d), ts_problem *tp,
                            double min_ms, double min_flops, double *took) {
+  int runs = 0;
   for (;;) {
     if (ts_problem_init(tp, d) != 0)
       return -1;
@@ -704,6 +724,7 @@ static int grow_until_slow(grpc_channel *ch, ts_desc *d,
       ts_problem_free(tp);
       return -1;
     }
+    runs++;
     /* The worker's time, not the call's: under a sanitizer the client's
      * upload can take longer than the compute, and the tests reason about
      * how long the job holds its worker. */
@@ -718,14 +739,25 @@ static int grow_until_slow(grpc_channel *ch, ts_desc *d,
     }
     if (*took >= min_ms && tp->g.flops >= min_flops)
       break;
+    /* A run's rate is only an estimate of the next one's (a small run
+     * pays fixed costs, a big one fresh memory), so the size jumped to is
+     * run and checked like any other; 1.25 makes a second jump rare. */
+    double want = tp->g.flops * 1.25 * min_ms / (*took > 1 ? *took : 1);
+    if (want < min_flops)
+      want = min_flops;
     ts_desc bigger = *d;
     if (grow(&bigger) != 0)
       break;
+    for (ts_desc next = bigger; desc_flops(&bigger) < want && grow(&next) == 0;)
+      bigger = next;
     ts_problem_free(tp);
     *d = bigger;
   }
-  fprintf(stderr, "  slow problem: mb %lld, kernel %lld, %.1f GFLOP, %.0f ms\n",
-          (long long)d->mb, (long long)d->ks[0], tp->g.flops / 1e9, *took);
+  fprintf(stderr,
+          "  slow problem: mb %lld, kernel %lld, %.1f GFLOP, %.0f ms "
+          "(%d runs)\n",
+          (long long)d->mb, (long long)d->ks[0], tp->g.flops / 1e9, *took,
+          runs);
   return 0;
 }
 

@@ -146,9 +146,9 @@ typedef struct cgc_options {
    * hedge_budget). Smaller calls go whole to the least loaded replica.
    * Blocking and asynchronous calls (cgc_call_start) alike. */
   int replicas;
-  /* Parts of one call at most; 0: 2 x replicas, or with one replica as
-   * many as its measured link and speed say (at most 8), chosen the first
-   * time the channel sees a shape and kept (client/README.md,
+  /* Parts of one call at most; 0: as many as the replicas' measured
+   * speeds and link say (at most 8, or 2 x replicas if more), chosen the
+   * first time the channel sees a shape and kept (client/README.md,
    * "Replicas"): set it for results that are the same bits from one
    * process to the next. */
   int split_parts;
@@ -156,9 +156,11 @@ typedef struct cgc_options {
    * call under 2 parts' worth is never split. */
   uint64_t split_min_flops;
   /* Backup parts sent at most, as a fraction of the parts sent (default
-   * 0.05); 0: none. A part gets one when it has not answered after the
-   * 95th percentile of the latencies of its shape and 3 x their median
-   * (once 8 are known). */
+   * 0.05; at most 40 parts' worth saved up); 0: none. A part gets one when
+   * it has not answered after the 95th percentile of the latencies of its
+   * shape and 3 x their median (once 8 are known); a replica left out for
+   * being slow gets a copy of a part now and then (a probe), from the same
+   * budget. */
   double hedge_budget;
   /* The client's own checks of what it receives (proto/SEMANTICS.md
    * "Result checks"): the fraction of calls (0 to 1) whose every output
