@@ -339,12 +339,19 @@ def dos_run(ctx, name, attack, seconds, extra=(), bound_peak=True,
         t.join(timeout=60)
         peak = watch.done()
         settled = before
-        for _ in range(50):  # up to 5 s for memory to come back
+        # Up to 5 s for memory to come back; once under sanitizers, where
+        # it is reported, not bounded (ASan's quarantine holds it anyway).
+        # There the next call may wait behind what the flood left queued
+        # (rapid_reset's reset streams, which a sanitized server on a
+        # loaded machine took over 10 s to drain): it must be served, in
+        # up to 30 s.
+        sanitized = bool(os.environ.get("CG_SANITIZED"))
+        for _ in range(1 if sanitized else 50):
             settled = srv.rss_mib()
             if settled <= 2 * before:
                 break
             time.sleep(0.1)
-        assert legit.call(), legit.failures
+        assert legit.call(timeout=30 if sanitized else 10), legit.failures
         lines = len(srv.log_lines())
         if check:
             check(srv, result)
@@ -360,7 +367,7 @@ def dos_run(ctx, name, attack, seconds, extra=(), bound_peak=True,
     # Failed calls of one peer are logged at --peer-log-rate (10 a second
     # in bursts of 40), plus a count every 2 s.
     assert lines < 200 + 20 * seconds, fig
-    if not os.environ.get("CG_SANITIZED"):
+    if not sanitized:
         assert not bound_peak or peak < BUDGET_MIB + 256, fig
         assert settled <= 2 * before, fig
     return fig
@@ -497,7 +504,7 @@ def attack_header_only(ctx):
 def attack_rapid_reset(ctx):
     """HEADERS + RST_STREAM floods: RSS grew round after round and was
     not returned; 554,000 log lines. The flood here is paced at a rate the
-    server absorbs (5,000 pairs a second; 1,000 under sanitizers): gRPC
+    server absorbs (5,000 pairs a second; 500 under sanitizers): gRPC
     1.51 (Debian 12) queues every reset stream's call until the server
     has taken it (CVE-2023-44487, fixed in gRPC 1.57), so a faster flood
     grows memory with its rate and length, and delays other calls, which
@@ -509,10 +516,12 @@ def attack_rapid_reset(ctx):
     there the window is 6 s: what is asserted is that it is served. At
     2,000 pairs a second an ASan server on a machine loaded by other work
     fell behind (peak 778 MiB, a legitimate call past its 10 s
-    deadline)."""
+    deadline), and at 1,000 too at load 6-8 (2 of 6 runs failed so; the
+    others served the legitimate client 1-6 calls in the window, against
+    33-76 at 500)."""
     import h2.errors
     sanitized = bool(os.environ.get("CG_SANITIZED"))
-    rate = 1000 if sanitized else 5000
+    rate = 500 if sanitized else 5000
 
     def attack(srv, stop):
         pairs, t0 = 0, time.monotonic()
@@ -638,7 +647,10 @@ def attack_idle_memory(ctx):
         peak = watch.done()
         ch.close()
         idle = peak
-        for _ in range(120):  # up to 12 s: workers release after 1 s idle
+        # Up to 12 s: workers release after 1 s idle. Under sanitizers the
+        # idle RSS is reported, not bounded: read for 1.2 s, past that second.
+        sanitized = bool(os.environ.get("CG_SANITIZED"))
+        for _ in range(12 if sanitized else 120):
             time.sleep(0.1)
             idle = srv.rss_mib()
             if idle < before + 64:
@@ -646,7 +658,7 @@ def attack_idle_memory(ctx):
     finally:
         assert srv.stop() == 0
     fig = "RSS %.0f -> peak %.0f -> idle %.0f MiB" % (before, peak, idle)
-    if not os.environ.get("CG_SANITIZED"):
+    if not sanitized:
         assert peak < 300 + 256, fig
         assert idle < before + 96, fig
     return fig
