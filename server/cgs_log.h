@@ -1,8 +1,7 @@
 /* cgs_log.h - leveled, printf-checked logging for convgrad-server.
  *
- * One line per call of cgs_log(), whole lines per write(2) under one lock,
- * so that lines from different threads never interleave, in the order they
- * were logged. Format:
+ * One line per call of cgs_log(), written with a single stdio call so that
+ * lines from different threads never interleave. Format:
  *   2026-11-21T21:40:00.123Z info  <message>
  * Thread-safe. The level is set once at start-up, before threads exist. */
 #ifndef CGS_LOG_H
@@ -46,23 +45,6 @@ void cgs_log_str(cgs_log_level level, const char *msg);
  * a TLS server name), at most GRPC_LINES_PER_S a second, with the count
  * of those left out on the next line. Call once, before grpc_init. */
 void cgs_log_capture_grpc(void);
-
-/* The cq thread's lines wait for at most this long, in a buffer of this
- * many bytes (see log.c). */
-#define CGS_LOG_DEFER_MS 100
-#define CGS_LOG_DEFER_BYTES 65536
-
-/* The calling thread's lines wait in the buffer instead of costing it a
- * write(2) each. Also flushes the buffer at exit. */
-void cgs_log_defer_here(void);
-/* Milliseconds until the buffer is due to be written, 0 when it is due,
- * -1 when it is empty: how long the deferring thread may block. */
-long long cgs_log_due_ms(void);
-/* Writes out what waits in the buffer. */
-void cgs_log_flush(void);
-/* The same from a fatal-signal handler: async-signal-safe as far as
- * glibc's trylock is, and it writes even when the lock is held. */
-void cgs_log_flush_crashing(void);
 
 #define cgs_error(...) cgs_log(CGS_LOG_ERROR, __VA_ARGS__)
 #define cgs_warn(...) cgs_log(CGS_LOG_WARN, __VA_ARGS__)

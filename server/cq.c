@@ -40,7 +40,6 @@ static void *cq_main(void *arg) {
   cgs_cq *cq = arg;
   cgs_sig_block_async();
   pthread_setname_np(pthread_self(), "cg-cq");
-  cgs_log_defer_here();
   int ran = 0;            /* a tag ran here since on_idle last did */
   unsigned since_run = 0; /* events handled since bulk work last ran */
   for (;;) {
@@ -59,23 +58,8 @@ static void *cq_main(void *arg) {
     } else {
       until = gpr_inf_future(GPR_CLOCK_MONOTONIC);
     }
-    /* Wait no longer than the log lines may (a quiet server's lines). */
-    long long log_due = cgs_log_due_ms();
-    int log_wait = 0;
-    if (log_due >= 0) {
-      gpr_timespec due =
-          gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                       gpr_time_from_millis(log_due, GPR_TIMESPAN));
-      if (gpr_time_cmp(due, until) < 0) {
-        until = due;
-        log_wait = 1;
-      }
-    }
     grpc_event ev = grpc_completion_queue_next(cq->q, until, NULL);
     if (ev.type == GRPC_QUEUE_TIMEOUT) {
-      cgs_log_flush(); /* nothing else to do */
-      if (log_wait)
-        continue;
       if (cq->bulk.head) {
         run_bulk(cq);
         since_run = 0;
@@ -117,7 +101,6 @@ static void *cq_main(void *arg) {
     if (exited)
       break;
   }
-  cgs_log_flush();
   return NULL;
 }
 

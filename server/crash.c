@@ -239,8 +239,6 @@ static void on_fatal(int sig, siginfo_t *si, void *uctx) {
     put(&r, " job=none");
   }
   put(&r, "\n");
-  /* The lines formatted before the crash, before its record. */
-  cgs_log_flush_crashing();
   for (size_t off = 0; off < r.len;) {
     ssize_t n = write(STDERR_FILENO, r.buf + off, r.len - off);
     if (n <= 0)

@@ -2,16 +2,12 @@
  * one record per line, whatever a client sends. */
 #include "cgs_log.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <grpc/support/log.h>
 
@@ -21,21 +17,6 @@
 #define GRPC_LINES_PER_S 20
 
 static cgs_log_level log_level = CGS_LOG_INFO;
-
-/* Every line reaches stderr under out_mu, whole, in order. The lines of a
- * thread that defers (the cq thread: a write(2) per call's access line
- * was a tenth of the tiny call) wait in pending, whole lines only, and go
- * out in one write when it is full, when its first line is
- * CGS_LOG_DEFER_MS old, before any other thread's line, when the cq
- * thread has nothing to do (cgs_log_due_ms), at exit, and from the crash
- * handler. pending_len and pending_since are atomic for the crash handler
- * and for cgs_log_due_ms; they change only under out_mu. */
-static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
-static char pending[CGS_LOG_DEFER_BYTES];
-static atomic_size_t pending_len;
-static atomic_llong pending_since; /* ms, CLOCK_MONOTONIC */
-static _Thread_local int this_thread_defers;
-static pthread_once_t flush_at_exit = PTHREAD_ONCE_INIT;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
@@ -125,91 +106,6 @@ static size_t put_stamp(char *line) {
   return n;
 }
 
-static long long monotonic_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Async-signal-safe: the crash handler writes pending with it. */
-static void write_all(const char *p, size_t n) {
-  while (n) {
-    ssize_t k = write(STDERR_FILENO, p, n);
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0)
-      return; /* stderr is gone: nothing left to tell */
-    p += k;
-    n -= (size_t)k;
-  }
-}
-
-static void flush_locked(void) {
-  size_t n = atomic_load(&pending_len);
-  if (n) {
-    write_all(pending, n);
-    atomic_store(&pending_len, 0);
-  }
-}
-
-void cgs_log_flush(void) {
-  if (!atomic_load(&pending_len))
-    return;
-  pthread_mutex_lock(&out_mu);
-  flush_locked();
-  pthread_mutex_unlock(&out_mu);
-}
-
-void cgs_log_flush_crashing(void) {
-  /* A thread stopped inside flush_locked may have written some of it
-   * already: a line twice is better than a formatted line lost. */
-  int locked = pthread_mutex_trylock(&out_mu) == 0;
-  size_t n = atomic_load(&pending_len);
-  write_all(pending, n);
-  atomic_store(&pending_len, 0);
-  if (locked)
-    pthread_mutex_unlock(&out_mu);
-}
-
-static void register_flush(void) {
-  atexit(cgs_log_flush);
-}
-
-void cgs_log_defer_here(void) {
-  pthread_once(&flush_at_exit, register_flush);
-  this_thread_defers = 1;
-}
-
-long long cgs_log_due_ms(void) {
-  if (!atomic_load(&pending_len))
-    return -1;
-  long long left =
-      atomic_load(&pending_since) + CGS_LOG_DEFER_MS - monotonic_ms();
-  return left > 0 ? left : 0;
-}
-
-static void put_line(const char *line, size_t len) {
-  pthread_mutex_lock(&out_mu);
-  if (!this_thread_defers) {
-    flush_locked();
-    write_all(line, len);
-  } else {
-    long long now = monotonic_ms();
-    size_t n = atomic_load(&pending_len);
-    if (n + len > sizeof pending) {
-      flush_locked();
-      n = 0;
-    }
-    if (n == 0)
-      atomic_store(&pending_since, now);
-    memcpy(pending + n, line, len);
-    atomic_store(&pending_len, n + len);
-    if (now - atomic_load(&pending_since) >= CGS_LOG_DEFER_MS)
-      flush_locked();
-  }
-  pthread_mutex_unlock(&out_mu);
-}
-
 void cgs_log_str(cgs_log_level level, const char *msg) {
   if (!cgs_log_enabled(level))
     return;
@@ -237,7 +133,7 @@ void cgs_log_str(cgs_log_level level, const char *msg) {
   }
   size_t len = n + t.len;
   line[len++] = '\n';
-  put_line(line, len);
+  fwrite(line, 1, len, stderr);
 }
 
 void cgs_log(cgs_log_level level, const char *fmt, ...) {

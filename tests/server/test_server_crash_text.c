@@ -2,26 +2,18 @@
  * (cgs_crash_describe), without a server: the call's id, its peer escaped
  * as every log value is (a peer cannot end the record or add a key), the
  * op, dtype, shapes and attributes of a single op and of a layer op, and a
- * text cut to its buffer; and that a crash writes the log lines a
- * deferring thread (the cq thread) had formatted, in order, before its
- * record, in a child process that dies of the signal. */
-#include <pthread.h>
+ * text cut to its buffer. */
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "cg/layer.h"
 #include "cgs_crash.h"
-#include "cgs_log.h"
 
 #define L(...)                                                                 \
   ((cg_ints){(const int64_t[]){__VA_ARGS__},                                   \
@@ -92,75 +84,8 @@ static void layer_op(void **state) {
            "data_format=NXC weights_format=XOI");
 }
 
-static void *log_direct(void *arg) {
-  (void)arg;
-  cgs_info("direct");
-  return NULL;
-}
-
-/* The child: two deferred lines, one from a thread that writes its own
- * (which must come after them), one more deferred line, then a fault. */
-static void crash_child(void) {
-  char err[128];
-  if (cgs_crash_install(err, sizeof err) != 0)
-    _exit(2);
-  cgs_log_defer_here();
-  cgs_info("deferred one");
-  cgs_info("deferred two");
-  long long due = cgs_log_due_ms();
-  if (due < 0 || due > CGS_LOG_DEFER_MS)
-    _exit(3);
-  pthread_t t;
-  if (pthread_create(&t, NULL, log_direct, NULL) != 0 ||
-      pthread_join(t, NULL) != 0)
-    _exit(4);
-  if (cgs_log_due_ms() != -1) /* "direct" wrote them out first */
-    _exit(5);
-  cgs_info("deferred three");
-  raise(SIGSEGV);
-  _exit(6);
-}
-
-static void crash_flushes_deferred_lines(void **state) {
-  (void)state;
-  int fds[2];
-  assert_int_equal(pipe(fds), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    crash_child();
-  }
-  close(fds[1]);
-  char out[8192];
-  size_t n = 0;
-  ssize_t k;
-  while (n < sizeof out - 1 &&
-         (k = read(fds[0], out + n, sizeof out - 1 - n)) > 0)
-    n += (size_t)k;
-  out[n] = 0;
-  close(fds[0]);
-  int status;
-  assert_int_equal(waitpid(pid, &status, 0), pid);
-  if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGSEGV)
-    fail_msg("child status %d, log:\n%s", status, out);
-  const char *want[] = {"info  deferred one\n", "info  deferred two\n",
-                        "info  direct\n", "info  deferred three\n",
-                        " error crash signal=SIGSEGV "};
-  const char *at = out;
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    const char *found = strstr(at, want[i]);
-    if (!found)
-      fail_msg("'%s' missing or out of order in:\n%s", want[i], out);
-    at = found + strlen(want[i]);
-  }
-}
-
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(single_op), cmocka_unit_test(layer_op),
-      cmocka_unit_test(crash_flushes_deferred_lines)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(single_op),
+                                     cmocka_unit_test(layer_op)};
   return cmocka_run_group_tests_name("server_crash_text", tests, NULL, NULL);
 }
