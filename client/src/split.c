@@ -177,13 +177,16 @@ static void cgc__speeds_of(const cgc_result *res, double flops, double *ms_gf,
 }
 
 /* Folds what a part's successful attempt measured into replica r;
- * split_mu held. */
+ * split_mu held. A slower compute counts at once and a faster one only
+ * as a moving average: a replica under a CPU quota computes at full speed
+ * in bursts, and one fast part must not bring it back before its next
+ * throttled one. */
 static void cgc__measure(cgc__replica *r, const cgc_result *res, double flops) {
   double ms_gf, link;
   cgc__speeds_of(res, flops, &ms_gf, &link);
   if (ms_gf > 0)
     r->ms_per_gflop =
-        r->ms_per_gflop > 0
+        r->ms_per_gflop > 0 && ms_gf < r->ms_per_gflop
             ? r->ms_per_gflop + CGC__EWMA * (ms_gf - r->ms_per_gflop)
             : ms_gf;
   if (link > 0)
