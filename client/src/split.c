@@ -251,28 +251,64 @@ static int cgc__nparts(int64_t mb, double flops, size_t data, size_t repeat,
   return n < 2 ? 1 : (int)n;
 }
 
-/* The ms a call of work flops and bytes b takes in k parts pipelined
- * over a server of speed ms_gf and a link of link bytes/ms: three stages
- * (a part's upload, its compute, its download), the sum of one part's
- * stages and k - 1 times its slowest, plus CGC__PART_MS a part. */
-static double cgc__pipe_ms(double ms_gf, double link, double flops,
-                           const cgc__bytes *b, int k) {
+/* What the cut model knows of a replica: its compute ms per GFLOP and
+ * its link's bytes per ms. */
+typedef struct cgc__speed {
+  double ms_gf, link;
+} cgc__speed;
+
+/* The milliseconds a call of work flops and bytes b should take in k
+ * equal parts over n replicas of speeds sp: the parts go one by one to the
+ * replica that should finish them first, as cgc__pick sends them, and the
+ * parts of one replica are a pipeline of three stages (a part's upload,
+ * its compute, its download), which takes the sum of one part's stages
+ * and, for each part after the first, its slowest, plus CGC__PART_MS a
+ * part. The trainer's link is one, whatever the replicas: every part's
+ * upload passes it, and every download, at the fastest link. With one
+ * replica (n = 1, the caller's share) this is that server's pipeline. */
+static double cgc__cut_ms(const cgc__speed *sp, int n, double flops,
+                          const cgc__bytes *b, int k) {
   double up = k == 1 ? (double)b->up_whole
                      : (double)b->up_data / k + (double)b->up_repeat;
   double down = (double)b->down_data / k + (double)b->down_repeat;
-  double u = up / link, c = flops / 1e9 * ms_gf / k, d = down / link;
-  double stage = u > c ? (u > d ? u : d) : (c > d ? c : d);
-  return u + c + d + (k - 1) * stage + k * CGC__PART_MS;
+  double one[CGC__REPLICAS_MAX], stage[CGC__REPLICAS_MAX], link_max = 0;
+  int parts[CGC__REPLICAS_MAX] = {0};
+  for (int i = 0; i < n; i++) {
+    double u = up / sp[i].link, c = flops / 1e9 * sp[i].ms_gf / k;
+    double d = down / sp[i].link;
+    one[i] = u + c + d + CGC__PART_MS;
+    stage[i] = u > c ? (u > d ? u : d) : (c > d ? c : d);
+    link_max = sp[i].link > link_max ? sp[i].link : link_max;
+  }
+  double makespan = 0;
+  for (int part = 0; part < k; part++) {
+    int best = 0;
+    double best_t = 0;
+    for (int i = 0; i < n; i++) {
+      double t = one[i] + parts[i] * (stage[i] + CGC__PART_MS);
+      if (i == 0 || t < best_t) {
+        best = i;
+        best_t = t;
+      }
+    }
+    parts[best]++;
+    makespan = best_t > makespan ? best_t : makespan;
+  }
+  double uploads = (k * up + down) / link_max;
+  double downloads = (up + k * down) / link_max;
+  double shared = uploads > downloads ? uploads : downloads;
+  return makespan > shared ? makespan : shared;
 }
 
-/* The ms of the best cut of at most kmax parts (cgc__pipe_ms), into
- * *parts: one part more must gain CGC__PIPE_GAIN. */
-static double cgc__pipe_best(double ms_gf, double link, double flops,
-                             const cgc__bytes *b, int kmax, int *parts) {
+/* The ms of the best cut over sp (cgc__cut_ms) of at most kmax parts,
+ * its parts into *parts: one part more only for a gain of
+ * CGC__PIPE_GAIN. */
+static double cgc__cut_best(const cgc__speed *sp, int n, double flops,
+                            const cgc__bytes *b, int kmax, int *parts) {
   double best_t = 0;
   *parts = 1;
   for (int k = 1; k <= kmax; k++) {
-    double t = cgc__pipe_ms(ms_gf, link, flops, b, k);
+    double t = cgc__cut_ms(sp, n, flops, b, k);
     if (k == 1 || t < (1 - CGC__PIPE_GAIN) * best_t) {
       *parts = k;
       best_t = t;
@@ -281,52 +317,18 @@ static double cgc__pipe_best(double ms_gf, double link, double flops,
   return best_t;
 }
 
-/* The milliseconds a call of work flops and bytes b should take in k
- * equal parts over ch's replicas (those up, or all when none is), from
- * their measured speeds and links: the parts go one by one to the replica
- * that should finish them first, as cgc__pick sends them, and the n parts
- * of one replica are a pipeline of three stages (a part's upload, its
- * compute, its download), which takes the sum of one part's stages and
- * n - 1 times its slowest, plus CGC__PART_MS a part. The trainer's link
- * is one, whatever the replicas: every part's upload passes it, and every
- * download, at the fastest link measured. split_mu held. */
-static double cgc__cut_ms(const cgc_channel *ch, double flops,
-                          const cgc__bytes *b, int k, double now) {
-  double up = k == 1 ? (double)b->up_whole
-                     : (double)b->up_data / k + (double)b->up_repeat;
-  double down = (double)b->down_data / k + (double)b->down_repeat;
-  double one[CGC__REPLICAS_MAX], stage[CGC__REPLICAS_MAX], link_max = 0;
-  int n[CGC__REPLICAS_MAX] = {0}, any_up = 0;
+/* The speeds of ch's replicas up, or of all when none is, into sp;
+ * returns how many. split_mu held. */
+static int cgc__speeds_up(const cgc_channel *ch, double now, cgc__speed *sp) {
+  int any_up = 0, n = 0;
   for (int i = 0; i < ch->nreplicas; i++)
     any_up |= ch->replicas[i].down_until_ms <= now;
-  for (int i = 0; i < ch->nreplicas; i++) {
-    double ms_gf, link;
-    cgc__speeds(&ch->replicas[i], &ms_gf, &link);
-    double u = up / link, c = flops / 1e9 * ms_gf / k, d = down / link;
-    one[i] = u + c + d + CGC__PART_MS;
-    stage[i] = u > c ? (u > d ? u : d) : (c > d ? c : d);
-    link_max = link > link_max ? link : link_max;
-  }
-  double makespan = 0;
-  for (int part = 0; part < k; part++) {
-    int best = -1;
-    double best_t = 0;
-    for (int i = 0; i < ch->nreplicas; i++) {
-      if (any_up && ch->replicas[i].down_until_ms > now)
-        continue;
-      double t = one[i] + n[i] * (stage[i] + CGC__PART_MS);
-      if (best < 0 || t < best_t) {
-        best = i;
-        best_t = t;
-      }
+  for (int i = 0; i < ch->nreplicas; i++)
+    if (!any_up || ch->replicas[i].down_until_ms <= now) {
+      cgc__speeds(&ch->replicas[i], &sp[n].ms_gf, &sp[n].link);
+      n++;
     }
-    n[best]++;
-    makespan = best_t > makespan ? best_t : makespan;
-  }
-  double uploads = (k * up + down) / link_max;
-  double downloads = (up + k * down) / link_max;
-  double shared = uploads > downloads ? uploads : downloads;
-  return makespan > shared ? makespan : shared;
+  return n;
 }
 
 /* The parts of req on ch, at most kmax: the k that should end the call
@@ -353,15 +355,9 @@ static int cgc__auto_cut(cgc_channel *ch, const cgc_request *req, double flops,
   if (!c) { /* a new shape, or one forgotten: the one the key hashes to */
     c = free_slot ? free_slot : &cuts[key % CGC__CUTS];
     c->key = key;
-    double now = cgc__now_ms(), best_t = cgc__cut_ms(ch, flops, b, 1, now);
-    c->nparts = 1;
-    for (int k = 2; k <= kmax; k++) {
-      double t = cgc__cut_ms(ch, flops, b, k, now);
-      if (t < (1 - CGC__PIPE_GAIN) * best_t) {
-        c->nparts = k;
-        best_t = t;
-      }
-    }
+    cgc__speed sp[CGC__REPLICAS_MAX];
+    int n = cgc__speeds_up(ch, cgc__now_ms(), sp);
+    cgc__cut_best(sp, n, flops, b, kmax, &c->nparts);
   }
   int n = c->nparts < kmax ? c->nparts : kmax;
   pthread_mutex_unlock(&ch->split_mu);
@@ -1372,17 +1368,18 @@ int cgc_local_rows(cgc_channel *ch, const cgc_request *req,
                     "resolves, with a minibatch of at least 2");
     return CG_EINVAL;
   }
-  double flops = (double)cg_layer_flops(&plan.layer), ms_gf, link;
-  cgc__speeds_of(measured, flops, &ms_gf, &link);
-  if (ms_gf <= 0 || local_ms <= 0)
-    return 0;    /* nothing measured: no share */
-  if (link <= 0) /* no byte moved (regions), or too few to time */
-    link = INFINITY;
+  double flops = (double)cg_layer_flops(&plan.layer);
+  cgc__speed server; /* the one server of the rows sent, as the cut's */
+  cgc__speeds_of(measured, flops, &server.ms_gf, &server.link);
+  if (server.ms_gf <= 0 || local_ms <= 0)
+    return 0;           /* nothing measured: no share */
+  if (server.link <= 0) /* no byte moved (regions), or too few to time */
+    server.link = INFINITY;
   cgc__bytes whole;
   cgc__bytes_of(req, &plan, &whole);
   int kmax = ch->nreplicas && !ch->opts.split_parts ? CGC__AUTO_PARTS : 1, k;
   double min_flops = cgc__min_part_flops(ch);
-  double alone = cgc__pipe_best(ms_gf, link, flops, &whole, kmax, &k);
+  double alone = cgc__cut_best(&server, 1, flops, &whole, kmax, &k);
   double best_t = alone;
   for (int64_t own = 1; own < plan.mb; own++) {
     double share = (double)(plan.mb - own) / (double)plan.mb;
@@ -1394,7 +1391,7 @@ int cgc_local_rows(cgc_channel *ch, const cgc_request *req,
                  (size_t)((double)whole.up_whole_data * share);
     b.up_data = (size_t)((double)whole.up_data * share);
     b.down_data = (size_t)((double)whole.down_data * share);
-    double remote = cgc__pipe_best(ms_gf, link, theirs, &b, kmax, &k);
+    double remote = cgc__cut_best(&server, 1, theirs, &b, kmax, &k);
     double local = local_ms * (1 - share);
     double t = remote > local ? remote : local;
     if (t < best_t) {
