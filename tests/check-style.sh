@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
 # Style gates of CI: every C file of the project matches .clang-format, and
 # the sources of the libraries, the server and the CLI have no clang-tidy
-# finding under .clang-tidy. Usage: tests/check-style.sh [build-dir]
-# (a configured build with compile_commands.json; default: a fresh one).
+# finding under .clang-tidy.
+# Usage: tests/check-style.sh [--format-only | --tidy-only] [build-dir]
+# (build-dir: where clang-tidy's compile_commands.json is made; default
+# build-ci/tidy). tests/run-all.sh runs the two apart: clang-format first,
+# clang-tidy beside its build stages.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
-mapfile -t files < <(git ls-files '*.c' '*.h')
-echo "== clang-format: ${#files[@]} files"
-clang-format --dry-run --Werror "${files[@]}"
+format=1 tidy=1
+case "${1:-}" in
+  --format-only) tidy=0; shift ;;
+  --tidy-only) format=0; shift ;;
+esac
+
+if [ "$format" = 1 ]; then
+  mapfile -t files < <(git ls-files '*.c' '*.h')
+  echo "== clang-format: ${#files[@]} files"
+  clang-format --dry-run --Werror "${files[@]}"
+fi
+[ "$tidy" = 1 ] || exit 0
 
 build=${1:-$root/build-ci/tidy}
 echo "== clang-tidy ($build)"

@@ -16,21 +16,44 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build-ci}
 jobs=$(nproc)
 
-# run_config NAME [ctest args] -- [cmake args]
+# run_config NAME [--after-build COMMAND] [ctest args] -- [cmake args]
 run_config() {
   local name=$1; shift
-  local dir=$out/$name ctest_args=()
+  local dir=$out/$name ctest_args=() after_build=:
+  if [ "$1" = --after-build ]; then after_build=$2; shift 2; fi
   while [ "$1" != -- ]; do ctest_args+=("$1"); shift; done
   shift
   echo "== $name: configure and build"
   cmake -S "$root" -B "$dir" "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
+  "$after_build"
   echo "== $name: ctest"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "${ctest_args[@]}")
 }
 
-# Style first: formatting and clang-tidy take a minute and fail fast.
-bash "$root/tests/check-style.sh" "$out/tidy"
+# Style first. clang-format takes seconds and fails fast. clang-tidy (its
+# analyzer takes about 170 CPU-s over the project's sources) runs beside
+# the fuzz and release build stages at idle priority (SCHED_IDLE): it gets
+# only the CPU they leave (configure steps, the fuzzer's one process, link
+# tails) and never slows them; what is left of it runs alone before the
+# first ctest, which shares the CPU with nothing. Its report is printed
+# there, and a finding fails the run there. Its own process group, so that
+# a run that stops early stops it too.
+bash "$root/tests/check-style.sh" --format-only
+tidy_log=$(mktemp)
+set -m
+chrt --idle 0 bash "$root/tests/check-style.sh" --tidy-only "$out/tidy" \
+  </dev/null >"$tidy_log" 2>&1 &
+tidy_pid=$!
+set +m
+trap '[ -z "$tidy_pid" ] || kill -- -"$tidy_pid" 2>/dev/null; rm -f "$tidy_log"' EXIT
+tidy_join() {
+  local rc=0
+  wait "$tidy_pid" || rc=$?
+  tidy_pid=
+  cat "$tidy_log"
+  [ "$rc" = 0 ] || { echo "== clang-tidy failed ($rc)"; exit "$rc"; }
+}
 # The request path under libFuzzer with ASan+UBSan: the seed corpus
 # replayed (ctest), then FUZZ_SECONDS (default 30) of new inputs; a crash
 # fails the run and leaves its input in $out/fuzz/crash-*.
@@ -45,7 +68,8 @@ echo "== fuzz: ${FUZZ_SECONDS:-30} s"
   -max_len=16384 -print_final_stats=1 -artifact_prefix="$out/fuzz/" "$fuzz_work" \
   "$root/tests/fuzz/corpus" 2>&1 | grep -v '^#[0-9]'
 rm -rf "$fuzz_work"
-run_config release -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON
+run_config release --after-build tidy_join -- -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCG_WERROR=ON
 # The sanitizer build is also the fault-injection build (CG_FAULT_INJECT:
 # inert unless a test sets CONVGRAD_FAULT_*), where server_checks runs its
 # injected-fault and broken-kernel tests, without a build of its own.
