@@ -122,7 +122,8 @@ struct cgs_call {
   uint64_t t_start, deadline_at; /* uv_hrtime ns; deadline 0 = none */
   uint64_t t_send;               /* the result header went out */
   uint64_t t_sent;               /* the last result batch completed */
-  uint64_t t_progress;           /* the last request message or result batch */
+  uint64_t t_reply;    /* the batch with the final status went to grpc */
+  uint64_t t_progress; /* the last request message or result batch */
   /* The --min-upload-rate window: bytes_in at its start, and its start. */
   uint64_t rate_bytes, rate_from;
 
@@ -177,6 +178,7 @@ typedef struct call_record {
   double compute_ms;    /* the job's run over every output; 0 without one */
   double send_ms;       /* the result header -> the last result batch */
   double total_ms;      /* arrival -> end */
+  double reply_ms;      /* arrival -> the status batch handed to grpc */
   uint64_t bytes_in, bytes_out;
 } call_record;
 
@@ -193,6 +195,7 @@ static void call_record_fill(const cgs_call *c, call_record *r) {
   r->queue_ms = c->job_picked ? c->job.queue_ms : 0.0;
   r->send_ms = ms_between(c->t_send, c->t_sent);
   r->total_ms = ms_between(c->t_start, uv_hrtime());
+  r->reply_ms = ms_between(c->t_start, c->t_reply);
   r->bytes_in = c->up.bytes_in;
   r->bytes_out = c->sent_all;
 }
@@ -255,6 +258,7 @@ static void log_call(cgs_call *c, const call_record *r) {
   append_ms(&t, " compute_ms=", r->compute_ms);
   append_ms(&t, " send_ms=", r->send_ms);
   append_ms(&t, " total_ms=", r->total_ms);
+  append_ms(&t, " reply_ms=", r->reply_ms);
   cg_text_str(&t, " path=");
   cg_text_str(&t, r->computed
                       ? (r->path == CG_PATH_NATIVE ? "native" : "f32_convert")
@@ -459,6 +463,7 @@ static void vfinish(cgs_call *c, grpc_status_code code, const char *fmt,
   n++;
   c->st = ST_DONE;
   c->send_pending = 1;
+  c->t_reply = uv_hrtime();
   if (cgs_cq_batch(&c->s->cq, c->call, ops, n, &c->tag_send) != GRPC_CALL_OK) {
     c->send_pending = 0;
     cancel_with_status(c);
@@ -571,6 +576,8 @@ static void send_failed(cgs_call *c);
 
 static void start_send(cgs_call *c, const grpc_op *ops, size_t n) {
   c->send_pending = 1;
+  if (c->st == ST_DONE)
+    c->t_reply = uv_hrtime();
   if (cgs_cq_batch(&c->s->cq, c->call, ops, n, &c->tag_send) == GRPC_CALL_OK) {
     c->t_progress = uv_hrtime();
     arm_timer(c);
@@ -1401,11 +1408,12 @@ static void read_client_identity(cgs_call *c) {
  * it into the server's list. */
 static void init_call(cgs_call *c, cgs_server *s, grpc_call *call,
                       const char *client) {
+  /* Before grpc's peer string and auth context, which its log counts. */
+  c->t_start = c->t_progress = uv_hrtime();
   c->s = s;
   c->call = call;
   c->peer = grpc_call_get_peer(call);
   read_client_identity(c);
-  c->t_start = c->t_progress = uv_hrtime();
   c->from = cgs_peers_hold(s->peers, c->peer, c->t_start);
   c->flow = c->from;
   if (client) { /* the token's label names the caller before its certificate */

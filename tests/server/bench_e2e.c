@@ -146,7 +146,7 @@ static void measure_bare(bare *b, int port, int bare_mib) {
  * call's time in the server before its job starts. */
 typedef struct srv_times {
   int n;
-  double total_ms, queue_ms, compute_ms, before_ms;
+  double total_ms, queue_ms, compute_ms, before_ms, reply_ms;
 } srv_times;
 
 static srv_times server_side(const ts_server *srv, int n, const char *needle) {
@@ -156,17 +156,20 @@ static srv_times server_side(const ts_server *srv, int n, const char *needle) {
   double *cmp = malloc(sizeof(double) * (size_t)n);
   double *que = malloc(sizeof(double) * (size_t)n);
   double *bef = malloc(sizeof(double) * (size_t)n);
+  double *rep = malloc(sizeof(double) * (size_t)n);
   int k = 0, total = 0;
   char line[2048];
-  while (f && tot && cmp && que && bef && fgets(line, sizeof line, f)) {
+  while (f && tot && cmp && que && bef && rep && fgets(line, sizeof line, f)) {
     const char *t = strstr(line, "total_ms="), *c = strstr(line, "compute_ms="),
-               *q = strstr(line, "queue_ms="), *rv = strstr(line, "recv_ms=");
-    if (!t || !c || !q || !rv || (needle && !strstr(line, needle)))
+               *q = strstr(line, "queue_ms="), *rv = strstr(line, "recv_ms="),
+               *rp = strstr(line, "reply_ms=");
+    if (!t || !c || !q || !rv || !rp || (needle && !strstr(line, needle)))
       continue;
     tot[k] = atof(t + 9);
     cmp[k] = atof(c + 11);
     que[k] = atof(q + 9);
     bef[k] = atof(rv + 8) + que[k];
+    rep[k] = atof(rp + 9);
     k = (k + 1) % n;
     total++;
   }
@@ -178,11 +181,13 @@ static srv_times server_side(const ts_server *srv, int n, const char *needle) {
     r.queue_ms = bench_percentile(que, r.n, 0.5);
     r.compute_ms = bench_percentile(cmp, r.n, 0.5);
     r.before_ms = bench_percentile(bef, r.n, 0.5);
+    r.reply_ms = bench_percentile(rep, r.n, 0.5);
   }
   free(tot);
   free(cmp);
   free(que);
   free(bef);
+  free(rep);
   return r;
 }
 
@@ -513,10 +518,12 @@ static void *stage(cgc_channel *ch, const bench_prob *p, cgc_request *r,
  * plus a tenth of a millisecond). The server's own figures of the region
  * calls (srv's log) split a row's gap: its compute against the kernel's
  * ("srv cmp"), the call's time in the server before its job starts ("srv
- * in": recv_ms + queue_ms) and the call's whole time there ("srv tot":
- * total_ms, which counts the answer's batch until the completion-queue
- * thread sees it done, after the client may have it); shm ms - srv tot is
- * the client's, and gRPC's both ways. */
+ * in": recv_ms + queue_ms), until the answer's batch, status and all,
+ * is handed to gRPC ("srv rep": reply_ms) and the call's whole time there
+ * ("srv tot": total_ms, which counts that batch until the completion-queue
+ * thread sees it done, after the client may have it); shm ms - srv rep is
+ * the client's, gRPC's both ways and the server's before the call is
+ * handed over. */
 #define SHM_LONG_MS 4.0
 #define SHM_LONG_RATIO 1.10
 #define SHM_SHORT_SLACK_MS 0.1
@@ -533,8 +540,8 @@ static int shm_within(double kms, double sms, double ems, double *excess) {
 }
 
 static void shm_rows(const char *path, int reps, int threads, int idle_us,
-                     cgc_channel *uch, cgc_channel *tch, grpc_channel *echo,
-                     const ts_server *srv) {
+                     cgc_channel *uch, cgc_channel *tch, cgc_channel *bch,
+                     grpc_channel *echo, const ts_server *srv) {
   FILE *f = fopen(path, "r");
   cg_engine *e = NULL;
   cg_engine_config ecfg = {.threads = threads};
@@ -548,12 +555,16 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
   printf("\neach timed run after %d us idle (--idle-us); bounds: kern >= "
          "%.0f ms: shm/kern <= %.2f; shorter: shm - kern <= echo + %.1f ms\n",
          idle_us, SHM_LONG_MS, SHM_LONG_RATIO, SHM_SHORT_SLACK_MS);
-  printf("%-40s %-28s %-4s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %6s\n",
-         "problem", "op", "type", "kern ms", "srv cmp", "srv in", "srv tot",
-         "shm ms", "echo ms", "tcp ms", "shm/kern", "shm-kern", "tcp/kern",
-         "bound");
+  printf("%-40s %-28s %-4s %8s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s "
+         "%6s%s\n",
+         "problem", "op", "type", "kern ms", "srv cmp", "srv in", "srv rep",
+         "srv tot", "shm ms", "echo ms", "tcp ms", "shm/kern", "shm-kern",
+         "tcp/kern", "bound", bch ? "  base ms base-kern shm-base  bound" : "");
   /* [0]: rows of at least SHM_LONG_MS, [1]: shorter ones. */
   int rows[2] = {0, 0}, rows_ok[2] = {0, 0}, rows_ok_best[2] = {0, 0};
+  /* --baseline: its rows met (medians), and each row's shm - base. */
+  int base_ok[2] = {0, 0}, nrows = 0;
+  double diffs[256];
   double worst[2] = {-1e9, -1e9}, worst_best[2] = {-1e9, -1e9};
   static const cg_dtype dts[] = {CG_DTYPE_F32, CG_DTYPE_BF16};
   cg_bdesc d;
@@ -562,22 +573,26 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
     for (int k = 0; k < 4; k++) {
       bench_prob p;
       cgc_request rs, rt;
-      void *shm_out = NULL;
-      cgc_cli_shm m = {0};
-      /* kernel, region call, echo, TCP call */
-      double *t[4];
-      int ok = 1;
-      for (int c = 0; c < 4; c++)
+      cgc_request rb;
+      void *shm_out = NULL, *base_out = NULL;
+      cgc_cli_shm m = {0}, mb = {0};
+      /* kernel, region call, echo, TCP call, the baseline's region call */
+      double *t[5];
+      int ok = 1, turns = bch ? 4 : 3;
+      for (int c = 0; c < 5; c++)
         ok = (t[c] = calloc((size_t)reps, sizeof(double))) != NULL && ok;
       ok = ok && bench_prob_init(&p, &d, ops[k / 2], dts[k % 2]) == 0 &&
-           (shm_out = stage(uch, &p, &rs, &m)) != NULL;
+           (shm_out = stage(uch, &p, &rs, &m)) != NULL &&
+           (!bch || (base_out = stage(bch, &p, &rb, &mb)) != NULL);
       bench_request_of(&rt, &p);
       double warm;
       ok = ok && cg_engine_run(e, &p.g, p.in[0], p.in[1], p.out, NULL, err,
                                sizeof err) == 0;
       ok = ok &&
            bench_call_into(uch, &rs, shm_out, p.g.out_bytes, &warm) == 0 &&
-           bench_call_into(tch, &rt, p.out, p.g.out_bytes, &warm) == 0;
+           bench_call_into(tch, &rt, p.out, p.g.out_bytes, &warm) == 0 &&
+           (!bch ||
+            bench_call_into(bch, &rb, base_out, p.g.out_bytes, &warm) == 0);
       /* The engine computes on the region's own memory, as the server
        * does, so that both see the same pages; the kernel, the region
        * call and the echo take turns going first, each after idle_us (1 ms
@@ -586,9 +601,9 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
        * milliseconds made this VM stall the next run by up to 10 ms at
        * random), and the TCP call, on other memory, last. */
       for (int i = 0; ok && i < reps; i++) {
-        for (int j = 0; ok && j < 3; j++) {
+        for (int j = 0; ok && j < turns; j++) {
           bench_idle(idle_us);
-          int which = (i + j) % 3;
+          int which = (i + j) % turns;
           if (which == 0) {
             double t0 = ts_now_ms();
             ok = cg_engine_run(e, &p.g, rs.inputs[0].data, rs.inputs[1].data,
@@ -596,6 +611,9 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
             t[0][i] = ts_now_ms() - t0;
           } else if (which == 1) {
             ok = bench_call_into(uch, &rs, shm_out, p.g.out_bytes, &t[1][i]) ==
+                 0;
+          } else if (which == 3) {
+            ok = bench_call_into(bch, &rb, base_out, p.g.out_bytes, &t[4][i]) ==
                  0;
           } else {
             double us = bench_echo_unary_us(echo, 1024);
@@ -627,15 +645,26 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
         worst_best[shorter] = excess_best > worst_best[shorter]
                                   ? excess_best
                                   : worst_best[shorter];
-        printf("%-40.40s %-28s %-4s %8.2f %8.2f %8.2f %8.2f %8.2f %8.3f %8.2f "
-               "%9.2f %9.3f %9.2f %6s\n",
+        printf("%-40.40s %-28s %-4s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.3f "
+               "%8.2f %9.2f %9.3f %9.2f %6s",
                d.name, cg_op_name(ops[k / 2]), cg_dtype_name(dts[k % 2]), kms,
-               st.compute_ms, st.before_ms, st.total_ms, sms, ems, tms,
-               sms / kms, sms - kms, tms / kms, met ? "met" : "MISSED");
+               st.compute_ms, st.before_ms, st.reply_ms, st.total_ms, sms, ems,
+               tms, sms / kms, sms - kms, tms / kms, met ? "met" : "MISSED");
+        if (bch) {
+          double bms = bench_percentile(t[4], reps, 0.5), bex;
+          int bmet = shm_within(kms, bms, ems, &bex);
+          base_ok[shorter] += bmet;
+          if (nrows < (int)(sizeof diffs / sizeof diffs[0]))
+            diffs[nrows++] = sms - bms;
+          printf(" %8.2f %9.3f %8.3f %6s", bms, bms - kms, sms - bms,
+                 bmet ? "met" : "MISSED");
+        }
+        printf("\n");
         fflush(stdout);
       }
       cgc_cli_shm_close(&m);
-      for (int c = 0; c < 4; c++)
+      cgc_cli_shm_close(&mb);
+      for (int c = 0; c < 5; c++)
         free(t[c]);
       bench_prob_free(&p);
     }
@@ -652,6 +681,11 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
            "ms past\n",
            SHM_LONG_MS, SHM_SHORT_SLACK_MS, rows_ok[1], rows[1], worst[1],
            rows_ok_best[1], rows[1], worst_best[1]);
+  if (nrows)
+    printf("baseline: rows met (medians) %d of %d >= %.0f ms, %d of %d "
+           "under; shm - base per row: median %+.3f ms over %d rows\n",
+           base_ok[0], rows[0], SHM_LONG_MS, base_ok[1], rows[1],
+           bench_percentile(diffs, nrows, 0.5), nrows);
   cg_engine_free(e);
   fclose(f);
 }
@@ -724,9 +758,12 @@ static void shm_tiny(const char *sock, grpc_channel *echo, int lat_n) {
 }
 
 /* --shm: the figures of shared-memory regions; echo is the bare server
- * listening on echo_sock (forked before grpc_init). */
+ * listening on echo_sock (forked before grpc_init); baseline, when not
+ * NULL, another build's server binary, whose region calls take their turn
+ * in every rep of the rows. */
 static void shm_section(const char *problems, int reps, int threads,
-                        int idle_us, int lat_n, const char *echo_sock) {
+                        int idle_us, int lat_n, const char *echo_sock,
+                        const char *baseline) {
   char target[160], sock[128], listen[160], tstr[16], err[256];
   snprintf(target, sizeof target, "unix:%s", echo_sock);
   grpc_channel_credentials *cr = grpc_insecure_credentials_create();
@@ -739,19 +776,35 @@ static void shm_section(const char *problems, int reps, int threads,
   snprintf(tstr, sizeof tstr, "%d", threads);
   const char *args[] = {
       "--listen", listen, "--workers", "1", "--threads-per-worker", tstr, NULL};
-  ts_server srv;
-  if (problems && ts_server_start(&srv, args) == 0) {
-    cgc_channel *uch = NULL, *tch = NULL;
+  ts_server srv, base;
+  char bsock[128], blisten[160], btarget[160];
+  snprintf(bsock, sizeof bsock, "/tmp/cg-bench-base-%ld.sock", (long)getpid());
+  snprintf(blisten, sizeof blisten, "unix:%s,127.0.0.1:0", bsock);
+  snprintf(btarget, sizeof btarget, "unix:%s", bsock);
+  const char *bargs[] = {
+      "--listen", blisten, "--workers", "1", "--threads-per-worker",
+      tstr,       NULL};
+  int based =
+      baseline && problems && ts_server_start_bin(&base, baseline, bargs) == 0;
+  if (problems && (!baseline || based) && ts_server_start(&srv, args) == 0) {
+    cgc_channel *uch = NULL, *tch = NULL, *bch = NULL;
     snprintf(target, sizeof target, "unix:%s", sock);
     if (cgc_channel_new(&uch, target, NULL, err, sizeof err) == 0 &&
-        cgc_channel_new(&tch, srv.target, NULL, err, sizeof err) == 0) {
+        cgc_channel_new(&tch, srv.target, NULL, err, sizeof err) == 0 &&
+        (!based ||
+         cgc_channel_new(&bch, btarget, NULL, err, sizeof err) == 0)) {
       printf("server: %s", srv.ready);
-      shm_rows(problems, reps, threads, idle_us, uch, tch, echo, &srv);
+      if (based)
+        printf("baseline: %s", base.ready);
+      shm_rows(problems, reps, threads, idle_us, uch, tch, bch, echo, &srv);
     }
     cgc_channel_free(uch);
     cgc_channel_free(tch);
+    cgc_channel_free(bch);
     ts_server_stop(&srv, SIGTERM, 60000);
   }
+  if (based)
+    ts_server_stop(&base, SIGTERM, 60000);
   shm_tiny(sock, echo, lat_n);
   grpc_channel_destroy(echo);
 }
@@ -760,6 +813,7 @@ int main(int argc, char **argv) {
   const char *problems = CGS_BENCH_PROBLEMS;
   int reps = 9, threads = 2, lat_n = 2000, skip_rows = 0, shm = 0;
   int idle_us = 1000, bare_mib = 256;
+  const char *baseline = NULL;
   static const struct option lo[] = {
       {"problems", required_argument, 0, 'p'},
       {"reps", required_argument, 0, 'r'},
@@ -768,6 +822,7 @@ int main(int argc, char **argv) {
       {"tiny-only", no_argument, 0, 's'},
       {"shm", no_argument, 0, 'm'},
       {"idle-us", required_argument, 0, 'i'},
+      {"baseline", required_argument, 0, 'B'},
       {"bare-mib", required_argument, 0, 'b'},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
@@ -795,19 +850,24 @@ int main(int argc, char **argv) {
     case 'i':
       idle_us = bench_idle_us(optarg);
       break;
+    case 'B':
+      baseline = optarg;
+      break;
     case 'b':
       bare_mib = atoi(optarg) > 0 ? atoi(optarg) : 1;
       break;
     default:
       printf("usage: %s [--problems FILE] [--reps N] [--threads T] "
              "[--latency-calls N] [--tiny-only] [--bare-mib N] "
-             "[--shm [--idle-us N]]\n"
+             "[--shm [--idle-us N] [--baseline BIN]]\n"
              "Prints loopback gRPC bandwidth, per-row e2e vs in-process "
              "kernel times, and the tiny problem's latency and "
              "throughput; with --shm, the same for shared-memory regions "
              "over a unix socket, each timed run of a row after --idle-us "
-             "(default 1000) microseconds idle; --bare-mib: MiB each way "
-             "of the bandwidth figure (default 256).\n",
+             "(default 1000) microseconds idle, and with --baseline the "
+             "region calls of another build's server (BIN) in turn; "
+             "--bare-mib: MiB each way of the bandwidth figure (default "
+             "256).\n",
              argv[0]);
       return ch == 'h' ? 0 : 2;
     }
@@ -832,7 +892,7 @@ int main(int argc, char **argv) {
     }
     grpc_init();
     shm_section(skip_rows ? NULL : problems, reps, threads, idle_us, lat_n,
-                sock + 5);
+                sock + 5, baseline);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     unlink(sock + 5);

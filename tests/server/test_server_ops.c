@@ -1,7 +1,7 @@
 /* test_server_ops.c - every op end to end through a real server, checked
  * against cg_reference_run: f32 and bf16, NCX and NXC, with groups, 1D to
- * 3D, several weights formats and chunkings; plus GetServerInfo and the
- * health service. */
+ * 3D, several weights formats and chunkings; the log lines' phases; plus
+ * GetServerInfo and the health service. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -306,6 +306,36 @@ static void test_tiny_job_on_cq_thread(void **state) {
   assert_int_equal(on_cq, 0);
 }
 
+/* The value of key (" compute_ms=") in a log line, or -1. */
+static double log_ms(const char *line, const char *key) {
+  const char *at = strstr(line, key);
+  return at ? atof(at + strlen(key)) : -1.0;
+}
+
+/* Every answered call's log line so far: reply_ms (the status batch
+ * handed to gRPC) comes after the request, the queue and the compute, and
+ * before total_ms (the call's end). Each figure is rounded to 1 us. */
+static void check_log_phases(void) {
+  FILE *f = fopen(srv.log_path, "r");
+  assert_non_null(f);
+  char line[4096];
+  int answered = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (!strstr(line, " compute id=") || !strstr(line, " status=OK"))
+      continue;
+    double recv = log_ms(line, " recv_ms="), queue = log_ms(line, " queue_ms=");
+    double compute = log_ms(line, " compute_ms=");
+    double total = log_ms(line, " total_ms="),
+           reply = log_ms(line, " reply_ms=");
+    if (!(reply > 0 && reply >= recv + queue + compute - 0.003 &&
+          reply <= total + 0.001))
+      fail_msg("phases out of order: %s", line);
+    answered++;
+  }
+  fclose(f);
+  assert_true(answered >= 3);
+}
+
 /* A result of at most 64 KiB and at most the chunk size comes whole in
  * ResultHeader.data with no chunk after it; anything bigger is chunked. */
 static void test_inline_result(void **state) {
@@ -319,6 +349,7 @@ static void test_inline_result(void **state) {
       {1, 65535, 0, 2}, /* over the asked chunk size: chunked */
       {2, 0, 0, 1},     /* over 64 KiB: one 128 KiB chunk */
   };
+  int logged = ts_server_log_count(&srv, " compute id=");
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ts_desc d = {.op = CG_OP_CONV_BWD_DATA,
                  .dtype = CG_DTYPE_F32,
@@ -351,6 +382,10 @@ static void test_inline_result(void **state) {
     ts_result_free(&r);
     ts_problem_free(&tp);
   }
+  /* A call's line is written as it ends, which its client may see first. */
+  assert_int_equal(ts_server_wait_log(&srv, " compute id=", logged + 3, 5000),
+                   0);
+  check_log_phases();
 }
 
 static void test_server_info(void **state) {
