@@ -16,6 +16,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build-ci}
 jobs=$(nproc)
 
+# configure NAME [cmake args]: (re)configures $out/NAME quietly.
+configure() {
+  local name=$1; shift
+  cmake -S "$root" -B "$out/$name" "$@" >/dev/null
+}
+
 # run_config NAME [--after-build COMMAND] [ctest args] -- [cmake args]
 run_config() {
   local name=$1; shift
@@ -24,42 +30,51 @@ run_config() {
   while [ "$1" != -- ]; do ctest_args+=("$1"); shift; done
   shift
   echo "== $name: configure and build"
-  cmake -S "$root" -B "$dir" "$@" >/dev/null
+  configure "$name" "$@"
   cmake --build "$dir" -j "$jobs"
   "$after_build"
   echo "== $name: ctest"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" "${ctest_args[@]}")
 }
 
-# Style first. clang-format takes seconds and fails fast. clang-tidy (its
-# analyzer takes about 170 CPU-s over the project's sources) runs beside
-# the fuzz and release build stages at idle priority (SCHED_IDLE): it gets
-# only the CPU they leave (configure steps, the fuzzer's one process, link
-# tails) and never slows them; what is left of it runs alone before the
-# first ctest, which shares the CPU with nothing. Its report is printed
-# there, and a finding fails the run there. Its own process group, so that
-# a run that stops early stops it too.
-bash "$root/tests/check-style.sh" --format-only
-tidy_log=$(mktemp)
-set -m
-chrt --idle 0 bash "$root/tests/check-style.sh" --tidy-only "$out/tidy" \
-  </dev/null >"$tidy_log" 2>&1 &
-tidy_pid=$!
-set +m
-trap '[ -z "$tidy_pid" ] || kill -- -"$tidy_pid" 2>/dev/null; rm -f "$tidy_log"' EXIT
-tidy_join() {
-  local rc=0
-  wait "$tidy_pid" || rc=$?
-  tidy_pid=
-  cat "$tidy_log"
-  [ "$rc" = 0 ] || { echo "== clang-tidy failed ($rc)"; exit "$rc"; }
+# Work that needs no CPU of its own runs beside a stage at idle priority
+# (SCHED_IDLE: it runs only when no normal task wants a core and is
+# preempted at once, so it never slows that stage): idle_start COMMAND
+# (a function too) starts it, one at a time, in its own process group, so
+# that a run that stops early stops it too; idle_join NAME waits for it,
+# prints its output and fails the run if it failed.
+idle_pid=
+idle_log=$(mktemp)
+trap '[ -z "$idle_pid" ] || kill -- -"$idle_pid" 2>/dev/null; rm -f "$idle_log"' EXIT
+idle_start() {
+  set -m
+  { chrt --idle -p 0 "$BASHPID" >/dev/null && "$@"; } </dev/null >"$idle_log" 2>&1 &
+  idle_pid=$!
+  set +m
 }
+idle_join() {
+  local rc=0
+  wait "$idle_pid" || rc=$?
+  idle_pid=
+  cat "$idle_log"
+  [ "$rc" = 0 ] || { echo "== $1 failed ($rc)"; exit "$rc"; }
+}
+
+# Style first. clang-format takes seconds and fails fast. clang-tidy (its
+# analyzer takes about 170 CPU-s over the project's sources) runs at idle
+# priority beside the fuzz and release build stages: it gets only the CPU
+# they leave (configure steps, the fuzzer's one process, link tails); what
+# is left of it runs alone before the first ctest, which shares the CPU
+# with nothing but the next two configure steps. Its report is printed
+# there, and a finding fails the run there.
+bash "$root/tests/check-style.sh" --format-only
+idle_start bash "$root/tests/check-style.sh" --tidy-only "$out/tidy"
 # The request path under libFuzzer with ASan+UBSan: the seed corpus
 # replayed (ctest), then FUZZ_SECONDS (default 30) of new inputs; a crash
 # fails the run and leaves its input in $out/fuzz/crash-*.
 echo "== fuzz: configure and build"
-cmake -S "$root" -B "$out/fuzz" -DCMAKE_C_COMPILER=clang -DCG_FUZZ=ON \
-  -DCG_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+configure fuzz -DCMAKE_C_COMPILER=clang -DCG_FUZZ=ON -DCG_WERROR=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$out/fuzz" -j "$jobs"
 (cd "$out/fuzz" && ctest --output-on-failure)
 fuzz_work=$(mktemp -d)
@@ -68,15 +83,30 @@ echo "== fuzz: ${FUZZ_SECONDS:-30} s"
   -max_len=16384 -print_final_stats=1 -artifact_prefix="$out/fuzz/" "$fuzz_work" \
   "$root/tests/fuzz/corpus" 2>&1 | grep -v '^#[0-9]'
 rm -rf "$fuzz_work"
-run_config release --after-build tidy_join -- -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCG_WERROR=ON
 # The sanitizer build is also the fault-injection build (CG_FAULT_INJECT:
 # inert unless a test sets CONVGRAD_FAULT_*), where server_checks runs its
 # injected-fault and broken-kernel tests, without a build of its own.
+sanitize_cmake=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON
+                -DCG_FAULT_INJECT=ON -DCG_WERROR=ON)
+tsan_cmake=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_TSAN=ON -DCG_WERROR=ON)
+# The two sanitizer builds' first configure (about 12 s of one core each:
+# compiler and package checks) runs at idle priority during the release
+# ctest, whose tests leave most of the CPU idle; their run_config then
+# only reconfigures (about 1.5 s).
+configure_sanitizers() {
+  configure sanitize "${sanitize_cmake[@]}"
+  configure tsan "${tsan_cmake[@]}"
+}
+after_release_build() {
+  idle_join clang-tidy
+  idle_start configure_sanitizers
+}
+run_config release --after-build after_release_build -- \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_WERROR=ON
+idle_join "sanitizer builds' configure"
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-  run_config sanitize -- -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_SANITIZE=ON \
-    -DCG_FAULT_INJECT=ON -DCG_WERROR=ON
+  run_config sanitize -- "${sanitize_cmake[@]}"
 # ThreadSanitizer (options and tests/tsan.supp come with each test's
 # environment): the server's unit and end-to-end tests, where its threads
 # meet (loop, completion queue, workers). Not server_attacks: its floods
@@ -93,5 +123,4 @@ UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
 # thread (client_split_e2e, 9 s) and its result checks on either
 # (client_verify_e2e, 2 s).
 run_config tsan -R '^(server_|client_(lib|proto|region|split|verify)_e2e$)' \
-  -E '^server_(attacks|extremes)$' --timeout 600 -- \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCG_TSAN=ON -DCG_WERROR=ON
+  -E '^server_(attacks|extremes)$' --timeout 600 -- "${tsan_cmake[@]}"
