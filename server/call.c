@@ -983,7 +983,8 @@ static void stage_answer(cgs_call *c) {
   start_send(c, ops, n);
 }
 
-/* The upload is in: its bytes, verified, go into the store. */
+/* The upload is in: its bytes, verified (or under a private id), go into
+ * the store. */
 static void stage_complete(cgs_call *c) {
   grpc_status_code code;
   char msg[sizeof c->msg];
@@ -997,9 +998,9 @@ static void stage_complete(cgs_call *c) {
   }
   /* The bytes are the store's now, counted in its budget. */
   drop_upload(c);
-  if (cgs_store_put(c->s->store, c->up.owner, c->flow->addr, c->up.stage_id,
-                    data, len, cgs_store_now_ms(), &retry, &code, msg,
-                    sizeof msg) != 0) {
+  if (cgs_store_put(c->s->store, c->up.owner, c->flow->addr,
+                    c->up.stage_private, c->up.stage_id, data, len,
+                    cgs_store_now_ms(), &retry, &code, msg, sizeof msg) != 0) {
     if (retry)
       refuse(c, CGS_REFUSED_NONE, PEER_RETRY_MS, code, "%s", msg);
     else
@@ -1026,8 +1027,9 @@ static void handle_stage_header(cgs_call *c, grpc_byte_buffer *bb) {
     finish(c, code, "%s", msg);
     return;
   }
-  if (cgs_store_touch(c->s->store, u->owner, u->stage_id, u->in_len[0],
-                      cgs_store_now_ms())) {
+  if (cgs_store_touch(c->s->store, u->owner,
+                      u->stage_private ? c->flow->addr : NULL, u->stage_id,
+                      u->in_len[0], cgs_store_now_ms())) {
     stop_receiving(c);
     c->stage_present = 1;
     stage_answer(c);
@@ -1523,7 +1525,7 @@ static void start_call(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   const char *no_shm = NULL;
   cgs_regions *rs = cgs_shm_for_peer(s, c->peer, &no_shm);
   cgs_upload_use_regions(&c->up, rs, no_shm, client);
-  cgs_upload_use_store(&c->up, s->store);
+  cgs_upload_use_store(&c->up, s->store, c->flow->addr);
   /* The sweep may find it from now on. */
   pthread_mutex_lock(&c->mu);
   if (accept_call(c, deadline) == 0) {

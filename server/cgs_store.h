@@ -9,6 +9,12 @@
  * from learning whether another's hold some content (proto/SEMANTICS.md,
  * "Staged tensors").
  *
+ * A private entry (StageHeader.private_id) is named by an id its client
+ * drew, not by a hash of its bytes, and only its charge's callers find
+ * it (peer below: the charge's text; NULL names content entries). The
+ * two kinds never match each other: no private upload can stand behind a
+ * content id, whatever id it claims.
+ *
  * Bounds: a byte budget, a time to live after the last use, and each
  * client's share (its charge: the token label, else its address), which
  * its own entries' bytes may not pass. Room is made by dropping the least
@@ -66,24 +72,26 @@ void cgs_store_free(cgs_store *st);
 int cgs_store_admit(const cgs_store *st, uint64_t len, grpc_status_code *code,
                     char *msg, size_t msglen);
 /* 1 when scope's entry id of len bytes is listed (its use refreshed,
- * counted as a hit), else 0 (a miss). */
-int cgs_store_touch(cgs_store *st, const char *scope,
+ * counted as a hit), else 0 (a miss): its content entry with peer NULL,
+ * else peer's private one. */
+int cgs_store_touch(cgs_store *st, const char *scope, const char *peer,
                     const unsigned char id[CGS_STORE_ID_BYTES], uint64_t len,
                     uint64_t now_ms);
 /* Lists data (len bytes, cgs_buf_alloc'd; the store owns it from here
  * whatever the outcome) as scope's entry id, charged to charge, making
- * room first. The id must be data's SHA-256 (the caller verified it). An
- * entry already listed under that name stays, and data goes. Returns 0,
+ * room first. The id must be data's SHA-256 (the caller verified it),
+ * unless priv: then the entry is charge's private one. An entry already
+ * listed under that name stays, and data goes. Returns 0,
  * or -1 with RESOURCE_EXHAUSTED and msg: len over the budget or the
  * share (permanent, as cgs_store_admit), or no room because calls hold
  * the entries that would make it (*retry set: try again later). */
 int cgs_store_put(cgs_store *st, const char *scope, const char *charge,
-                  const unsigned char id[CGS_STORE_ID_BYTES],
+                  int priv, const unsigned char id[CGS_STORE_ID_BYTES],
                   unsigned char *data, size_t len, uint64_t now_ms, int *retry,
                   grpc_status_code *code, char *msg, size_t msglen);
-/* scope's entry id with a reference for the caller (its use refreshed, a
- * hit), or NULL (a miss). */
-cgs_staged *cgs_store_get(cgs_store *st, const char *scope,
+/* scope's entry id (peer as cgs_store_touch) with a reference for the
+ * caller (its use refreshed, a hit), or NULL (a miss). */
+cgs_staged *cgs_store_get(cgs_store *st, const char *scope, const char *peer,
                           const unsigned char id[CGS_STORE_ID_BYTES],
                           uint64_t now_ms);
 /* Drops a reference from cgs_store_get; the last one frees the bytes. */

@@ -57,19 +57,22 @@ typedef struct cgs_upload {
   unsigned char *out_at[CG_GRAD_COUNT];
 
   /* Staged tensors: the store inputs name entries of (NULL: refused),
-   * in owner's scope. An input found there holds a reference until close
-   * and has in_buf pointing at the entry's bytes. */
+   * in owner's scope, and peer's private ones. An input found there holds
+   * a reference until close and has in_buf pointing at the entry's
+   * bytes. */
   cgs_store *store;
+  char peer[CGS_STORE_KEY_MAX];
   cgs_staged *in_staged[3];
   /* The hex ids of the staged inputs the store lacked, comma-separated,
    * for the trailing metadata of the NOT_FOUND (CGS_MISSING_STAGED_KEY). */
   char missing[3 * (2 * CGS_STORE_ID_BYTES + 1)];
 
   /* A Stage call's upload (cgs_upload_stage_header): one input, the
-   * entry's bytes, hashed as they arrive. */
+   * entry's bytes, hashed as they arrive unless the id is private. */
   Convgrad__V1__StageRequest *stage_req; /* the header message until alloc */
   unsigned char stage_id[CGS_STORE_ID_BYTES];
-  void *stage_sha; /* EVP_MD_CTX, owned */
+  int stage_private; /* StageHeader.private_id: nothing hashed */
+  void *stage_sha;   /* EVP_MD_CTX, owned; NULL for a private id */
 } cgs_upload;
 
 /* The trailing metadata key of a Compute call's NOT_FOUND for staged
@@ -83,8 +86,10 @@ void cgs_upload_init(cgs_upload *u);
 void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
                             const char *owner);
 /* Lets u's request name staged tensors of st (NULL: refused) in the scope
- * of the owner given to cgs_upload_use_regions. Before cgs_upload_header. */
-void cgs_upload_use_store(cgs_upload *u, cgs_store *st);
+ * of the owner given to cgs_upload_use_regions, and the private entries
+ * of peer (the caller's charge in st; NULL: ""). Before
+ * cgs_upload_header. */
+void cgs_upload_use_store(cgs_upload *u, cgs_store *st, const char *peer);
 /* Frees u's buffers and header message; u is empty again. */
 void cgs_upload_close(cgs_upload *u);
 /* Frees the input buffers alone (not those in regions), once no chunk
@@ -142,7 +147,8 @@ int cgs_upload_complete(const cgs_upload *u);
 int cgs_upload_stage_header(cgs_upload *u, grpc_byte_buffer *bb,
                             const cgs_config *cfg, grpc_status_code *code,
                             char *msg, size_t msglen);
-/* Once a Stage upload is complete: 0 when its bytes hash to the id, with
+/* Once a Stage upload is complete: 0 when its bytes hash to the id (or
+ * the id is private), with
  * *data the buffer (now the caller's, cgs_buf_alloc'd) and *len its size;
  * else -1 with INVALID_ARGUMENT and msg. */
 int cgs_upload_stage_take(cgs_upload *u, unsigned char **data, size_t *len,

@@ -29,6 +29,7 @@ struct cgs_staged {
   unsigned refs; /* the table's while listed, one per call (st->mu) */
   unsigned char id[CGS_STORE_ID_BYTES];
   char scope[CGS_STORE_KEY_MAX];
+  int priv;   /* a private entry: named only by its charge's callers */
   charge *by; /* while listed */
   unsigned char *data;
   size_t len;
@@ -185,10 +186,13 @@ void cgs_store_free(cgs_store *st) {
   store_unref(st);
 }
 
-static cgs_staged *find(cgs_store *st, const char *scope,
+/* scope's content entry id (peer NULL), or peer's private one. */
+static cgs_staged *find(cgs_store *st, const char *scope, const char *peer,
                         const unsigned char id[CGS_STORE_ID_BYTES]) {
   for (cgs_staged *e = st->bucket[bucket_of(st, id)]; e; e = e->chain)
-    if (memcmp(e->id, id, CGS_STORE_ID_BYTES) == 0 && !strcmp(e->scope, scope))
+    if (memcmp(e->id, id, CGS_STORE_ID_BYTES) == 0 &&
+        !strcmp(e->scope, scope) && e->priv == (peer != NULL) &&
+        (!peer || !strcmp(e->by->key, peer)))
       return e;
   return NULL;
 }
@@ -219,10 +223,10 @@ static int expired(const cgs_store *st, const cgs_staged *e, uint64_t now_ms) {
 
 /* A found entry (st->mu held) counts as a hit, else a miss; an expired
  * one, or one of another size than len (unless ANY_LEN), is not found. */
-static cgs_staged *lookup(cgs_store *st, const char *scope,
+static cgs_staged *lookup(cgs_store *st, const char *scope, const char *peer,
                           const unsigned char id[CGS_STORE_ID_BYTES],
                           uint64_t len, uint64_t now_ms) {
-  cgs_staged *e = find(st, scope, id);
+  cgs_staged *e = find(st, scope, peer, id);
   if (e && (expired(st, e, now_ms) || (len != ANY_LEN && e->len != len)))
     e = NULL; /* an expired one: the next sweep drops it */
   if (e) {
@@ -234,20 +238,20 @@ static cgs_staged *lookup(cgs_store *st, const char *scope,
   return e;
 }
 
-int cgs_store_touch(cgs_store *st, const char *scope,
+int cgs_store_touch(cgs_store *st, const char *scope, const char *peer,
                     const unsigned char id[CGS_STORE_ID_BYTES], uint64_t len,
                     uint64_t now_ms) {
   pthread_mutex_lock(&st->mu);
-  int present = lookup(st, scope, id, len, now_ms) != NULL;
+  int present = lookup(st, scope, peer, id, len, now_ms) != NULL;
   pthread_mutex_unlock(&st->mu);
   return present;
 }
 
-cgs_staged *cgs_store_get(cgs_store *st, const char *scope,
+cgs_staged *cgs_store_get(cgs_store *st, const char *scope, const char *peer,
                           const unsigned char id[CGS_STORE_ID_BYTES],
                           uint64_t now_ms) {
   pthread_mutex_lock(&st->mu);
-  cgs_staged *e = lookup(st, scope, id, ANY_LEN, now_ms);
+  cgs_staged *e = lookup(st, scope, peer, id, ANY_LEN, now_ms);
   if (e)
     e->refs++;
   pthread_mutex_unlock(&st->mu);
@@ -328,7 +332,7 @@ static int make_room(cgs_store *st, const charge *c, int mine, uint64_t len,
 }
 
 /* Lists a new entry (st->mu held); -1 when out of memory. */
-static int list(cgs_store *st, const char *scope, const char *by,
+static int list(cgs_store *st, const char *scope, const char *by, int priv,
                 const unsigned char id[CGS_STORE_ID_BYTES], unsigned char *data,
                 size_t len, uint64_t now_ms) {
   cgs_staged *e = calloc(1, sizeof *e);
@@ -349,6 +353,7 @@ static int list(cgs_store *st, const char *scope, const char *by,
   e->refs = 1;
   memcpy(e->id, id, CGS_STORE_ID_BYTES);
   snprintf(e->scope, sizeof e->scope, "%s", scope);
+  e->priv = priv;
   e->data = data;
   e->len = len;
   e->used_ms = now_ms;
@@ -370,7 +375,7 @@ static int list(cgs_store *st, const char *scope, const char *by,
   return 0;
 }
 
-int cgs_store_put(cgs_store *st, const char *scope, const char *by,
+int cgs_store_put(cgs_store *st, const char *scope, const char *by, int priv,
                   const unsigned char id[CGS_STORE_ID_BYTES],
                   unsigned char *data, size_t len, uint64_t now_ms, int *retry,
                   grpc_status_code *code, char *msg, size_t msglen) {
@@ -383,7 +388,7 @@ int cgs_store_put(cgs_store *st, const char *scope, const char *by,
   int rc, room;
   pthread_mutex_lock(&st->mu);
   for (;;) {
-    cgs_staged *had = find(st, scope, id);
+    cgs_staged *had = find(st, scope, priv ? by : NULL, id);
     if (had) {
       /* Staged meanwhile by another call: one copy is enough. */
       touch(st, had, now_ms);
@@ -402,7 +407,7 @@ int cgs_store_put(cgs_store *st, const char *scope, const char *by,
     doomed_free(&d);
     pthread_mutex_lock(&st->mu);
   }
-  rc = room ? list(st, scope, by, id, data, len, now_ms) : -1;
+  rc = room ? list(st, scope, by, priv, id, data, len, now_ms) : -1;
   const charge *c = find_charge(st, by);
   uint64_t mine = c ? c->bytes : 0, held = st->stats.bytes;
   int share = over_share(st, c, len);

@@ -25,8 +25,9 @@ void cgs_upload_use_regions(cgs_upload *u, cgs_regions *rs, const char *refused,
   snprintf(u->owner, sizeof u->owner, "%s", owner ? owner : "");
 }
 
-void cgs_upload_use_store(cgs_upload *u, cgs_store *st) {
+void cgs_upload_use_store(cgs_upload *u, cgs_store *st, const char *peer) {
   u->store = st;
+  snprintf(u->peer, sizeof u->peer, "%s", peer ? peer : "");
 }
 
 void cgs_upload_free_inputs(cgs_upload *u) {
@@ -169,7 +170,9 @@ static int find_staged(cgs_upload *u, grpc_status_code *code, char *msg,
                i);
       return -1;
     }
-    cgs_staged *e = cgs_store_get(u->store, u->owner, ref->sha256.data, now_ms);
+    cgs_staged *e =
+        cgs_store_get(u->store, u->owner, ref->private_id ? u->peer : NULL,
+                      ref->sha256.data, now_ms);
     if (!e) {
       char hex[2 * CGS_STORE_ID_BYTES + 1];
       cgs_store_id_hex(ref->sha256.data, hex);
@@ -202,15 +205,17 @@ static int find_staged(cgs_upload *u, grpc_status_code *code, char *msg,
   return -1;
 }
 
-/* A Stage upload's buffer, with the header's data, hashed. */
+/* A Stage upload's buffer, with the header's data, hashed unless its id
+ * is private. */
 static int alloc_stage(cgs_upload *u, grpc_status_code *code, char *msg,
                        size_t msglen) {
   const ProtobufCBinaryData *d = &u->stage_req->header->data;
-  u->stage_sha = EVP_MD_CTX_new();
+  int hashed = !u->stage_private;
+  u->stage_sha = hashed ? EVP_MD_CTX_new() : NULL;
   u->in_buf[0] = cgs_buf_alloc(u->in_len[0]);
-  if (!u->stage_sha || !u->in_buf[0] ||
-      !EVP_DigestInit_ex(u->stage_sha, EVP_sha256(), NULL) ||
-      !EVP_DigestUpdate(u->stage_sha, d->data, d->len)) {
+  if ((hashed && !u->stage_sha) || !u->in_buf[0] ||
+      (hashed && (!EVP_DigestInit_ex(u->stage_sha, EVP_sha256(), NULL) ||
+                  !EVP_DigestUpdate(u->stage_sha, d->data, d->len)))) {
     *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
     snprintf(msg, msglen, "header: cannot allocate %zu bytes", u->in_len[0]);
     return -1;
@@ -485,8 +490,10 @@ int cgs_upload_stage_header(cgs_upload *u, grpc_byte_buffer *bb,
     return -1;
   }
   memcpy(u->stage_id, h->sha256.data, CGS_STORE_ID_BYTES);
-  snprintf(u->shapes, sizeof u->shapes, "sha256:");
-  cgs_store_id_hex(u->stage_id, u->shapes + 7);
+  u->stage_private = h->private_id != 0;
+  snprintf(u->shapes, sizeof u->shapes,
+           "%s:", u->stage_private ? "private" : "sha256");
+  cgs_store_id_hex(u->stage_id, u->shapes + strlen(u->shapes));
   if (h->byte_size == 0) {
     snprintf(msg, msglen, "header.byte_size: must be > 0");
     return -1;
@@ -515,8 +522,9 @@ int cgs_upload_stage_take(cgs_upload *u, unsigned char **data, size_t *len,
                           grpc_status_code *code, char *msg, size_t msglen) {
   unsigned char got[EVP_MAX_MD_SIZE];
   unsigned n = 0;
-  if (!EVP_DigestFinal_ex(u->stage_sha, got, &n) || n != CGS_STORE_ID_BYTES ||
-      memcmp(got, u->stage_id, CGS_STORE_ID_BYTES) != 0) {
+  if (!u->stage_private &&
+      (!EVP_DigestFinal_ex(u->stage_sha, got, &n) || n != CGS_STORE_ID_BYTES ||
+       memcmp(got, u->stage_id, CGS_STORE_ID_BYTES) != 0)) {
     char hex[2 * CGS_STORE_ID_BYTES + 1];
     cgs_store_id_hex(got, hex);
     *code = GRPC_STATUS_INVALID_ARGUMENT;

@@ -239,6 +239,7 @@ static grpc_byte_buffer *cgc__encode_header(cgc__attempt *a) {
       staged[i] = init;
       staged[i].sha256.data = (uint8_t *)v->staged;
       staged[i].sha256.len = CGC_STAGED_ID_BYTES;
+      staged[i].private_id = cgc__stage_id_private(v->staged);
       t[i].staged = &staged[i];
       a->inline_len[i] = v->nbytes;
       continue;

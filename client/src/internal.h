@@ -226,6 +226,8 @@ void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
 void cgc__stage_unavailable(cgc_channel *ch);
 /* 1 when staging is off on ch (cgc__stage_watch). */
 int cgc__stage_off(const cgc_channel *ch);
+/* 1 when a staged id is a private one (CGC_PRIVATE_ID_TAG). */
+int cgc__stage_id_private(const unsigned char *id);
 
 /* errors.c: statuses. */
 

@@ -2,6 +2,7 @@
  * server's store by id, and uploaded only when it lacks them (the Stage
  * stream; proto/SEMANTICS.md, "Staged tensors"). */
 #include <string.h>
+#include <sys/random.h>
 
 #include <openssl/evp.h>
 
@@ -17,6 +18,7 @@ typedef struct cgc__stage_ctx {
   const unsigned char *data;
   size_t nbytes;
   const unsigned char *id;
+  int priv;              /* id is private (cgc_stage_private) */
   cgc_stage_result *res; /* never NULL */
 } cgc__stage_ctx;
 
@@ -107,6 +109,7 @@ static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   h.sha256.data = (uint8_t *)x->id;
   h.sha256.len = CGC_STAGED_ID_BYTES;
   h.byte_size = x->nbytes;
+  h.private_id = x->priv;
   if (whole) {
     h.data.data = (uint8_t *)x->data;
     h.data.len = x->nbytes;
@@ -231,9 +234,41 @@ void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
   pthread_mutex_unlock(&w->mu);
 }
 
-int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
-              int64_t deadline_ms, unsigned char id[CGC_STAGED_ID_BYTES],
-              cgc_stage_result *res, cgc_status *st) {
+/* The tag a private id begins with, without its NUL. */
+static const unsigned char cgc__private_tag[CGC_PRIVATE_ID_TAG_BYTES] =
+    CGC_PRIVATE_ID_TAG;
+
+int cgc__stage_id_private(const unsigned char *id) {
+  return memcmp(id, cgc__private_tag, CGC_PRIVATE_ID_TAG_BYTES) == 0;
+}
+
+/* id for the nbytes at data: their SHA-256, or a private id drawn at
+ * random. */
+static int cgc__stage_id(const void *data, size_t nbytes, int priv,
+                         unsigned char id[CGC_STAGED_ID_BYTES],
+                         cgc_status *st) {
+  if (priv) {
+    for (size_t i = 0; i < CGC_PRIVATE_ID_TAG_BYTES; i++)
+      id[i] = cgc__private_tag[i];
+    size_t n = CGC_STAGED_ID_BYTES - CGC_PRIVATE_ID_TAG_BYTES;
+    if (getrandom(id + CGC_PRIVATE_ID_TAG_BYTES, n, 0) == (ssize_t)n)
+      return 0;
+    cgc__status_set(st, GRPC_STATUS_INTERNAL,
+                    "cgc_stage_private: no random bytes for the id");
+    return CG_ENOMEM;
+  }
+  unsigned len = 0;
+  if (EVP_Digest(data, nbytes, id, &len, EVP_sha256(), NULL) &&
+      len == CGC_STAGED_ID_BYTES)
+    return 0;
+  cgc__status_set(st, GRPC_STATUS_INTERNAL, "cgc_stage: SHA-256 failed");
+  return CG_ENOMEM;
+}
+
+static int cgc__stage(cgc_channel *ch, const void *data, size_t nbytes,
+                      int64_t deadline_ms, int priv,
+                      unsigned char id[CGC_STAGED_ID_BYTES],
+                      cgc_stage_result *res, cgc_status *st) {
   if (!ch || !id || !nbytes || !data) {
     cgc__status_set(st, GRPC_STATUS_INVALID_ARGUMENT,
                     "cgc_stage: needs a channel, an id and nbytes > 0 at data");
@@ -248,21 +283,31 @@ int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
     return CGC_ERPC;
   }
   double t0 = cgc__now_ms();
-  unsigned len = 0;
-  if (!EVP_Digest(data, nbytes, id, &len, EVP_sha256(), NULL) ||
-      len != CGC_STAGED_ID_BYTES) {
-    cgc__status_set(st, GRPC_STATUS_INTERNAL, "cgc_stage: SHA-256 failed");
-    return CG_ENOMEM;
-  }
+  int rc = cgc__stage_id(data, nbytes, priv, id, st);
+  if (rc)
+    return rc;
   cgc_stage_result local;
-  cgc__stage_ctx x = {data, nbytes, id, res ? res : &local};
+  cgc__stage_ctx x = {data, nbytes, id, priv, res ? res : &local};
   memset(x.res, 0, sizeof *x.res);
-  int rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms),
-                           cgc__stage_attempt, &x, st);
+  rc = cgc__with_retry(ch, cgc__deadline(ch, deadline_ms), cgc__stage_attempt,
+                       &x, st);
   x.res->total_ms = cgc__now_ms() - t0;
   if (!rc) {
     cgc__stage_remember(ch, id, x.res->ttl_ms);
     cgc__status_ok(st);
   }
   return rc;
+}
+
+int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
+              int64_t deadline_ms, unsigned char id[CGC_STAGED_ID_BYTES],
+              cgc_stage_result *res, cgc_status *st) {
+  return cgc__stage(ch, data, nbytes, deadline_ms, 0, id, res, st);
+}
+
+int cgc_stage_private(cgc_channel *ch, const void *data, size_t nbytes,
+                      int64_t deadline_ms,
+                      unsigned char id[CGC_STAGED_ID_BYTES],
+                      cgc_stage_result *res, cgc_status *st) {
+  return cgc__stage(ch, data, nbytes, deadline_ms, 1, id, res, st);
 }

@@ -19,7 +19,9 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          (local_share="auto"; +shareN: N %), its rows per conv printed.
          Prints per mode the median over rounds of ms/step and of its
          ratio to local's in the same round, and per step the calls,
-         bytes up and down, the server's compute and the arena's size;
+         bytes up and down, staged at forward time, and those the
+         backward waits for (up and down but, with overlap, the weights'
+         gradients), the server's compute and the arena's size;
          then the local convolutions' backward per step (the part an
          offloaded step replaces: each conv's aten::convolution_backward
          on tensors of its shapes). Before timing, one
@@ -118,7 +120,10 @@ def make_modes(args, model0, tcp, unix, alt):
     alt:unix+shm (the second server), each optionally followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
-    src and weights too), +bf16 (wire="bf16"), +pipe (Client(replicas=1):
+    src and weights too) or +stage (stage=True: staged whatever the
+    trainer's cores; offload's default stages only with more than one),
+    +content (src staged by its SHA-256 instead of a private id, as
+    before private ids), +bf16 (wire="bf16"), +pipe (Client(replicas=1):
     a large call's parts pipelined over the server, as many as the
     client's model of the link says) or +pipeN (N parts: split_parts=N)
     and +whole (replicas=0: no pipelining whatever offload's default),
@@ -134,7 +139,8 @@ def make_modes(args, model0, tcp, unix, alt):
         target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
         pipe = [f for f in flags if f.startswith("pipe")]
         share = [f for f in flags if f.startswith("share")]
-        known = {"serial", "keep", "narrow", "nostage", "bf16", "whole"}
+        known = {"serial", "keep", "narrow", "nostage", "stage", "content",
+                 "bf16", "whole"}
         if not target or set(flags) - known - set(pipe) - set(share) or \
                 any(f != "pipe" and not f[4:].isdigit() for f in pipe) or \
                 any(f != "share" and not f[5:].isdigit() for f in share):
@@ -151,11 +157,13 @@ def make_modes(args, model0, tcp, unix, alt):
                            overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else
                            1 if "narrow" in flags else "auto",
-                           stage="nostage" not in flags,
+                           stage=(False if "nostage" in flags else True
+                                  if "stage" in flags else "auto"),
                            wire="bf16" if "bf16" in flags else "f32",
                            local_share=("auto" if share[0] == "share" else
                                         int(share[0][5:]) / 100)
                            if share else 0)
+        client._private_ids = "content" not in flags
         modes.append(Mode(name, model, args.offload_threads, client))
     return modes
 
@@ -206,7 +214,7 @@ def bf16_wire(mode):
     return "bf16" in mode.name.split("+")
 
 
-def check_gradients(modes, x, y, autocast, tol):
+def check_gradients(modes, x, y, autocast, tol, when=""):
     """One step's gradients of every mode against local's: within tol
     (None: not checked), or a bf16 wire's within BF16_WIRE_TOL."""
     grads = []
@@ -228,8 +236,8 @@ def check_gradients(modes, x, y, autocast, tol):
     bad = tol is not None and any(
         e > (BF16_WIRE_TOL if bf16_wire(m) else tol)
         for m, (_, e, _) in zip(modes[1:], worst))
-    print("  gradients of one step against local, max relative to each "
-          "tensor's largest: %s%s" % (line, "  FAIL" if bad else ""))
+    print("  gradients of one step%s against local, max relative to each "
+          "tensor's largest: %s%s" % (when, line, "  FAIL" if bad else ""))
     return not bad
 
 
@@ -370,6 +378,17 @@ def bench_train(args, tcp, unix, alt):
             for m in modes:
                 for i in range(args.warmup):
                     m.step(*batches[i % 4], autocast)
+            if any(trainer_shares(m.model) for m in modes):
+                # local_share="auto" picks its cuts at a shape's third call,
+                # after the check above: one more step from local's
+                # weights, with the cuts, within the same tolerance.
+                state = modes[0].model.state_dict()
+                for m in modes[1:]:
+                    m.model.load_state_dict(state)
+                ok &= check_gradients(modes, *batches[1], autocast,
+                                      1e-5 if dtype == "f32" else None,
+                                      " with the trainer's cuts")
+            for m in modes:
                 if m.client:
                     m.client.stats(reset=True)
             for r in range(args.rounds):
@@ -390,9 +409,10 @@ def bench_train(args, tcp, unix, alt):
             torch.set_num_threads(args.threads)
             conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
                                        autocast)
-            print("  %-18s %9s %7s %6s %9s %9s %9s %11s %10s %9s" % (
+            print("  %-18s %9s %7s %6s %9s %9s %9s %8s %11s %10s %9s" % (
                 "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
-                "MB staged", "compute ms", "arena MB", "model ms"))
+                "MB staged", "MB waits", "compute ms", "arena MB",
+                "model ms"))
             local_ms = statistics.median(modes[0].times)
             params = sum(p.numel() for mod in modes[0].model.modules()
                          if isinstance(mod, torch.nn.Conv2d)
@@ -412,10 +432,16 @@ def bench_train(args, tcp, unix, alt):
                         staged, weights_down if down else 0, s["calls"] / n,
                         args.link_gbits if down else None,
                         "serial" not in m.name.split("+"))
-                    line += " %6.0f %9.1f %9.1f %9.1f %11.1f %10.0f %9.0f" % (
-                        s["calls"] / n, up / 1e6, down / 1e6, staged / 1e6,
-                        s["compute_ms"] / n, s["arena_bytes"] / 2**20,
-                        predicted)
+                    # The bytes the backward waits for: all but the weights'
+                    # gradients, which overlap sends off its critical path.
+                    waits = up + down - (weights_down if down and "serial"
+                                         not in m.name.split("+") else 0)
+                    line += (" %6.0f %9.1f %9.1f %9.1f %8.1f %11.1f %10.0f "
+                             "%9.0f" % (
+                                 s["calls"] / n, up / 1e6, down / 1e6,
+                                 staged / 1e6, waits / 1e6,
+                                 s["compute_ms"] / n,
+                                 s["arena_bytes"] / 2**20, predicted))
                     m.client.close()
                 print(line + "   (rounds: %s)" % " ".join(
                     "%.0f" % t for t in m.times), flush=True)
@@ -691,7 +717,9 @@ def main():
                     "(overlap=False), +keep (torch's threads kept through "
                     "the backward pass), +narrow (backward_threads=1), "
                     "+nostage (the backward sends src and weights instead "
-                    "of naming them staged), +bf16, +pipe[N], +whole and "
+                    "of naming them staged), +stage (staged even on one "
+                    "core), +content (src staged by content, not a private "
+                    "id), +bf16, +pipe[N], +whole and "
                     "+share[N] (the trainer computes a share of each call: "
                     "local_share='auto', or N%%)")
     ap.add_argument("--rounds", type=int, default=11)

@@ -2,10 +2,11 @@
  * against a live convgrad-server on a loopback port: a layer's src and
  * weights staged, then its backward named by id with only diff_dst on the
  * wire, checked against the reference; content the store holds not sent
- * again; the server restarted between staging and the call (the library
- * retries with the lost tensors' bytes and the result is right); two
- * servers behind one round_robin target (staging goes off); a server
- * without a store; the store's figures in GetServerInfo. */
+ * again; src under a private id (cgc_stage_private); the server restarted
+ * between staging and the call (the library retries with the lost tensors'
+ * bytes and the result is right); two servers behind one round_robin target
+ * (staging goes off); a server without a store; the store's figures in
+ * GetServerInfo. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -169,6 +170,36 @@ static void test_by_id(void **state) {
   cgc_channel_free(ch);
 }
 
+/* src under a private id (no hash), the weights by content: the call
+ * sends diff_dst alone and is right; a private id is random (tagged), so
+ * the same bytes again are a new entry, uploaded. */
+static void test_private_src(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  layer_case c;
+  case_init(&c, 12);
+  unsigned char src_id[CGC_STAGED_ID_BYTES], w_id[CGC_STAGED_ID_BYTES];
+  unsigned char again[CGC_STAGED_ID_BYTES];
+  cgc_stage_result r;
+  cgc_status st;
+  for (int k = 0; k < 2; k++) {
+    unsigned char *id = k ? again : src_id;
+    if (cgc_stage_private(ch, c.in[0], c.l.in_bytes[0], 0, id, &r, &st))
+      fail_msg("stage src: %s %s", cgc_status_code_name(st.code), st.message);
+    assert_false(r.present);
+    assert_int_equal(r.bytes_sent, c.l.in_bytes[0]);
+    assert_memory_equal(id, CGC_PRIVATE_ID_TAG, CGC_PRIVATE_ID_TAG_BYTES);
+  }
+  assert_memory_not_equal(src_id, again, CGC_STAGED_ID_BYTES);
+  c.req.inputs[0].staged = src_id;
+  stage_input(ch, &c, 2, w_id);
+  cgc_result res = run_checked(ch, &c);
+  assert_int_equal(res.bytes_sent, c.l.in_bytes[1]);
+  assert_int_equal(res.attempts, 1);
+  case_free(&c);
+  cgc_channel_free(ch);
+}
+
 /* The server restarts between staging and the backward: the call fails
  * NOT_FOUND naming both ids, the library retries it with their bytes, and
  * the gradients are right. */
@@ -314,6 +345,7 @@ int main(int argc, char **argv) {
   server_exe = argv[1];
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_by_id),
+      cmocka_unit_test(test_private_src),
       cmocka_unit_test(test_restart_restages),
       cmocka_unit_test(test_round_robin_pool),
       cmocka_unit_test(test_no_store),

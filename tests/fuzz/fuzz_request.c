@@ -15,11 +15,13 @@
  * start on an object of this process): tensors in it are read and outputs
  * written there, as the server does. They may name staged tensors: the
  * store holds STAGED_BYTES[k] bytes of STAGED_FILL for each k (ids their
- * SHA-256), staged at start.
+ * SHA-256), staged at start, and the same bytes as private entries of
+ * the requests' peer "" (ids: 32 bytes of PRIVATE_ID + k).
  *
  * An input whose first byte is 0xff is a Stage stream instead (the
  * messages follow it): the StageHeader checked, the chunks assembled and
- * hashed, and the verified bytes put into a store of their own.
+ * hashed (unless its id is private), and the verified bytes put into a
+ * store of their own.
  *
  * It aborts (a finding) when a path that must hold does not: a resolved
  * request whose inputs disagree with its geometry (INTERNAL), or the
@@ -73,6 +75,7 @@ static cgs_regions *regions;
 static cgs_store *store, *stage_store;
 #define STAGED_FILL 0x3c
 static const size_t STAGED_BYTES[] = {128, 216};
+#define PRIVATE_ID 0xa0
 
 /* Region "r": an object made here and unlinked again once mapped. */
 static void register_region(void) {
@@ -100,16 +103,19 @@ static void stage_fixed(void) {
            cgs_store_new(&stage_store, 1u << 20, 1000, 1u << 19, msg,
                          sizeof msg) == 0,
        "store", msg);
-  for (size_t k = 0; k < sizeof STAGED_BYTES / sizeof *STAGED_BYTES; k++) {
-    unsigned char *data = cgs_buf_alloc(STAGED_BYTES[k]), id[32];
+  for (size_t i = 0; i < 2 * sizeof STAGED_BYTES / sizeof *STAGED_BYTES; i++) {
+    size_t k = i / 2, len = STAGED_BYTES[k];
+    int priv = i % 2;
+    unsigned char *data = cgs_buf_alloc(len), id[32];
     unsigned n = 0;
     int retry;
     must(data != NULL, "cgs_buf_alloc", "staged");
-    memset(data, STAGED_FILL, STAGED_BYTES[k]);
-    must(EVP_Digest(data, STAGED_BYTES[k], id, &n, EVP_sha256(), NULL) == 1,
+    memset(data, STAGED_FILL, len);
+    memset(id, PRIVATE_ID + (int)k, sizeof id);
+    must(priv || EVP_Digest(data, len, id, &n, EVP_sha256(), NULL) == 1,
          "sha256", "staged");
-    must(cgs_store_put(store, "", "", id, data, STAGED_BYTES[k], 0, &retry,
-                       &code, msg, sizeof msg) == 0,
+    must(cgs_store_put(store, "", "", priv, id, data, len, 0, &retry, &code,
+                       msg, sizeof msg) == 0,
          "stage", msg);
   }
 }
@@ -169,8 +175,8 @@ static void stage(cgs_upload *u) {
   size_t len;
   int retry;
   if (cgs_upload_stage_take(u, &bytes, &len, &code, msg, sizeof msg) != 0 ||
-      cgs_store_put(stage_store, "", "", u->stage_id, bytes, len, 0, &retry,
-                    &code, msg, sizeof msg) != 0)
+      cgs_store_put(stage_store, "", "", u->stage_private, u->stage_id, bytes,
+                    len, 0, &retry, &code, msg, sizeof msg) != 0)
     must(code != GRPC_STATUS_INTERNAL, "stage", msg);
 }
 
@@ -178,7 +184,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cgs_upload u;
   cgs_upload_init(&u);
   cgs_upload_use_regions(&u, regions, NULL, "");
-  cgs_upload_use_store(&u, store);
+  cgs_upload_use_store(&u, store, "");
   int staging = size && data[0] == 0xff;
   if (staging) {
     data++;

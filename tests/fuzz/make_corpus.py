@@ -25,8 +25,11 @@ def stubs(python_dir):
     return convgrad_pb2
 
 
-# The bytes of the fuzzer's staged tensors (fuzz_request.c).
+# The bytes of the fuzzer's staged tensors (fuzz_request.c), and the
+# first byte of their private ids' (by their STAGED_BYTES index).
 STAGED_FILL = b"\x3c"
+PRIVATE_ID = 0xa0
+STAGED_BYTES = (128, 216)
 
 
 def frame(msgs):
@@ -53,12 +56,13 @@ def main():
         return n
 
     def request(op, attrs, tensors, chunk=64, inline=(), shared=None,
-                staged=(), **header):
+                staged=(), private=(), **header):
         """tensors: (dtype, shape[, bytes]); inline: indices whose bytes
         ride in the header; shared: index -> offset in the fuzzer's region
         "r" (no bytes sent); staged: indices named by the SHA-256 of
         STAGED_FILL bytes, which the fuzzer's store holds at its sizes
-        (128 and 216 bytes). Data bytes are a simple ramp."""
+        (128 and 216 bytes); private: indices named by those entries'
+        private ids. Data bytes are a simple ramp."""
         shared = shared or {}
         h = pb.ComputeHeader(op=op, attrs=pb.Attributes(**attrs), **header)
         datas = []
@@ -66,7 +70,12 @@ def main():
             dt, shape = t[0], t[1]
             data = t[2] if len(t) > 2 else bytes(
                 (k * 7 + i) & 0x3f for k in range(count(shape) * size[dt]))
-            if i in staged:
+            if i in private:
+                k = STAGED_BYTES.index(count(shape) * size[dt])
+                h.inputs.add(dtype=dt, shape=shape, staged=pb.StagedRef(
+                    sha256=bytes([PRIVATE_ID + k]) * 32, private_id=True))
+                data = b""
+            elif i in staged:
                 h.inputs.add(dtype=dt, shape=shape, staged=pb.StagedRef(
                     sha256=hashlib.sha256(
                         STAGED_FILL * (count(shape) * size[dt])).digest()))
@@ -157,6 +166,10 @@ def main():
         pb.CONVOLUTION_BACKWARD, nchw,
         [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
          (pb.F32, [3, 2, 3, 3])], staged=(0, 2))
+    seeds["conv_bwd_layer_private"] = request(
+        pb.CONVOLUTION_BACKWARD, nchw,
+        [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
+         (pb.F32, [3, 2, 3, 3])], staged=(2,), private=(0,))
     seeds["refused_staged_missing"] = request(
         pb.CONVOLUTION_BACKWARD, nchw,
         [(pb.F32, [1, 2, 4, 4]), (pb.F32, [1, 3, 4, 4]),
@@ -168,6 +181,9 @@ def main():
         pb.StageRequest(chunk=pb.DataChunk(data=ramp[o:o + 64]))
         for o in range(100, len(ramp), 64)]
     stages = {"stage_chunks": stage_msgs,
+              "stage_private": [pb.StageRequest(header=pb.StageHeader(
+                  sha256=bytes([PRIVATE_ID]) * 32, byte_size=len(ramp),
+                  data=ramp[:100], private_id=True))] + stage_msgs[1:],
               "refused_stage_wrong_hash": [pb.StageRequest(
                   header=pb.StageHeader(sha256=bytes(32), byte_size=300,
                                         data=ramp))]}

@@ -80,11 +80,17 @@ def main():
         tx1, rx1 = cgtest.rig_link_bytes()
         s = client.stats()
         client.close()
-        print("across the rig (%s): %d calls, %d bytes up, %d down; link "
-              "tx %d rx %d" % (server.target, s["calls"], s["bytes_sent"],
-                               s["bytes_received"], tx1 - tx0, rx1 - rx0))
+        print("across the rig (%s): %d calls, %d bytes up, %d down, %d "
+              "staged; link tx %d rx %d" % (
+                  server.target, s["calls"], s["bytes_sent"],
+                  s["bytes_received"], s["staged_bytes"], tx1 - tx0,
+                  rx1 - rx0))
         if s["calls"] != 2 or s["bytes_sent"] == 0:
             failures.append("expected 2 calls sending bytes, got %s" % s)
+        if ct._usable_cores() <= 1 and s["staged_bytes"]:
+            failures.append("a one-core trainer staged %d bytes (offload's "
+                            "stage='auto' stages with more cores only)"
+                            % s["staged_bytes"])
         if tx1 - tx0 < s["bytes_sent"] or rx1 - rx0 < s["bytes_received"]:
             failures.append("the client's bytes did not cross the link")
         for k, ref in want.items():

@@ -339,7 +339,7 @@ class Staging(unittest.TestCase):
     weights and src, and its backward sends diff_dst alone."""
 
     def test_backward_sends_diff_dst_only(self):
-        local, remote = models(shm=False)
+        local, remote = models(shm=False, stage=True)
         xl, xr = inputs(), inputs()
         client = remote.c1._convgrad_client
         want = diff_dst_bytes(remote, xr)
@@ -369,8 +369,8 @@ class Staging(unittest.TestCase):
         stages only the weights, which every part names (each part sends
         its share of src); the gradients equal local's within f32's
         summation tolerance."""
-        local, remote = models(shm=False, replicas=1, split_parts=2,
-                               split_min_flops=1)
+        local, remote = models(shm=False, stage=True, replicas=1,
+                               split_parts=2, split_min_flops=1)
         xl, xr = inputs(), inputs()
         client = remote.c1._convgrad_client
         x, dy = xr[1].detach(), torch.ones(2, 8, 10, 10)
@@ -388,6 +388,72 @@ class Staging(unittest.TestCase):
         s = step_stats(self, local, remote, xl, xr)
         self.assertGreater(s["staged_bytes"], 0)
         self.assertLessEqual(s["staged_bytes"], weight_bytes(remote))
+
+    def test_auto_stages_with_more_than_one_core(self):
+        """stage="auto" (the default): staging where the trainer may use
+        more than one core, its affinity's less its cgroup's quota."""
+        for cores, stages in ((1, False), (0.5, False), (1.5, True)):
+            with mock.patch.object(ct, "_usable_cores", lambda: cores):
+                local, remote = models(shm=False)
+                xl, xr = inputs(), inputs()
+                s = step_stats(self, local, remote, xl, xr)
+                self.assertEqual(s["staged_bytes"] > 0, stages, cores)
+                self.assertEqual(s["retries"], 0)
+        with self.assertRaisesRegex(ValueError, "stage='yes'"):
+            models(stage="yes")
+
+    def test_cgroup_quota(self):
+        """The smallest quota of the process's cgroup and its ancestors,
+        v2's cpu.max or v1's cpu controller; None without one."""
+        with tempfile.TemporaryDirectory() as d:
+            def put(path, text):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w") as f:
+                    f.write(text)
+            put(d + "/a/cpu.max", "150000 100000\n")
+            put(d + "/a/b/cpu.max", "max 100000\n")
+            self.assertEqual(ct._cgroup_quota("0::/a/b\n", "", d), 1.5)
+            put(d + "/a/b/cpu.max", "50000 100000\n")
+            self.assertEqual(ct._cgroup_quota("0::/a/b\n", "", d), 0.5)
+            self.assertIsNone(ct._cgroup_quota("0::/c\n", "", d))
+            v1 = d + "/cpu,cpuacct"
+            put(v1 + "/t/cpu.cfs_quota_us", "200000\n")
+            put(v1 + "/t/cpu.cfs_period_us", "100000\n")
+            mounts = ("cgroup %s/memory cgroup rw,memory 0 0\n"
+                      "cgroup %s cgroup rw,cpu,cpuacct 0 0\n" % (d, v1))
+            self.assertEqual(ct._cgroup_quota(
+                "4:memory:/t\n2:cpu,cpuacct:/t\n", mounts, d), 2.0)
+            put(v1 + "/t/cpu.cfs_quota_us", "-1\n")
+            self.assertIsNone(ct._cgroup_quota("2:cpu,cpuacct:/t\n",
+                                               mounts, d))
+
+    def test_src_by_private_id_until_refused(self):
+        """src goes under a private id (no hash), the weights by content;
+        a server that refuses private ids (INVALID_ARGUMENT: it predates
+        them) gets src by content from the next forward on, and no call
+        fails."""
+        local, remote = models(shm=False, stage=True)
+        client = remote.c1._convgrad_client
+        stage, kinds = client.stage, []
+
+        def old_server(a, deadline=None, private=False):
+            kinds.append(private)
+            if private:
+                raise convgrad.errors.InvalidArgument("header.sha256: the "
+                                                      "bytes hash to ...")
+            return stage(a, deadline)
+        xl, xr = inputs(), inputs()
+        with mock.patch.object(client, "stage", old_server):
+            step_stats(self, local, remote, xl, xr)
+            self.assertFalse(client._private_ids)
+            self.assertIn(True, kinds)
+            kinds.clear()
+            for m in (local, remote):
+                m.zero_grad()
+            s = step_stats(self, local, remote, xl, xr)
+        self.assertNotIn(True, kinds)
+        self.assertEqual(s["bytes_sent"], diff_dst_bytes(remote, xr))
+        self.assertFalse(client._stage_off)
 
     def test_round_robin_pool_turns_staging_off(self):
         """Two servers behind one round_robin target (an address list):
@@ -504,14 +570,14 @@ class Wire(unittest.TestCase):
         # Staging (the default over TCP): the weights the forward stages and
         # the inputs are bf16, staged once each, and the backward sends
         # diff_dst alone, as bf16.
-        local, remote = models(shm=False, wire="bf16")
+        local, remote = models(shm=False, stage=True, wire="bf16")
         client = remote.c1._convgrad_client
         staged = []
         stage_async = client.stage_async
 
-        def record(t):
-            staged.append(t.dtype)
-            return stage_async(t)
+        def record(t, private=False):
+            staged.append((t.dtype, private))
+            return stage_async(t, private=private)
         xl, xr = inputs(), inputs()
         want = diff_dst_bytes(remote, xr) // 2
         with mock.patch.object(client, "stage_async", record):
@@ -521,8 +587,10 @@ class Wire(unittest.TestCase):
         compare_grads(self, local, remote, xl, xr, 2e-2)
         self.assertEqual(client.stats()["bytes_sent"], want)
         self.assertFalse(client._stage_off)
-        # 5 weights, and the inputs of the 5 layers
-        self.assertEqual(staged, [torch.bfloat16] * 10)
+        # 5 weights by content, and the inputs of the 5 layers by private
+        # ids
+        self.assertEqual(sorted(staged), [(torch.bfloat16, False)] * 5 +
+                         [(torch.bfloat16, True)] * 5)
         client.close()
 
     def test_bf16_wire_over_regions(self):
@@ -939,7 +1007,7 @@ class LocalShare(unittest.TestCase):
         return remote, xr
 
     def test_half_over_bytes_and_repeatable(self):
-        remote, xs = self.check_half(shm=False)
+        remote, xs = self.check_half(shm=False, stage=True)
         first = self.grads(remote, xs)
         for _ in range(2):  # the next steps stage src's server rows only
             for a, b in zip(first, self.grads(remote, xs)):

@@ -686,14 +686,14 @@ class Stager:
             request_serializer=self.pb.ComputeRequest.SerializeToString,
             response_deserializer=self.pb.ComputeResponse.FromString)
 
-    def stage(self, data, sha=None, chunk=65536):
+    def stage(self, data, sha=None, chunk=65536, private=False):
         """Header and every chunk at once (a client that does not wait for
         the server's answer to its header). Returns the StageResponse."""
         import hashlib
         pb = self.pb
         sha = sha or hashlib.sha256(data).digest()
         msgs = [pb.StageRequest(header=pb.StageHeader(
-            sha256=sha, byte_size=len(data)))]
+            sha256=sha, byte_size=len(data), private_id=private))]
         msgs += [pb.StageRequest(chunk=pb.DataChunk(data=data[i:i + chunk]))
                  for i in range(0, len(data), chunk)]
         return self.stage_rpc(iter(msgs), metadata=self.md, timeout=10)
@@ -705,17 +705,23 @@ class Stager:
             return e.code(), e.details(), dict(e.trailing_metadata() or ())
         return self.ctx.grpc.StatusCode.OK, "", {}
 
-    def layer(self, src, dy, w, staged=(), slow_s=0.0):
+    def layer(self, src, dy, w, staged=(), slow_s=0.0, private=None):
         """ConvolutionBackward (3x3, pad 1) of src, dy, w; the inputs whose
-        index is in staged go by their SHA-256, the others as bytes (dy
-        after slow_s seconds). Returns the outputs by name."""
+        index is in staged go by their SHA-256, those in private (index:
+        id) by a private id, the others as bytes (dy after slow_s
+        seconds). Returns the outputs by name."""
+        private = private or {}
+        staged = tuple(staged) + tuple(private)
         import hashlib
         pb, np = self.pb, __import__("numpy")
         h = pb.ComputeHeader(op=pb.CONVOLUTION_BACKWARD, attrs=pb.Attributes(
             pads_begin=[1, 1], pads_end=[1, 1], data_format=pb.NCX,
             weights_format=pb.OIX))
         for i, t in enumerate((src, dy, w)):
-            if i in staged:
+            if i in private:
+                h.inputs.add(dtype=pb.F32, shape=t.shape, staged=pb.StagedRef(
+                    sha256=private[i], private_id=True))
+            elif i in staged:
                 h.inputs.add(dtype=pb.F32, shape=t.shape, staged=pb.StagedRef(
                     sha256=hashlib.sha256(t.tobytes()).digest()))
             else:
@@ -806,6 +812,56 @@ def attack_store_scopes(ctx):
     return "other tenant NOT_FOUND, forged id refused, filler kept to its share"
 
 
+def attack_store_private(ctx):
+    """Private ids (StageHeader.private_id), which the server takes
+    without hashing the bytes: another tenant naming a's private id gets
+    NOT_FOUND, as a private or a content id, and its own private upload
+    under that id is its own entry (a's calls still compute with a's
+    bytes); a private upload under a content id (the SHA-256 of a's
+    weights) is no content entry: a content Stage of the weights uploads
+    them, and a call naming the content id computes with them."""
+    import hashlib
+    tokens = os.path.join(ctx.workdir, "private-tokens")
+    with open(tokens, "w") as f:
+        for label, tok in TOKENS.items():
+            f.write("%s %s\n" % (tok, label))
+    srv = ctx.server("store_private", ["--auth-tokens", tokens])
+    a = Stager(ctx, srv.port, "tenant-a")
+    b = Stager(ctx, srv.port, "tenant-b")
+    grpc = ctx.grpc
+    try:
+        src, dy, w = layer_tensors(7)
+        pid = os.urandom(32)
+        assert not a.stage(src.tobytes(), pid, private=True).present
+        ref = a.layer(src, dy, w)
+
+        def a_same(**kw):
+            got = a.layer(src, dy, w, **kw)
+            for k in ref:
+                assert (ref[k] == got[k]).all(), (k, kw)
+        a_same(private={0: pid})
+        for kw in (dict(private={0: pid}), dict(staged=(0,))):
+            code, msg, trailers = b.code_of(
+                lambda: b.layer(src, dy, w, **kw))
+            assert code == grpc.StatusCode.NOT_FOUND, (code, msg, kw)
+        code, msg, _ = a.code_of(lambda: a.layer(src, dy, w, staged=(0,)))
+        assert code == grpc.StatusCode.NOT_FOUND, (code, msg)
+        garbage = os.urandom(src.nbytes)
+        assert not b.stage(garbage, pid, private=True).present
+        a_same(private={0: pid})
+        # Within a's own scope: bytes under the id of its weights' content.
+        wid = hashlib.sha256(w.tobytes()).digest()
+        assert not a.stage(os.urandom(w.nbytes), wid, private=True).present
+        assert not a.stage(w.tobytes()).present, "private entry answered"
+        a_same(staged=(2,))
+        a_same(private={0: pid}, staged=(2,))
+    finally:
+        a.close()
+        b.close()
+        assert srv.stop() == 0
+    return "private ids: other tenant NOT_FOUND, no poisoning either way"
+
+
 def attack_store_expiry(ctx):
     """Expiry in the middle of a call: a call holding a staged tensor while
     its diff_dst trickles in past --store-ttl and a sweep computes with the
@@ -842,6 +898,7 @@ ATTACKS = {
     "gzip_bomb": attack_gzip_bomb,
     "idle_memory": attack_idle_memory,
     "store_scopes": attack_store_scopes,
+    "store_private": attack_store_private,
     "store_expiry": attack_store_expiry,
 }
 

@@ -24,35 +24,57 @@ static void make_id(unsigned char id[CGS_STORE_ID_BYTES], int n) {
   id[31] = (unsigned char)(n >> 8);
 }
 
-/* Stages len bytes of value n as id n for charge by in scope; returns
- * cgs_store_put's result. */
-static int put(cgs_store *st, const char *scope, const char *by, int n,
-               size_t len, uint64_t now, int *retry) {
+/* Stages len bytes of value as id n for charge by in scope, a private
+ * entry of by when priv; returns cgs_store_put's result. */
+static int put_as(cgs_store *st, const char *scope, const char *by, int priv,
+                  int n, int value, size_t len, uint64_t now, int *retry) {
   unsigned char id[CGS_STORE_ID_BYTES];
   make_id(id, n);
   unsigned char *data = cgs_buf_alloc(len);
   assert_non_null(data);
-  memset(data, n, len);
+  memset(data, value, len);
   grpc_status_code code = GRPC_STATUS_OK;
   char msg[256];
-  int rc = cgs_store_put(st, scope, by, id, data, len, now, retry, &code, msg,
-                         sizeof msg);
+  int rc = cgs_store_put(st, scope, by, priv, id, data, len, now, retry, &code,
+                         msg, sizeof msg);
   if (rc != 0)
     assert_int_equal(code, GRPC_STATUS_RESOURCE_EXHAUSTED);
   return rc;
+}
+
+/* A content entry of value n as id n. */
+static int put(cgs_store *st, const char *scope, const char *by, int n,
+               size_t len, uint64_t now, int *retry) {
+  return put_as(st, scope, by, 0, n, n, len, now, retry);
 }
 
 static int has(cgs_store *st, const char *scope, int n, size_t len,
                uint64_t now) {
   unsigned char id[CGS_STORE_ID_BYTES];
   make_id(id, n);
-  return cgs_store_touch(st, scope, id, len, now);
+  return cgs_store_touch(st, scope, NULL, id, len, now);
+}
+
+/* scope's content entry n (peer NULL), or peer's private one. */
+static cgs_staged *get_of(cgs_store *st, const char *scope, const char *peer,
+                          int n, uint64_t now) {
+  unsigned char id[CGS_STORE_ID_BYTES];
+  make_id(id, n);
+  return cgs_store_get(st, scope, peer, id, now);
 }
 
 static cgs_staged *get(cgs_store *st, const char *scope, int n, uint64_t now) {
-  unsigned char id[CGS_STORE_ID_BYTES];
-  make_id(id, n);
-  return cgs_store_get(st, scope, id, now);
+  return get_of(st, scope, NULL, n, now);
+}
+
+/* The first byte of scope's entry n (peer as get_of), or -1 when none. */
+static int value_of(cgs_store *st, const char *scope, const char *peer, int n) {
+  cgs_staged *e = get_of(st, scope, peer, n, 1);
+  if (!e)
+    return -1;
+  int v = cgs_staged_data(e)[0];
+  cgs_staged_release(e);
+  return v;
 }
 
 static cgs_store *new_store(uint64_t budget, uint64_t ttl, uint64_t share) {
@@ -90,6 +112,33 @@ static void test_scopes(void **state) {
 
 /* Past the budget the least recently used entry goes, not one used
  * since; too large an entry is refused for good. */
+/* Private entries: only their charge finds them, never as content, and
+ * content never as them; the same id is a separate entry of each charge
+ * and of the content, and the first upload under a name stays. */
+static void test_private(void **state) {
+  (void)state;
+  cgs_store *st = new_store(64 * KB, 1000, 64 * KB);
+  unsigned char id[CGS_STORE_ID_BYTES];
+  make_id(id, 1);
+  int retry;
+  assert_int_equal(put_as(st, "", "p1", 1, 1, 11, KB, 0, &retry), 0);
+  assert_true(cgs_store_touch(st, "", "p1", id, KB, 1));
+  assert_false(cgs_store_touch(st, "", "p2", id, KB, 1));
+  assert_false(cgs_store_touch(st, "", NULL, id, KB, 1));
+  assert_false(cgs_store_touch(st, "s", "p1", id, KB, 1));
+  assert_int_equal(value_of(st, "", NULL, 1), -1);
+  assert_int_equal(put_as(st, "", "p2", 0, 1, 22, KB, 0, &retry), 0);
+  assert_int_equal(put_as(st, "", "p2", 1, 1, 33, KB, 0, &retry), 0);
+  assert_int_equal(put_as(st, "", "p1", 1, 1, 44, KB, 0, &retry), 0);
+  assert_int_equal(value_of(st, "", "p1", 1), 11);
+  assert_int_equal(value_of(st, "", "p2", 1), 33);
+  assert_int_equal(value_of(st, "", NULL, 1), 22);
+  cgs_store_stats stats;
+  cgs_store_stats_get(st, &stats);
+  assert_int_equal(stats.entries, 3);
+  cgs_store_free(st);
+}
+
 static void test_budget_lru(void **state) {
   (void)state;
   cgs_store *st = new_store(16 * KB, 1000, 16 * KB);
@@ -241,6 +290,7 @@ static void test_threads(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_scopes),
+      cmocka_unit_test(test_private),
       cmocka_unit_test(test_budget_lru),
       cmocka_unit_test(test_peer_share),
       cmocka_unit_test(test_held_not_evicted),

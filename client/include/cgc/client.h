@@ -228,8 +228,11 @@ typedef enum {
 /* Canonical names ("NCX", ...; "default" for 0, "?" out of range). */
 CGC_EXPORT const char *cgc_layout_name(cgc_layout l);
 
-/* Bytes of a staged tensor's id: the SHA-256 of its bytes. */
+/* Bytes of a staged tensor's id: the SHA-256 of its bytes, or a private
+ * id (cgc_stage_private): CGC_PRIVATE_ID_TAG, then random bytes. */
 #define CGC_STAGED_ID_BYTES 32
+#define CGC_PRIVATE_ID_TAG "cgc:priv"
+#define CGC_PRIVATE_ID_TAG_BYTES 8
 
 /* A borrowed input tensor: dense little-endian elements of dtype in the
  * named layout, nbytes = product(dims) * cg_dtype_size(dtype). The data is
@@ -495,6 +498,19 @@ CGC_EXPORT int cgc_stage(cgc_channel *ch, const void *data, size_t nbytes,
                          int64_t deadline_ms,
                          unsigned char id[CGC_STAGED_ID_BYTES],
                          cgc_stage_result *res, cgc_status *st);
+
+/* cgc_stage for bytes no other caller has (a layer's src): hashes
+ * nothing, and names them by a private id, drawn at random into id
+ * (CGC_PRIVATE_ID_TAG, then 24 random bytes), which only calls from
+ * this client's peer (its token's label, else its address) can name on
+ * the server (StageHeader.private_id; proto/SEMANTICS.md, "Private
+ * ids"). The same bytes staged twice are two entries: no present. A
+ * server that predates private ids refuses them INVALID_ARGUMENT (its
+ * hash of the bytes is not the id): stage with cgc_stage there. */
+CGC_EXPORT int cgc_stage_private(cgc_channel *ch, const void *data,
+                                 size_t nbytes, int64_t deadline_ms,
+                                 unsigned char id[CGC_STAGED_ID_BYTES],
+                                 cgc_stage_result *res, cgc_status *st);
 
 /* ------------------------------------------------------------------ */
 /* A share for the caller's own cores */

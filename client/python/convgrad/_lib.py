@@ -54,7 +54,8 @@ _TENSOR_FIELDS = [("dtype", C.c_int), ("rank", C.c_int),
                   ("dims", C.c_int64 * MAX_RANK), ("layout", C.c_int),
                   ("data", C.c_void_p), ("nbytes", C.c_size_t)]
 
-# The SHA-256 of a staged tensor's bytes (cgc_stage).
+# A staged tensor's id: the SHA-256 of its bytes (cgc_stage), or a private
+# id (cgc_stage_private).
 STAGED_ID_BYTES = 32
 
 
@@ -242,6 +243,9 @@ def _declare(lib):
         "cgc_stage": (C.c_int, [C.c_void_p, C.c_void_p, C.c_size_t,
                                 C.c_int64, C.c_void_p, P(StageResult),
                                 P(Status)]),
+        "cgc_stage_private": (C.c_int, [C.c_void_p, C.c_void_p, C.c_size_t,
+                                        C.c_int64, C.c_void_p,
+                                        P(StageResult), P(Status)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -132,7 +132,8 @@ class Staged:
     place of the array, and the call names the server's copy instead of
     sending the bytes (libcgclient stages it again should the server have
     lost it). Holds the array, which must stay unchanged while in use.
-    id: the SHA-256 of its bytes; present: the server held them already
+    id: the SHA-256 of its bytes (or a private id: Client.stage's
+    private=); present: the server held them already
     (nothing was sent); bytes_sent."""
 
     def __init__(self, x, id_buf, res):
@@ -299,6 +300,8 @@ class Client:
         # One replica: a call's parts pipeline over the one server.
         self._pipelines = options.get("replicas") == 1
         self._stage_off = ""  # why offload stopped staging, once it did
+        # offload stages src under private ids until a server refuses them
+        self._private_ids = True
 
     @property
     def target(self):
@@ -504,7 +507,7 @@ class Client:
                                                   ("diff_dst", diff_dst)],
                         out, attrs)
 
-    def stage(self, a, deadline=None):
+    def stage(self, a, deadline=None, private=False):
         """Uploads array a (numpy or CPU tensor) into the server's store
         of staged tensors ahead of the calls that need it, unless the
         server holds that content already (by SHA-256: data-parallel ranks
@@ -513,20 +516,24 @@ class Client:
         overlap it with other work. Raises FailedPrecondition from a
         server without a store, and once libcgclient turned staging off
         for this client (its target spreads calls over servers that share
-        no store: proto/SEMANTICS.md, "A pool behind one target")."""
+        no store: proto/SEMANTICS.md, "A pool behind one target").
+        private=True: for bytes no other caller has (a layer's input),
+        nothing is hashed and the Staged has a random id only this
+        client's peer can name (cgc_stage_private); a server that
+        predates private ids raises InvalidArgument."""
         x = _Array("array", a)
         id_buf = (C.c_ubyte * L.STAGED_ID_BYTES)()
         res = L.StageResult()
         st = L.Status()
-        rc = self._lib.cgc_stage(self._channel(), x.ptr, x.nbytes,
-                                 _ms(deadline), id_buf, C.byref(res),
-                                 C.byref(st))
+        fn = self._lib.cgc_stage_private if private else self._lib.cgc_stage
+        rc = fn(self._channel(), x.ptr, x.nbytes, _ms(deadline), id_buf,
+                C.byref(res), C.byref(st))
         self._check(rc, st)
         with self._lock:
             self._stats["staged_bytes"] += res.bytes_sent
         return Staged(x, id_buf, res)
 
-    def stage_async(self, a, deadline=None):
+    def stage_async(self, a, deadline=None, private=False):
         """stage() on one of this client's two staging threads: returns a
         concurrent.futures.Future of the Staged at once. a must stay
         unchanged until it is used."""
@@ -535,7 +542,7 @@ class Client:
                 self._stager = concurrent.futures.ThreadPoolExecutor(
                     2, thread_name_prefix="convgrad-stage")
             stager = self._stager
-        return stager.submit(self.stage, a, deadline)
+        return stager.submit(self.stage, a, deadline, private)
 
     def conv_backward(self, src, diff_dst, weights, outputs=None, out=None,
                       **attrs):

@@ -168,8 +168,10 @@ def _stage_inputs(m, needs, x, w, dt):
     """At forward time, for a server off this host (no arena) with a
     store: starts uploading what the backward will need, the weights (for
     every gradient) and src (for the weight's and bias's), on the client's
-    staging threads, so that the backward call sends diff_dst alone.
-    Returns the futures (None where nothing is staged), or None."""
+    staging threads, so that the backward call sends diff_dst alone. src
+    goes under a private id: no other caller has it, so a content hash
+    (SHA-256 on both sides) would buy nothing. Returns the futures (None
+    where nothing is staged), or None."""
     client = m._convgrad_client
     if not (m._convgrad_stage and m._convgrad_grad_on and any(needs[:3])) \
             or client._stage_off or client.arena() is not None:
@@ -180,7 +182,8 @@ def _stage_inputs(m, needs, x, w, dt):
     # tensor): only the weights, which every part names, are staged then.
     share = m._convgrad_shares.get(_share_key(x, needs))
     own = share.rows if share is not None and share.rows else 0
-    fx = client.stage_async(x.detach()[own:].to(dt).contiguous()) \
+    fx = client.stage_async(x.detach()[own:].to(dt).contiguous(),
+                            private=client._private_ids) \
         if (needs[1] or needs[2]) and not client._pipelines else None
     fw = m.__dict__.pop("_convgrad_wfut", None)
     if fw is None or _wire_dtype(m, w.dtype) != dt:
@@ -209,6 +212,72 @@ def _stage_weights(model, inputs):
             w.detach().to(_wire_dtype(m, w.dtype)).contiguous())
 
 
+def _cgroup_quota(lines, mounts, root="/sys/fs/cgroup"):
+    """The CPU quota, in cores, of the cgroup lines (/proc/self/cgroup's
+    text) names, or of an ancestor, whichever is smallest: cgroup v2's
+    cpu.max or v1's cpu.cfs_quota_us over cpu.cfs_period_us (mounts:
+    /proc/mounts' text, where v1's cpu controller is). None: no quota."""
+    dirs = []
+    for line in lines.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            dirs.append((root + path, "v2"))
+        elif "cpu" in controllers.split(","):
+            for m in mounts.splitlines():
+                f = m.split()
+                if len(f) > 3 and f[2] == "cgroup" and \
+                        "cpu" in f[3].split(","):
+                    dirs.append((f[1] + path, "v1"))
+    best = None
+    for d, kind in dirs:
+        while True:
+            try:
+                if kind == "v2":
+                    with open(os.path.join(d, "cpu.max")) as f:
+                        quota, period = f.read().split()
+                else:
+                    with open(os.path.join(d, "cpu.cfs_quota_us")) as f:
+                        quota = f.read().strip()
+                    with open(os.path.join(d, "cpu.cfs_period_us")) as f:
+                        period = f.read().strip()
+                if quota not in ("max", "-1") and int(period) > 0:
+                    cores = int(quota) / int(period)
+                    best = cores if best is None else min(best, cores)
+            except (OSError, ValueError):
+                pass
+            up = os.path.dirname(d.rstrip("/"))
+            if len(up) < len(root) or up == d:
+                break
+            d = up
+    return best
+
+
+def _usable_cores():
+    """The cores this process may use: its affinity's, or fewer where a
+    CPU quota of its cgroup (or an ancestor's) allows less."""
+    n = len(os.sched_getaffinity(0))
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read()
+        with open("/proc/mounts") as f:
+            mounts = f.read()
+    except OSError:
+        return n
+    quota = _cgroup_quota(lines, mounts)
+    return n if quota is None else min(n, quota)
+
+
+def _stages(stage):
+    """offload's stage= resolved: True or False as given; "auto" where
+    this process may use more than one core."""
+    if stage == _AUTO:
+        return _usable_cores() > 1
+    if stage in (True, False):
+        return stage
+    raise ValueError("offload: stage=%r; accepted: 'auto', True or False"
+                     % (stage,))
+
+
 def _wire_dtype(m, dt):
     """The dtype tensors of dt travel in to and from m's server: bf16 for
     f32 on a bf16 wire (offload's wire=), else dt."""
@@ -220,7 +289,9 @@ def _wire_dtype(m, dt):
 def _staged_or(client, staged, x, w):
     """x and w as their Staged where staging them worked, else as they
     are. A server that cannot stage (no store, over its limits) ends
-    staging for this client, said once."""
+    staging for this client, said once; one that refuses private ids
+    (INVALID_ARGUMENT: it predates them) gets src by content from then
+    on."""
     if staged is None:
         return x, w
     out = []
@@ -229,6 +300,8 @@ def _staged_or(client, staged, x, w):
             out.append(t if f is None else f.result())
         except Error as e:
             out.append(t)
+            if e.code == 3 and t is x:
+                client._private_ids = False
             if e.code in (8, 9) and not client._stage_off:
                 # RESOURCE_EXHAUSTED, FAILED_PRECONDITION
                 client._stage_off = str(e)
@@ -794,7 +867,7 @@ _WIRES = ("f32", "bf16")
 
 
 def offload(model, target, overlap=True, backward_threads="auto",
-            stage=True, wire="f32", local_share=0, **options):
+            stage=_AUTO, wire="f32", local_share=0, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -853,11 +926,16 @@ def offload(model, target, overlap=True, backward_threads="auto",
     restarted) gets them again from libcgclient, a server without a store
     turns staging off with a warning. Content the server holds already (a
     data-parallel rank's identical weights) is not sent again. Costs a
-    SHA-256 pass over those bytes at forward time. False: the backward
-    call sends every input. With replicas=1 (a Client whose large calls
-    pipeline their parts over the server, each part sending its share of
-    src: client/python/README.md, "Pipelining") only the weights are
-    staged.
+    SHA-256 pass over those bytes at forward time, and their upload's work
+    on this process's cores. "auto" (default): staging where this process
+    may use more than one core (its affinity, less its cgroup's CPU quota),
+    else off: on one core the forward waits for that work, which cost more
+    than the bytes it takes off the backward (ResNet-18 at 10 and 1 Gbit/s,
+    client/python/README.md, "When offload pays"). True: staging; False:
+    the backward call sends every input. With replicas=1 (a Client whose
+    large calls pipeline their parts over the server, each part sending
+    its share of src: client/python/README.md, "Pipelining") only the
+    weights are staged.
 
     wire: the dtype f32 layers' tensors travel in. "f32" (default): as
     they are, and the gradients are local's. "bf16" (opt-in, lossy): the
@@ -895,6 +973,7 @@ def offload(model, target, overlap=True, backward_threads="auto",
         raise ValueError("offload: local_share=%r; accepted: 'auto', or a "
                          "fraction in [0, 1)" % (local_share,))
     threads = _Threads(backward_threads)
+    stage = _stages(stage)
     client = target if isinstance(target, Client) else Client(target,
                                                               **options)
     for m in model.modules():
@@ -910,7 +989,7 @@ def offload(model, target, overlap=True, backward_threads="auto",
         m._convgrad_client = client
         m._convgrad_overlap = bool(overlap)
         m._convgrad_threads = threads
-        m._convgrad_stage = bool(stage)
+        m._convgrad_stage = stage
         m._convgrad_wire = wire
         m._convgrad_local = local_share
         m._convgrad_shares = {}
