@@ -41,8 +41,10 @@ run_config() {
 # (SCHED_IDLE: it runs only when no normal task wants a core and is
 # preempted at once, so it never slows that stage): idle_start COMMAND
 # (a function too) starts it, one at a time, in its own process group, so
-# that a run that stops early stops it too; idle_join NAME waits for it,
-# prints its output and fails the run if it failed.
+# that a run that stops early stops it too; idle_join NAME puts what is
+# left of it back to normal priority (on a machine shared with other work
+# it would otherwise wait behind all of it), waits for it, prints its
+# output and fails the run if it failed.
 idle_pid=
 idle_log=$(mktemp)
 trap '[ -z "$idle_pid" ] || kill -- -"$idle_pid" 2>/dev/null; rm -f "$idle_log"' EXIT
@@ -53,7 +55,14 @@ idle_start() {
   set +m
 }
 idle_join() {
-  local rc=0
+  local rc=0 stat fields
+  for stat in /proc/[0-9]*/stat; do
+    # Field 5 is the process group; the name (field 2) may hold spaces.
+    read -r fields <"$stat" 2>/dev/null || continue
+    read -r -a fields <<<"${fields##*) }"
+    [ "${fields[2]}" != "$idle_pid" ] ||
+      chrt --all-tasks --other -p 0 "${stat//[^0-9]/}" >/dev/null 2>&1 || true
+  done
   wait "$idle_pid" || rc=$?
   idle_pid=
   cat "$idle_log"
