@@ -599,11 +599,17 @@ static void shm_rows(const char *path, int reps, int threads, int idle_us,
        * by default: longer than either side's OpenMP threads spin,
        * GOMP_SPINCOUNT=10000, about 0.2 ms here; a pause of tens of
        * milliseconds made this VM stall the next run by up to 10 ms at
-       * random), and the TCP call, on other memory, last. */
+       * random), and the TCP call, on other memory, last. With
+       * --baseline, the two region calls swap places every other round of
+       * turns: each then follows the kernel, the echo and the TCP call as
+       * often as the other (in a fixed rotation this server's call always
+       * followed the kernel, the baseline's the echo). */
       for (int i = 0; ok && i < reps; i++) {
         for (int j = 0; ok && j < turns; j++) {
           bench_idle(idle_us);
           int which = (i + j) % turns;
+          if (bch && (i / turns) % 2 && which % 2)
+            which = 4 - which; /* 1 <-> 3 */
           if (which == 0) {
             double t0 = ts_now_ms();
             ok = cg_engine_run(e, &p.g, rs.inputs[0].data, rs.inputs[1].data,
