@@ -455,6 +455,39 @@ class Staging(unittest.TestCase):
         self.assertEqual(s["bytes_sent"], diff_dst_bytes(remote, xr))
         self.assertFalse(client._stage_off)
 
+    def test_shared_input_staged_once(self):
+        """Two convolutions of one input (a ResNet block's first conv and
+        its downsample): its private stage is started once and both
+        backward calls name it; another tensor of the same values is
+        staged anew (the entries go by identity, never content)."""
+        torch.manual_seed(0)
+        local = nn.ModuleDict(dict(a=nn.Conv2d(4, 6, 3, padding=1),
+                                   b=nn.Conv2d(4, 6, 1, bias=False)))
+        remote = ct.offload(copy.deepcopy(local), SERVER.target, shm=False,
+                            stage=True)
+        client = remote.a._convgrad_client
+        stage_async, privates = client.stage_async, []
+
+        def record(t, private=False):
+            privates.append(private)
+            return stage_async(t, private=private)
+        x = torch.randn(2, 4, 7, 7)
+        for changed in (False, True):
+            grads = []
+            for m in (local, remote):
+                m.zero_grad()
+                xs = x.clone()
+                with mock.patch.object(client, "stage_async", record):
+                    ya = m.a(xs)
+                    yb = m.b(xs.clone() if changed else xs)
+                (ya.square().sum() + yb.sum()).backward()
+                grads.append([p.grad for p in m.parameters()])
+            for g, h in zip(*grads):
+                self.assertLess((g - h).abs().max(), 1e-5)
+            self.assertEqual(privates.count(True), 2 if changed else 1)
+            privates.clear()
+        client.close()
+
     def test_round_robin_pool_turns_staging_off(self):
         """Two servers behind one round_robin target (an address list):
         a layer's src and weights are staged on both (consecutive calls

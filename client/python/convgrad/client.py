@@ -302,6 +302,7 @@ class Client:
         self._stage_off = ""  # why offload stopped staging, once it did
         # offload stages src under private ids until a server refuses them
         self._private_ids = True
+        self._src_stages = []  # offload's latest src stages (torch.py)
 
     @property
     def target(self):
