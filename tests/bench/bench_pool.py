@@ -50,6 +50,8 @@ when it was taken.
                                   used), for scale
 
     /usr/bin/python3 tests/bench/bench_pool.py --build build
+    /usr/bin/python3 tests/bench/bench_pool.py --build build \
+        --figures straggler,quiet      # the straggler's and the noise's only
 
 Without root (no cgroup) the straggler figures are skipped with a line that
 says so. Figures, not a test: nothing is asserted."""
@@ -79,6 +81,8 @@ RES2A = (8, 64, 56, 64, 3)  # mb, ic, spatial, oc, kernel
 RESNET18 = [(8, 64, 56, 64, 3), (8, 128, 28, 128, 3), (8, 256, 14, 256, 3),
             (8, 512, 7, 512, 3)]
 CGROUP = "/sys/fs/cgroup/cpu"
+# The groups of figures, in the order they are taken (--figures).
+GROUPS = ("split", "straggler", "quiet", "kill", "warm")
 
 
 def rig_side(replica):
@@ -316,6 +320,42 @@ def warm_figure(build, warm, reps, used, starts=3):
     return statistics.median(ratios)
 
 
+def straggler_figures(build, calls):
+    if os.geteuid() != 0 or not os.path.isdir(CGROUP):
+        print("straggler: skipped (needs root and cgroup v1's %s)" % CGROUP)
+        return
+    (ratio, hedges), (unhedged, _) = straggler_run(build, calls, (0.05, 0.0),
+                                                   20)
+    figure("straggler_p99_over_p50", "%.3f", ratio)
+    figure("straggler_p99_over_p50_unhedged", "%.3f", unhedged)
+    figure("hedges_straggler_pct", "%.2f", hedges)
+
+
+def quiet_figures(build, calls):
+    [(ratio, quiet)] = straggler_run(build, calls, (0.05,), None)
+    figure("quiet_p99_over_p50", "%.3f", ratio)
+    figure("hedges_quiet_pct", "%.2f", quiet)
+
+
+def kill_figures(build):
+    want, _ = kill_run(build, 20, None)
+    got, failed = kill_run(build, 20, 10)
+    equal = all(g is not None and all(
+        np.array_equal(w[i][k], g[i][k]) for i in range(len(w))
+        for k in w[i]) for w, g in zip(want, got))
+    print("kill_failed_steps: %d" % failed)
+    print("kill_gradients_equal: %s" % ("yes" if equal else "no"))
+
+
+def warm_figures(build):
+    figure("warm_first_over_repeat", "%.3f",
+           warm_figure(build, True, 9, True))
+    figure("warm_first_fresh_over_repeat", "%.3f",
+           warm_figure(build, True, 9, False))
+    figure("cold_first_over_repeat", "%.3f",
+           warm_figure(build, False, 9, True))
+
+
 def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -329,7 +369,13 @@ def main():
     where.add_argument("--loopback", action="store_true")
     ap.add_argument("--rate", default="10gbit",
                     help="the rig's links (tc units; default 10gbit)")
+    ap.add_argument("--figures", default=",".join(GROUPS),
+                    help="the groups of figures to take, comma-separated "
+                    "(default: all of %s)" % ",".join(GROUPS))
     args = ap.parse_args()
+    groups = args.figures.split(",")
+    if not groups or not set(groups) <= set(GROUPS):
+        ap.error("--figures: groups of %s" % ",".join(GROUPS))
     if not args.loopback and not os.environ.get("CG_RIG"):
         rc = cgtest.rig_enter("bp", [
             "--replicas", "2", "--rate", args.rate, "--srv-cpus", "0",
@@ -359,31 +405,14 @@ def main():
         print("ran on: loopback, replicas on cores 0 and 1, the client on "
               "both")
     print("load: %s" % load())
-    split_figures(args.build, args.rounds)
-    if os.geteuid() == 0 and os.path.isdir(CGROUP):
-        (ratio, hedges), (unhedged, _) = straggler_run(
-            args.build, args.calls, (0.05, 0.0), 20)
-        figure("straggler_p99_over_p50", "%.3f", ratio)
-        figure("straggler_p99_over_p50_unhedged", "%.3f", unhedged)
-        figure("hedges_straggler_pct", "%.2f", hedges)
-    else:
-        print("straggler: skipped (needs root and cgroup v1's %s)" % CGROUP)
-    [(ratio, quiet)] = straggler_run(args.build, args.calls, (0.05,), None)
-    figure("quiet_p99_over_p50", "%.3f", ratio)
-    figure("hedges_quiet_pct", "%.2f", quiet)
-    want, _ = kill_run(args.build, 20, None)
-    got, failed = kill_run(args.build, 20, 10)
-    equal = all(g is not None and all(
-        np.array_equal(w[i][k], g[i][k]) for i in range(len(w))
-        for k in w[i]) for w, g in zip(want, got))
-    print("kill_failed_steps: %d" % failed)
-    print("kill_gradients_equal: %s" % ("yes" if equal else "no"))
-    figure("warm_first_over_repeat", "%.3f",
-           warm_figure(args.build, True, 9, True))
-    figure("warm_first_fresh_over_repeat", "%.3f",
-           warm_figure(args.build, True, 9, False))
-    figure("cold_first_over_repeat", "%.3f",
-           warm_figure(args.build, False, 9, True))
+    take = {"split": lambda: split_figures(args.build, args.rounds),
+            "straggler": lambda: straggler_figures(args.build, args.calls),
+            "quiet": lambda: quiet_figures(args.build, args.calls),
+            "kill": lambda: kill_figures(args.build),
+            "warm": lambda: warm_figures(args.build)}
+    for group in GROUPS:
+        if group in groups:
+            take[group]()
 
 
 if __name__ == "__main__":
