@@ -81,13 +81,19 @@ int cgc__call_start(cgc_channel *ch, const cgc_request *req,
 /* One replica of a channel with cgc_options.replicas: its own channel
  * (made and freed by channel.c) and what the split has measured of it
  * (split.c), under the parent's split_mu. */
+#define CGC__REPLICA_SHAPES 16
 typedef struct cgc__replica {
-  cgc_channel *ch;      /* owned */
-  double ms_per_gflop;  /* server compute, a moving average; 0: unknown */
+  cgc_channel *ch;     /* owned */
+  double ms_per_gflop; /* server compute: the median of figs; 0: unknown */
+  double figs[3];      /* its last compute figures (ms per GFLOP), a ring */
+  int nfigs, next_fig;
   double measured_ms;   /* when a part last measured it (cgc__now_ms) */
   double bytes_per_ms;  /* the link, a moving average; 0: unknown */
   int outstanding;      /* parts and calls in flight on it */
   double down_until_ms; /* after a failure: picked only if all are down */
+  /* The shapes it has answered lately (cgc__shape_key; 0 free), a ring. */
+  uint64_t shapes[CGC__REPLICA_SHAPES];
+  int shapes_next;
 } cgc__replica;
 
 /* What the split of a channel with replicas has measured (split.c),

@@ -74,6 +74,7 @@ typedef struct cgc__part_try {
   int replica;
   double t0;
   void *buf; /* every output of the part, one allocation, owned */
+  int probe; /* a copy sent to a replica given no part (cgc__probe) */
   /* Told by the replica's engine thread, under the stats' ev_mu. */
   unsigned whole;
   int ended;
@@ -117,6 +118,7 @@ typedef struct cgc__plan {
   int data_in[3];            /* 1 for the inputs cut along the minibatch */
   size_t off[CG_GRAD_COUNT]; /* each output's place in a part's buffer */
   size_t part_out_bytes;     /* the largest part's buffer */
+  cgc__bytes bytes;          /* what the call moves, whole or in parts */
   int nparts;
 } cgc__plan;
 
@@ -138,13 +140,11 @@ static double cgc__estimate(const cgc__replica *r, double flops, size_t bytes) {
 }
 
 /* The replica to send work of flops and bytes to: the one that should
- * finish it first, among the replicas up, or among all when none is up;
- * never avoid unless it is the only one. finish[i] (may be NULL) is the
- * ms of work replica i has already (what a split call gave it, on top of
- * its backlog when the call began); without it each call in flight
- * counts as one more of this work. split_mu held. */
-static int cgc__pick(cgc_channel *ch, double flops, size_t bytes,
-                     const double *finish, int avoid, double now) {
+ * finish it first, each call in flight counting as one more of this work,
+ * among the replicas up, or among all when none is up; never avoid unless
+ * it is the only one. split_mu held. */
+static int cgc__pick(cgc_channel *ch, double flops, size_t bytes, int avoid,
+                     double now) {
   int best = -1;
   double best_t = 0;
   for (int pass = 0; pass < 2 && best < 0; pass++)
@@ -153,8 +153,7 @@ static int cgc__pick(cgc_channel *ch, double flops, size_t bytes,
       if ((pass == 0 && r->down_until_ms > now) ||
           (i == avoid && ch->nreplicas > 1))
         continue;
-      double est = cgc__estimate(r, flops, bytes);
-      double t = finish ? finish[i] + est : est * (1 + r->outstanding);
+      double t = cgc__estimate(r, flops, bytes) * (1 + r->outstanding);
       if (best < 0 || t < best_t) {
         best = i;
         best_t = t;
@@ -176,19 +175,46 @@ static void cgc__speeds_of(const cgc_result *res, double flops, double *ms_gf,
   *link = bytes > 0 && wire > 0.01 ? (double)bytes / wire : 0;
 }
 
-/* Folds what a part's successful attempt measured into replica r;
- * split_mu held. A slower compute counts at once and a faster one only
- * as a moving average: a replica under a CPU quota computes at full speed
- * in bursts, and one fast part must not bring it back before its next
- * throttled one. */
-static void cgc__measure(cgc__replica *r, const cgc_result *res, double flops) {
+static int cgc__cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Takes fig (ms per GFLOP) as replica r's latest compute figure: its
+ * speed is the median of its last three (the lower of two), so that one
+ * figure alone neither leaves it out (a stall of the machine) nor brings
+ * it back (a replica under a CPU quota computes at full speed in bursts:
+ * a probe wins one, and it is throttled under the next parts it gets).
+ * split_mu held. */
+static void cgc__figure(cgc__replica *r, double fig) {
+  r->figs[r->next_fig] = fig;
+  r->next_fig = (r->next_fig + 1) % 3;
+  r->nfigs += r->nfigs < 3;
+  double v[3];
+  memcpy(v, r->figs, sizeof(double) * (size_t)r->nfigs);
+  qsort(v, (size_t)r->nfigs, sizeof v[0], cgc__cmp_double);
+  r->ms_per_gflop = v[(r->nfigs - 1) / 2];
+}
+
+/* Folds what a successful attempt of shape key measured into replica r
+ * (cgc__figure); split_mu held. The first answer of a shape the replica has not
+ * answered lately counts nothing: it built the shape's kernels inside it (a
+ * part of res2a: 133 ms, then 31 at load 9), and a replica left out for that
+ * figure would be measured again only by a probe. */
+static void cgc__measure(cgc__replica *r, const cgc_result *res, double flops,
+                         uint64_t key) {
+  int seen = 0;
+  for (int i = 0; i < CGC__REPLICA_SHAPES && !seen; i++)
+    seen = r->shapes[i] == key;
+  if (!seen) {
+    r->shapes[r->shapes_next] = key;
+    r->shapes_next = (r->shapes_next + 1) % CGC__REPLICA_SHAPES;
+    return;
+  }
   double ms_gf, link;
   cgc__speeds_of(res, flops, &ms_gf, &link);
   if (ms_gf > 0)
-    r->ms_per_gflop =
-        r->ms_per_gflop > 0 && ms_gf < r->ms_per_gflop
-            ? r->ms_per_gflop + CGC__EWMA * (ms_gf - r->ms_per_gflop)
-            : ms_gf;
+    cgc__figure(r, ms_gf);
   if (link > 0)
     r->bytes_per_ms =
         r->bytes_per_ms > 0
@@ -212,11 +238,6 @@ static cgc__lat *cgc__lat_of(struct cgc__split_stats *s, uint64_t key) {
   memset(free_slot, 0, sizeof *free_slot);
   free_slot->key = key;
   return free_slot;
-}
-
-static int cgc__cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 /* The delay after which a part of key gets a backup: the 95th percentile
@@ -251,34 +272,39 @@ static int cgc__nparts(int64_t mb, double flops, size_t data, size_t repeat,
   return n < 2 ? 1 : (int)n;
 }
 
-/* What the cut model knows of a replica: its compute ms per GFLOP and
- * its link's bytes per ms. */
+/* What the cut model knows of a replica: its compute ms per GFLOP, its
+ * link's bytes per ms, and the parts (or calls) it has in flight, ahead
+ * of a new one in its pipeline. */
 typedef struct cgc__speed {
   double ms_gf, link;
+  int busy;
 } cgc__speed;
 
 /* The milliseconds a call of work flops and bytes b should take in k
  * equal parts over n replicas of speeds sp: the parts go one by one to the
- * replica that should finish them first, as cgc__pick sends them, and the
- * parts of one replica are a pipeline of three stages (a part's upload,
- * its compute, its download), which takes the sum of one part's stages
- * and, for each part after the first, its slowest, plus CGC__PART_MS a
- * part. The trainer's link is one, whatever the replicas: every part's
- * upload passes it, and every download, at the fastest link. With one
- * replica (n = 1, the caller's share) this is that server's pipeline. */
+ * replica that should finish them first, as cgc__split_begin sends them, and
+ * the parts of one replica are a pipeline of three stages (a part's upload, its
+ * compute, its download), which takes the sum of one part's stages and, for
+ * each part after the first, its slowest, plus CGC__PART_MS a part. The
+ * trainer's link is one, whatever the replicas: every part's upload passes it,
+ * and every download, at the fastest link. With one replica (n = 1, the
+ * caller's share) this is that server's pipeline. to (may be NULL) gets the
+ * replica of each part. */
 static double cgc__cut_ms(const cgc__speed *sp, int n, double flops,
-                          const cgc__bytes *b, int k) {
+                          const cgc__bytes *b, int k, int *to) {
   double up = k == 1 ? (double)b->up_whole
                      : (double)b->up_data / k + (double)b->up_repeat;
   double down = (double)b->down_data / k + (double)b->down_repeat;
   double one[CGC__REPLICAS_MAX], stage[CGC__REPLICAS_MAX], link_max = 0;
-  int parts[CGC__REPLICAS_MAX] = {0};
+  int parts[CGC__REPLICAS_MAX];
+  for (int i = 0; i < n; i++)
+    link_max = sp[i].link > link_max ? sp[i].link : link_max;
+  double u = up / link_max, d = down / link_max;
   for (int i = 0; i < n; i++) {
-    double u = up / sp[i].link, c = flops / 1e9 * sp[i].ms_gf / k;
-    double d = down / sp[i].link;
+    parts[i] = sp[i].busy;
+    double c = flops / 1e9 * sp[i].ms_gf / k;
     one[i] = u + c + d + CGC__PART_MS;
     stage[i] = u > c ? (u > d ? u : d) : (c > d ? c : d);
-    link_max = sp[i].link > link_max ? sp[i].link : link_max;
   }
   double makespan = 0;
   for (int part = 0; part < k; part++) {
@@ -293,6 +319,8 @@ static double cgc__cut_ms(const cgc__speed *sp, int n, double flops,
     }
     parts[best]++;
     makespan = best_t > makespan ? best_t : makespan;
+    if (to)
+      to[part] = best;
   }
   double uploads = (k * up + down) / link_max;
   double downloads = (up + k * down) / link_max;
@@ -308,7 +336,7 @@ static double cgc__cut_best(const cgc__speed *sp, int n, double flops,
   double best_t = 0;
   *parts = 1;
   for (int k = 1; k <= kmax; k++) {
-    double t = cgc__cut_ms(sp, n, flops, b, k);
+    double t = cgc__cut_ms(sp, n, flops, b, k, NULL);
     if (k == 1 || t < (1 - CGC__PIPE_GAIN) * best_t) {
       *parts = k;
       best_t = t;
@@ -317,15 +345,20 @@ static double cgc__cut_best(const cgc__speed *sp, int n, double flops,
   return best_t;
 }
 
-/* The speeds of ch's replicas up, or of all when none is, into sp;
- * returns how many. split_mu held. */
-static int cgc__speeds_up(const cgc_channel *ch, double now, cgc__speed *sp) {
+/* The speeds of ch's replicas up, or of all when none is, into sp (with
+ * their calls in flight when busy, else none), and which replica each
+ * is into idx (may be NULL); returns how many. split_mu held. */
+static int cgc__speeds_up(const cgc_channel *ch, double now, int busy,
+                          cgc__speed *sp, int *idx) {
   int any_up = 0, n = 0;
   for (int i = 0; i < ch->nreplicas; i++)
     any_up |= ch->replicas[i].down_until_ms <= now;
   for (int i = 0; i < ch->nreplicas; i++)
     if (!any_up || ch->replicas[i].down_until_ms <= now) {
       cgc__speeds(&ch->replicas[i], &sp[n].ms_gf, &sp[n].link);
+      sp[n].busy = busy ? ch->replicas[i].outstanding : 0;
+      if (idx)
+        idx[n] = i;
       n++;
     }
   return n;
@@ -356,7 +389,7 @@ static int cgc__auto_cut(cgc_channel *ch, const cgc_request *req, double flops,
     c = free_slot ? free_slot : &cuts[key % CGC__CUTS];
     c->key = key;
     cgc__speed sp[CGC__REPLICAS_MAX];
-    int n = cgc__speeds_up(ch, cgc__now_ms(), sp);
+    int n = cgc__speeds_up(ch, cgc__now_ms(), 0, sp, NULL);
     cgc__cut_best(sp, n, flops, b, kmax, &c->nparts);
   }
   int n = c->nparts < kmax ? c->nparts : kmax;
@@ -418,8 +451,8 @@ static void cgc__plan_of(cgc_channel *ch, const cgc_request *req,
   if (cgc__plan_layer(req, wants, plan) != 0)
     return;
   const cg_layer *l = &plan->layer;
-  cgc__bytes b;
-  cgc__bytes_of(req, plan, &b);
+  cgc__bytes *b = &plan->bytes;
+  cgc__bytes_of(req, plan, b);
   /* As many parts as the model says (unless split_parts fixes the cut):
    * over one replica they pipeline, over several they also share. */
   int automatic = !ch->opts.split_parts;
@@ -429,10 +462,11 @@ static void cgc__plan_of(cgc_channel *ch, const cgc_request *req,
         2 * ch->nreplicas < CGC__PARTS_MAX ? 2 * ch->nreplicas : CGC__PARTS_MAX;
   double min_flops = cgc__min_part_flops(ch);
   double flops = (double)cg_layer_flops(l);
-  plan->nparts = cgc__nparts(plan->mb, flops, b.up_data + b.down_data,
-                             b.up_repeat + b.down_repeat, max_parts, min_flops);
+  plan->nparts =
+      cgc__nparts(plan->mb, flops, b->up_data + b->down_data,
+                  b->up_repeat + b->down_repeat, max_parts, min_flops);
   if (automatic && plan->nparts > 1)
-    plan->nparts = cgc__auto_cut(ch, req, flops, &b, plan->nparts);
+    plan->nparts = cgc__auto_cut(ch, req, flops, b, plan->nparts);
   /* A part's buffer: its diff_src rows (the first parts have the most)
    * and the whole of the other outputs, each 64-byte aligned. */
   int64_t most = (plan->mb + plan->nparts - 1) / plan->nparts;
@@ -609,23 +643,29 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
 /* Cancels the attempts of pt still running and finishes them, so that
  * none outlives the call (they borrow its request, the caller's inputs
  * and maybe its buffers). The server counts each as CANCELLED. An attempt
- * that lost to a copy which completed (a backup's loser, a probe that
- * lost) had not done this part, and the others it had in flight, in the
- * time it was given: its replica's speed is taken as at least twice that
- * (a straggler's expected remaining time is at least what it has used),
- * so it is left out while the others are faster. split_mu held; released
- * while waiting. */
+ * overtaken by a copy started after it (a part that lost to its backup)
+ * had not done this part, and the others it had in flight, in more time
+ * than the copy took: its replica gets a figure of at least twice that (a
+ * straggler's expected remaining time is at least what it has used), and
+ * with another such figure, or a slow compute, it is left out while the
+ * others are faster (cgc__figure). A copy that lost to one
+ * started before it (a backup sent late, a probe) had less time than the
+ * winner took, which tells nothing of its replica; nor does a part that
+ * lost to a probe (the last part of the call, queued behind the others
+ * on its replica, against a copy on an idle one). split_mu held;
+ * released while waiting. */
 static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
   for (int i = 0; i < pt->ntries; i++) {
     cgc__ptry *t = &pt->tries[i];
     if (!t->call)
       continue;
     cgc__replica *r = &ch->replicas[t->replica];
-    if (pt->won && pt->flops > 0) {
+    const cgc__ptry *w = pt->won ? &pt->tries[pt->won - 1] : NULL;
+    if (w && !w->probe && t->t0 <= w->t0 && pt->flops > 0) {
       double now = cgc__now_ms();
       double gflops =
           pt->flops / 1e9 * (r->outstanding > 1 ? r->outstanding : 1);
-      r->ms_per_gflop = fmax(r->ms_per_gflop, 2 * (now - t->t0) / gflops);
+      cgc__figure(r, fmax(r->ms_per_gflop, 2 * (now - t->t0) / gflops));
       r->measured_ms = now;
     }
     cgc_call *call = t->call;
@@ -693,7 +733,7 @@ static void cgc__try_end(cgc__split *s, cgc__part *pt, int i) {
   cgc__replica *r = &ch->replicas[t->replica];
   r->outstanding--;
   if (rc == 0) {
-    cgc__measure(r, &res, pt->flops);
+    cgc__measure(r, &res, pt->flops, pt->key);
     cgc__lat *l = cgc__lat_of(ch->stats, pt->key);
     l->ms[l->next] = now - t->t0;
     l->next = (l->next + 1) % CGC__LAT_RING;
@@ -714,7 +754,7 @@ static void cgc__try_end(cgc__split *s, cgc__part *pt, int i) {
     r->down_until_ms = now + CGC__DOWN_MS;
   if (cgc__retryable(rc, &st) && pt->live == 0 && pt->ntries < CGC__TRIES_MAX &&
       now < s->deadline) {
-    int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, t->replica, now);
+    int to = cgc__pick(ch, pt->flops, pt->bytes, t->replica, now);
     if (cgc__try_start(s, pt, to, (int64_t)(s->deadline - now), &st) == 0)
       return;
   }
@@ -751,7 +791,7 @@ static void cgc__maybe_hedge(cgc__split *s, cgc__part *pt, double now) {
     return;
   cgc_channel *ch = s->ch;
   const cgc__ptry *first = &pt->tries[pt->ntries - 1];
-  int to = cgc__pick(ch, pt->flops, pt->bytes, NULL, first->replica, now);
+  int to = cgc__pick(ch, pt->flops, pt->bytes, first->replica, now);
   if (cgc__estimate(&ch->replicas[to], pt->flops, pt->bytes) >
       CGC__HEDGE_SLOWER *
           cgc__estimate(&ch->replicas[first->replica], pt->flops, pt->bytes)) {
@@ -1091,6 +1131,7 @@ static void cgc__probe(cgc__split *s, const int *given) {
         now - r->measured_ms < CGC__STALE_MS || !cgc__may_hedge(s, pt) ||
         cgc__try_start(s, pt, i, (int64_t)(s->deadline - now), &st) != 0)
       continue;
+    pt->tries[pt->ntries - 1].probe = 1;
     pt->hedged = 1;
     ch->stats->hedge_tokens -= 1;
     r->measured_ms = now;
@@ -1134,16 +1175,18 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
   s->t0 = cgc__now_ms();
   s->deadline = s->t0 + (double)(req->deadline_ms ? req->deadline_ms
                                                   : ch->opts.deadline_ms);
-  double finish[CGC__REPLICAS_MAX];
   pthread_mutex_lock(&ch->split_mu);
   int rc = cgc__driver_start(ch, st);
   for (int k = 0; k < plan->nparts; k++)
     cgc__part_init(plan, req, k, &s->parts[k]);
-  /* The backlog of each replica: its calls in flight, each as a part. */
-  for (int i = 0; i < ch->nreplicas; i++)
-    finish[i] =
-        ch->replicas[i].outstanding *
-        cgc__estimate(&ch->replicas[i], s->parts[0].flops, s->parts[0].bytes);
+  /* Each part to the replica that should finish it first, as the cut's
+   * model has them (its calls in flight ahead of them): a replica's parts
+   * pipeline, one's upload beside another's compute. */
+  cgc__speed sp[CGC__REPLICAS_MAX];
+  int idx[CGC__REPLICAS_MAX], to[CGC__PARTS_MAX];
+  int nsp = cgc__speeds_up(ch, s->t0, 1, sp, idx);
+  cgc__cut_ms(sp, nsp, (double)cg_layer_flops(&plan->layer), &plan->bytes,
+              plan->nparts, to);
   /* Pipelining over one replica, its parts' uploads go one after the
    * other: sent side by side they would share the link, and the first
    * could start computing only once all were in. A part that fits one
@@ -1157,8 +1200,7 @@ static int cgc__split_begin(cgc_channel *ch, const cgc_request *req,
     last[i] = -1;
   for (int k = 0; k < plan->nparts && !rc; k++) {
     cgc__part *pt = &s->parts[k];
-    int r = cgc__pick(ch, pt->flops, pt->bytes, finish, -1, s->t0);
-    finish[r] += cgc__estimate(&ch->replicas[r], pt->flops, pt->bytes);
+    int r = idx[to[k]];
     given[r] = 1;
     pt->replica = r;
     pt->after = last[r];
@@ -1263,7 +1305,7 @@ static int cgc__whole(cgc_channel *ch, const cgc_request *req,
       break;
     whole.deadline_ms = (int64_t)(t_end - now) > 0 ? (int64_t)(t_end - now) : 1;
     pthread_mutex_lock(&ch->split_mu);
-    int r = cgc__pick(ch, flops, 0, NULL, avoid, now);
+    int r = cgc__pick(ch, flops, 0, avoid, now);
     ch->replicas[r].outstanding++;
     pthread_mutex_unlock(&ch->split_mu);
     cgc_result local;
@@ -1272,7 +1314,7 @@ static int cgc__whole(cgc_channel *ch, const cgc_request *req,
     pthread_mutex_lock(&ch->split_mu);
     ch->replicas[r].outstanding--;
     if (rc == 0)
-      cgc__measure(&ch->replicas[r], &local, flops);
+      cgc__measure(&ch->replicas[r], &local, flops, cgc__shape_key(req));
     else if (cgc__retryable(rc, st))
       ch->replicas[r].down_until_ms = cgc__now_ms() + CGC__DOWN_MS;
     pthread_mutex_unlock(&ch->split_mu);
@@ -1369,7 +1411,7 @@ int cgc_local_rows(cgc_channel *ch, const cgc_request *req,
     return CG_EINVAL;
   }
   double flops = (double)cg_layer_flops(&plan.layer);
-  cgc__speed server; /* the one server of the rows sent, as the cut's */
+  cgc__speed server = {0}; /* the server of the rows sent, as the cut's */
   cgc__speeds_of(measured, flops, &server.ms_gf, &server.link);
   if (server.ms_gf <= 0 || local_ms <= 0)
     return 0;           /* nothing measured: no share */
