@@ -120,8 +120,8 @@ def make_modes(args, model0, tcp, unix, alt):
     alt:unix+shm (the second server), each optionally followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
-    src and weights too) or +stage (stage=True: staged whatever the
-    trainer's cores; offload's default stages only with more than one),
+    src and weights too) or +stage (stage=True, offload's default: the
+    same as no flag, for runs that name it),
     +content (src staged by its SHA-256 instead of a private id, as
     before private ids), +bf16 (wire="bf16"), +pipe (Client(replicas=1):
     a large call's parts pipelined over the server, as many as the
@@ -157,8 +157,7 @@ def make_modes(args, model0, tcp, unix, alt):
                            overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else
                            1 if "narrow" in flags else "auto",
-                           stage=(False if "nostage" in flags else True
-                                  if "stage" in flags else "auto"),
+                           stage="nostage" not in flags,
                            wire="bf16" if "bf16" in flags else "f32",
                            local_share=("auto" if share[0] == "share" else
                                         int(share[0][5:]) / 100)
@@ -717,8 +716,8 @@ def main():
                     "(overlap=False), +keep (torch's threads kept through "
                     "the backward pass), +narrow (backward_threads=1), "
                     "+nostage (the backward sends src and weights instead "
-                    "of naming them staged), +stage (staged even on one "
-                    "core), +content (src staged by content, not a private "
+                    "of naming them staged), +stage (staged: the default), "
+                    "+content (src staged by content, not a private "
                     "id), +bf16, +pipe[N], +whole and "
                     "+share[N] (the trainer computes a share of each call: "
                     "local_share='auto', or N%%)")

@@ -87,10 +87,9 @@ def main():
                   rx1 - rx0))
         if s["calls"] != 2 or s["bytes_sent"] == 0:
             failures.append("expected 2 calls sending bytes, got %s" % s)
-        if ct._usable_cores() <= 1 and s["staged_bytes"]:
-            failures.append("a one-core trainer staged %d bytes (offload's "
-                            "stage='auto' stages with more cores only)"
-                            % s["staged_bytes"])
+        if not s["staged_bytes"]:
+            failures.append("offload's default (stage=True) staged nothing "
+                            "across the rig")
         if tx1 - tx0 < s["bytes_sent"] or rx1 - rx0 < s["bytes_received"]:
             failures.append("the client's bytes did not cross the link")
         for k, ref in want.items():

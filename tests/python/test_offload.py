@@ -389,43 +389,16 @@ class Staging(unittest.TestCase):
         self.assertGreater(s["staged_bytes"], 0)
         self.assertLessEqual(s["staged_bytes"], weight_bytes(remote))
 
-    def test_auto_stages_with_more_than_one_core(self):
-        """stage="auto" (the default): staging where the trainer may use
-        more than one core, its affinity's less its cgroup's quota."""
-        for cores, stages in ((1, False), (0.5, False), (1.5, True)):
-            with mock.patch.object(ct, "_usable_cores", lambda: cores):
-                local, remote = models(shm=False)
-                xl, xr = inputs(), inputs()
-                s = step_stats(self, local, remote, xl, xr)
-                self.assertEqual(s["staged_bytes"] > 0, stages, cores)
-                self.assertEqual(s["retries"], 0)
-        with self.assertRaisesRegex(ValueError, "stage='yes'"):
-            models(stage="yes")
-
-    def test_cgroup_quota(self):
-        """The smallest quota of the process's cgroup and its ancestors,
-        v2's cpu.max or v1's cpu controller; None without one."""
-        with tempfile.TemporaryDirectory() as d:
-            def put(path, text):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "w") as f:
-                    f.write(text)
-            put(d + "/a/cpu.max", "150000 100000\n")
-            put(d + "/a/b/cpu.max", "max 100000\n")
-            self.assertEqual(ct._cgroup_quota("0::/a/b\n", "", d), 1.5)
-            put(d + "/a/b/cpu.max", "50000 100000\n")
-            self.assertEqual(ct._cgroup_quota("0::/a/b\n", "", d), 0.5)
-            self.assertIsNone(ct._cgroup_quota("0::/c\n", "", d))
-            v1 = d + "/cpu,cpuacct"
-            put(v1 + "/t/cpu.cfs_quota_us", "200000\n")
-            put(v1 + "/t/cpu.cfs_period_us", "100000\n")
-            mounts = ("cgroup %s/memory cgroup rw,memory 0 0\n"
-                      "cgroup %s cgroup rw,cpu,cpuacct 0 0\n" % (d, v1))
-            self.assertEqual(ct._cgroup_quota(
-                "4:memory:/t\n2:cpu,cpuacct:/t\n", mounts, d), 2.0)
-            put(v1 + "/t/cpu.cfs_quota_us", "-1\n")
-            self.assertIsNone(ct._cgroup_quota("2:cpu,cpuacct:/t\n",
-                                               mounts, d))
+    def test_default_stages(self):
+        """stage=True is the default, on one core as on many; anything
+        but True or False is refused."""
+        local, remote = models(shm=False)
+        xl, xr = inputs(), inputs()
+        s = step_stats(self, local, remote, xl, xr)
+        self.assertGreater(s["staged_bytes"], 0)
+        self.assertEqual(s["retries"], 0)
+        with self.assertRaisesRegex(ValueError, "stage='auto'"):
+            models(stage="auto")
 
     def test_src_by_private_id_until_refused(self):
         """src goes under a private id (no hash), the weights by content;

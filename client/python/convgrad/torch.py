@@ -228,69 +228,11 @@ def _stage_weights(model, inputs):
             w.detach().to(_wire_dtype(m, w.dtype)).contiguous())
 
 
-def _cgroup_quota(lines, mounts, root="/sys/fs/cgroup"):
-    """The CPU quota, in cores, of the cgroup lines (/proc/self/cgroup's
-    text) names, or of an ancestor, whichever is smallest: cgroup v2's
-    cpu.max or v1's cpu.cfs_quota_us over cpu.cfs_period_us (mounts:
-    /proc/mounts' text, where v1's cpu controller is). None: no quota."""
-    dirs = []
-    for line in lines.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            dirs.append((root + path, "v2"))
-        elif "cpu" in controllers.split(","):
-            for m in mounts.splitlines():
-                f = m.split()
-                if len(f) > 3 and f[2] == "cgroup" and \
-                        "cpu" in f[3].split(","):
-                    dirs.append((f[1] + path, "v1"))
-    best = None
-    for d, kind in dirs:
-        while True:
-            try:
-                if kind == "v2":
-                    with open(os.path.join(d, "cpu.max")) as f:
-                        quota, period = f.read().split()
-                else:
-                    with open(os.path.join(d, "cpu.cfs_quota_us")) as f:
-                        quota = f.read().strip()
-                    with open(os.path.join(d, "cpu.cfs_period_us")) as f:
-                        period = f.read().strip()
-                if quota not in ("max", "-1") and int(period) > 0:
-                    cores = int(quota) / int(period)
-                    best = cores if best is None else min(best, cores)
-            except (OSError, ValueError):
-                pass
-            up = os.path.dirname(d.rstrip("/"))
-            if len(up) < len(root) or up == d:
-                break
-            d = up
-    return best
-
-
-def _usable_cores():
-    """The cores this process may use: its affinity's, or fewer where a
-    CPU quota of its cgroup (or an ancestor's) allows less."""
-    n = len(os.sched_getaffinity(0))
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read()
-        with open("/proc/mounts") as f:
-            mounts = f.read()
-    except OSError:
-        return n
-    quota = _cgroup_quota(lines, mounts)
-    return n if quota is None else min(n, quota)
-
-
 def _stages(stage):
-    """offload's stage= resolved: True or False as given; "auto" where
-    this process may use more than one core."""
-    if stage == _AUTO:
-        return _usable_cores() > 1
+    """offload's stage=, checked: True or False."""
     if stage in (True, False):
         return stage
-    raise ValueError("offload: stage=%r; accepted: 'auto', True or False"
+    raise ValueError("offload: stage=%r; accepted: True or False"
                      % (stage,))
 
 
@@ -883,7 +825,7 @@ _WIRES = ("f32", "bf16")
 
 
 def offload(model, target, overlap=True, backward_threads="auto",
-            stage=_AUTO, wire="f32", local_share=0, **options):
+            stage=True, wire="f32", local_share=0, **options):
     """Makes the backward of every nn.Conv1d/2d/3d and nn.ConvTranspose1d/
     2d/3d in model (model itself included) run on a convgrad server, and
     returns model.
@@ -941,17 +883,15 @@ def offload(model, target, overlap=True, backward_threads="auto",
     sends diff_dst alone and names them; a server that lost them (evicted,
     restarted) gets them again from libcgclient, a server without a store
     turns staging off with a warning. Content the server holds already (a
-    data-parallel rank's identical weights) is not sent again. Costs a
-    SHA-256 pass over those bytes at forward time, and their upload's work
-    on this process's cores. "auto" (default): staging where this process
-    may use more than one core (its affinity, less its cgroup's CPU quota),
-    else off: on one core the forward waits for that work, which cost more
-    than the bytes it takes off the backward (ResNet-18 at 10 and 1 Gbit/s,
-    client/python/README.md, "When offload pays"). True: staging; False:
-    the backward call sends every input. With replicas=1 (a Client whose
-    large calls pipeline their parts over the server, each part sending
-    its share of src: client/python/README.md, "Pipelining") only the
-    weights are staged.
+    data-parallel rank's identical weights) is not sent again. The
+    weights cost a SHA-256 pass at forward time, src none (a private id),
+    and their upload's work runs on this process's cores during the
+    forward. True (default): staging, which pays even on a one-core
+    trainer (client/python/README.md, "When offload pays"); False: the
+    backward call sends every input. With replicas=1 (a Client whose large
+    calls pipeline their parts over the server, each part sending its
+    share of src: client/python/README.md, "Pipelining") only the weights
+    are staged.
 
     wire: the dtype f32 layers' tensors travel in. "f32" (default): as
     they are, and the gradients are local's. "bf16" (opt-in, lossy): the
