@@ -18,6 +18,7 @@ import tempfile
 
 
 LOGS = []  # the servers' stderr files, shown when the test fails
+PROCS = []  # the servers started, killed if the test fails with one running
 
 
 def start(server, listen, extra=()):
@@ -25,6 +26,7 @@ def start(server, listen, extra=()):
     LOGS.append(log)
     proc = subprocess.Popen([server, "--listen", listen] + list(extra),
                             stdout=subprocess.PIPE, stderr=log, text=True)
+    PROCS.append(proc)
     line = proc.stdout.readline()
     if "ready" not in line:
         proc.kill()
@@ -117,10 +119,15 @@ def main():
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        rc = main()
     except BaseException:
+        for proc in PROCS:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for log in LOGS:
             log.seek(0)
             sys.stderr.write("--- server log %s:\n%s" % (log.name,
                                                           log.read()[-6000:]))
         raise
+    sys.exit(rc)
