@@ -21,6 +21,7 @@ this process, torch's idle threads are ended before each call
 import ctypes
 import functools
 import os
+import re
 import threading
 import time
 import warnings
@@ -244,11 +245,20 @@ def _wire_dtype(m, dt):
     return dt
 
 
+# How a server that predates private ids refuses a private Stage: it
+# ignores the field, hashes the bytes and finds they do not hash to the
+# random id (server/upload.c, proto/SEMANTICS.md "Private ids"). Only this
+# refusal turns private ids off: another INVALID_ARGUMENT (a bad header)
+# says nothing of the server, and src would go by content, a SHA-256 on
+# both sides per step, for good.
+_NO_PRIVATE_IDS = re.compile(r"header\.sha256: the \d+ bytes sent hash to ")
+
+
 def _staged_or(client, staged, x, w):
     """x and w as their Staged where staging them worked, else as they
     are. A server that cannot stage (no store, over its limits) ends
     staging for this client, said once; one that refuses private ids
-    (INVALID_ARGUMENT: it predates them) gets src by content from then
+    (it predates them: _NO_PRIVATE_IDS) gets src by content from then
     on."""
     if staged is None:
         return x, w
@@ -258,7 +268,7 @@ def _staged_or(client, staged, x, w):
             out.append(t if f is None else f.result())
         except Error as e:
             out.append(t)
-            if e.code == 3 and t is x:
+            if e.code == 3 and t is x and _NO_PRIVATE_IDS.match(e.message):
                 client._private_ids = False
             if e.code in (8, 9) and not client._stage_off:
                 # RESOURCE_EXHAUSTED, FAILED_PRECONDITION
