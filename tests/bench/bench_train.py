@@ -50,13 +50,17 @@ torch, and one layer against torch.distributed.rpc (issue 27).
     CONVGRAD_LIBRARY=build/client/libcgclient.so \\
       flock /work/coord/bench.lock /usr/bin/python3 tests/bench/bench_train.py
 
-Starts a convgrad-server of --build (TCP on 127.0.0.1 and a unix socket;
---server-args adds flags). Across a shaped link instead: --rate (and
+Starts convgrad-servers of --build (TCP on 127.0.0.1 and a unix socket;
+--server-args adds flags): one per offload mode of the train part, so
+that no mode finds what another staged (the store dedupes content ids
+across peers: two staging modes of equal weights would share their
+staged weights), each started the same way, and one for the other
+parts. Across a shaped link instead: --rate (and
 --trn-cpus, --trn-quota, --srv-cpus, --srv-quota) builds a rig of two
 network namespaces (tests/net/rig.sh; run as root), runs this script
 again on its trainer's side (local and every offload mode on the
-trainer's cores and quota) with the server on the other side (TCP at
-10.231.0.2 across the veth, the unix socket and regions beside it), and
+trainer's cores and quota) with the servers on the other side (TCP at
+10.231.0.2 across the veth, the unix sockets and regions beside it), and
 tears the rig down; it prints the rig, the rate a plain socket gets
 through it, the machine's load and the ISA. torch runs --threads threads (default: every
 core this process may use, as the server's workers do). Prefix
@@ -88,11 +92,12 @@ def resnet18():
 class Mode:
     """One way of training: its model (a copy of the same initial one), its
     optimizer, the torch threads it runs with and, offloaded, its
-    client."""
+    client and its own server."""
 
-    def __init__(self, name, model, threads, client=None):
+    def __init__(self, name, model, threads, client=None, server=None):
         import torch
         self.name, self.model, self.client = name, model, client
+        self.server = server
         self.threads = threads
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         self.times = []
@@ -115,9 +120,13 @@ class Mode:
         return loss.item()
 
 
-def make_modes(args, model0, tcp, unix, alt):
-    """local, then each of args.modes: tcp (bytes), unix+shm (regions) or
-    alt:unix+shm (the second server), each optionally followed by
+def make_modes(args, model0, servers):
+    """local, then each of args.modes, each offload mode with a server of
+    its own (servers.start(): the store dedupes content ids across peers,
+    so two staging modes of equal weights sharing one would find each
+    other's staged weights present): tcp (bytes), unix+shm (regions) or
+    alt:unix+shm (a server of --alt-server-args), each optionally
+    followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
     src and weights too) or +stage (stage=True, offload's default: the
@@ -136,16 +145,19 @@ def make_modes(args, model0, tcp, unix, alt):
         parts = name.split("+")
         n = 2 if parts[1:2] == ["shm"] else 1
         base, flags = "+".join(parts[:n]), parts[n:]
-        target = {"tcp": tcp, "unix+shm": unix, "alt:unix+shm": alt}.get(base)
         pipe = [f for f in flags if f.startswith("pipe")]
         share = [f for f in flags if f.startswith("share")]
         known = {"serial", "keep", "narrow", "nostage", "stage", "content",
                  "bf16", "whole"}
-        if not target or set(flags) - known - set(pipe) - set(share) or \
+        if base not in ("tcp", "unix+shm", "alt:unix+shm") or \
+                set(flags) - known - set(pipe) - set(share) or \
                 any(f != "pipe" and not f[4:].isdigit() for f in pipe) or \
-                any(f != "share" and not f[5:].isdigit() for f in share):
+                any(f != "share" and not f[5:].isdigit() for f in share) or \
+                (base.startswith("alt:") and args.alt_server_args is None):
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
+        server = servers.start(alt=base.startswith("alt:"))
+        target = server.target if base == "tcp" else server.unix
         split = {}
         if pipe:
             split = dict(replicas=1, split_parts=int(pipe[0][4:] or 0))
@@ -163,7 +175,7 @@ def make_modes(args, model0, tcp, unix, alt):
                                         int(share[0][5:]) / 100)
                            if share else 0)
         client._private_ids = "content" not in flags
-        modes.append(Mode(name, model, args.offload_threads, client))
+        modes.append(Mode(name, model, args.offload_threads, client, server))
     return modes
 
 
@@ -238,6 +250,48 @@ def check_gradients(modes, x, y, autocast, tol, when=""):
     print("  gradients of one step%s against local, max relative to each "
           "tensor's largest: %s%s" % (when, line, "  FAIL" if bad else ""))
     return not bad
+
+
+class Servers:
+    """The run's convgrad-servers, each of --build with --server-args
+    (--alt-server-args instead for alt: modes), listening on TCP and on a
+    unix socket of its own in one temporary directory, each started the
+    same way: on the rig's server side (namespace, cores and quota) in a
+    rig, on 127.0.0.1 off one. A server's unix target is server.unix."""
+
+    def __init__(self, args, in_rig):
+        self.args, self.in_rig = args, in_rig
+        self.dir = tempfile.mkdtemp(prefix="cg-bench-train-")
+        self.running = []
+        self.made = 0
+
+    def start(self, alt=False):
+        import cgtest
+        sock = os.path.join(self.dir, "server%d.sock" % self.made)
+        self.made += 1
+        args = self.args
+        server = cgtest.Server(
+            os.path.join(args.build, "server", "convgrad-server"),
+            listen="%s:0,unix:%s" % (
+                os.environ["CG_RIG_SERVER"] if self.in_rig else "127.0.0.1",
+                sock), workers=None,
+            extra=(args.alt_server_args if alt else args.server_args).split(),
+            prefix=cgtest.rig_server_prefix() if self.in_rig else ())
+        server.unix = "unix:" + sock
+        self.running.append(server)
+        return server
+
+    def stop(self, server):
+        self.running.remove(server)
+        server.stop()
+
+    def close(self):
+        """Stops every server still running, then removes the directory
+        (the servers remove their sockets)."""
+        while self.running:
+            self.stop(self.running[-1])
+        if not os.listdir(self.dir):
+            os.rmdir(self.dir)
 
 
 def rig_args(args):
@@ -359,8 +413,7 @@ def problem(hw, batch):
                     for _ in range(4)]
 
 
-def bench_train(args, tcp, unix, alt):
-    import torch
+def bench_train(args, servers):
     ok = True
     for setting in args.settings:
         hw, batch = SETTINGS[setting]
@@ -371,85 +424,99 @@ def bench_train(args, tcp, unix, alt):
                   "offloaded)" % (hw, hw, batch, dtype,
                                   " (autocast)" if autocast else "",
                                   args.threads, args.offload_threads))
-            modes = make_modes(args, model0, tcp, unix, alt)
-            ok &= check_gradients(modes, *batches[0], autocast,
-                                  1e-5 if dtype == "f32" else None)
-            for m in modes:
-                for i in range(args.warmup):
-                    m.step(*batches[i % 4], autocast)
-            if any(trainer_shares(m.model) for m in modes):
-                # local_share="auto" picks its cuts at a shape's third call,
-                # after the check above: one more step from local's
-                # weights, with the cuts, within the same tolerance.
-                state = modes[0].model.state_dict()
+            modes = make_modes(args, model0, servers)
+            try:
+                ok &= train_modes(args, modes, batches, dtype)
+            finally:
                 for m in modes[1:]:
-                    m.model.load_state_dict(state)
-                ok &= check_gradients(modes, *batches[1], autocast,
-                                      1e-5 if dtype == "f32" else None,
-                                      " with the trainer's cuts")
-            for m in modes:
-                if m.client:
-                    m.client.stats(reset=True)
-            for r in range(args.rounds):
-                order = modes[r % len(modes):] + modes[:r % len(modes)]
-                for m in order:
-                    t = []
-                    for i in range(args.steps):
-                        t0 = time.perf_counter()
-                        m.step(*batches[i % 4], autocast)
-                        t.append(time.perf_counter() - t0)
-                    m.times.append(statistics.median(t) * 1e3)
-                    m.steps += args.steps
-            # Each round's ratio to local's time in the same round: the
-            # machine's load moves both.
-            ratio = {m.name: statistics.median(
-                t / l for t, l in zip(m.times, modes[0].times))
-                for m in modes}
-            torch.set_num_threads(args.threads)
-            conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
-                                       autocast)
-            print("  %-18s %9s %7s %6s %9s %9s %9s %8s %11s %10s %9s" % (
-                "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
-                "MB staged", "MB waits", "compute ms", "arena MB",
-                "model ms"))
-            local_ms = statistics.median(modes[0].times)
-            params = sum(p.numel() for mod in modes[0].model.modules()
-                         if isinstance(mod, torch.nn.Conv2d)
-                         for p in mod.parameters())
-            for m in modes:
-                weights_down = params * (2 if autocast or bf16_wire(m)
-                                         else 4)
-                ms = statistics.median(m.times)
-                line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
-                if m.client:
-                    s = m.client.stats()
-                    n = m.steps
-                    up, down = s["bytes_sent"] / n, s["bytes_received"] / n
-                    staged = s["staged_bytes"] / n
-                    predicted = model_ms(
-                        local_ms, conv_ms, s["compute_ms"] / n, up, down,
-                        staged, weights_down if down else 0, s["calls"] / n,
-                        args.link_gbits if down else None,
-                        "serial" not in m.name.split("+"))
-                    # The bytes the backward waits for: all but the weights'
-                    # gradients, which overlap sends off its critical path.
-                    waits = up + down - (weights_down if down and "serial"
-                                         not in m.name.split("+") else 0)
-                    line += (" %6.0f %9.1f %9.1f %9.1f %8.1f %11.1f %10.0f "
-                             "%9.0f" % (
-                                 s["calls"] / n, up / 1e6, down / 1e6,
-                                 staged / 1e6, waits / 1e6,
-                                 s["compute_ms"] / n,
-                                 s["arena_bytes"] / 2**20, predicted))
                     m.client.close()
-                print(line + "   (rounds: %s)" % " ".join(
-                    "%.0f" % t for t in m.times), flush=True)
-                shares = trainer_shares(m.model)
-                if shares:
-                    print("    trainer's rows of each call: %s" % shares)
-            print("  local convolution backward: %.1f ms/step (the part an "
-                  "offloaded step replaces; aten::convolution_backward of "
-                  "each conv's shapes)" % conv_ms, flush=True)
+                    servers.stop(m.server)
+    return ok
+
+
+def train_modes(args, modes, batches, dtype):
+    """Times modes (local first) in interleaved rounds and prints their
+    figures; False if a mode's gradients were not local's."""
+    import torch
+    autocast = dtype == "bf16"
+    ok = True
+    ok &= check_gradients(modes, *batches[0], autocast,
+                          1e-5 if dtype == "f32" else None)
+    for m in modes:
+        for i in range(args.warmup):
+            m.step(*batches[i % 4], autocast)
+    if any(trainer_shares(m.model) for m in modes):
+        # local_share="auto" picks its cuts at a shape's third call,
+        # after the check above: one more step from local's
+        # weights, with the cuts, within the same tolerance.
+        state = modes[0].model.state_dict()
+        for m in modes[1:]:
+            m.model.load_state_dict(state)
+        ok &= check_gradients(modes, *batches[1], autocast,
+                              1e-5 if dtype == "f32" else None,
+                              " with the trainer's cuts")
+    for m in modes:
+        if m.client:
+            m.client.stats(reset=True)
+    for r in range(args.rounds):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for m in order:
+            t = []
+            for i in range(args.steps):
+                t0 = time.perf_counter()
+                m.step(*batches[i % 4], autocast)
+                t.append(time.perf_counter() - t0)
+            m.times.append(statistics.median(t) * 1e3)
+            m.steps += args.steps
+    # Each round's ratio to local's time in the same round: the
+    # machine's load moves both.
+    ratio = {m.name: statistics.median(
+        t / l for t, l in zip(m.times, modes[0].times))
+        for m in modes}
+    torch.set_num_threads(args.threads)
+    conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
+                               autocast)
+    print("  %-18s %9s %7s %6s %9s %9s %9s %8s %11s %10s %9s" % (
+        "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
+        "MB staged", "MB waits", "compute ms", "arena MB",
+        "model ms"))
+    local_ms = statistics.median(modes[0].times)
+    params = sum(p.numel() for mod in modes[0].model.modules()
+                 if isinstance(mod, torch.nn.Conv2d)
+                 for p in mod.parameters())
+    for m in modes:
+        weights_down = params * (2 if autocast or bf16_wire(m)
+                                 else 4)
+        ms = statistics.median(m.times)
+        line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
+        if m.client:
+            s = m.client.stats()
+            n = m.steps
+            up, down = s["bytes_sent"] / n, s["bytes_received"] / n
+            staged = s["staged_bytes"] / n
+            predicted = model_ms(
+                local_ms, conv_ms, s["compute_ms"] / n, up, down,
+                staged, weights_down if down else 0, s["calls"] / n,
+                args.link_gbits if down else None,
+                "serial" not in m.name.split("+"))
+            # The bytes the backward waits for: all but the weights'
+            # gradients, which overlap sends off its critical path.
+            waits = up + down - (weights_down if down and "serial"
+                                 not in m.name.split("+") else 0)
+            line += (" %6.0f %9.1f %9.1f %9.1f %8.1f %11.1f %10.0f "
+                     "%9.0f" % (
+                         s["calls"] / n, up / 1e6, down / 1e6,
+                         staged / 1e6, waits / 1e6,
+                         s["compute_ms"] / n,
+                         s["arena_bytes"] / 2**20, predicted))
+        print(line + "   (rounds: %s)" % " ".join(
+            "%.0f" % t for t in m.times), flush=True)
+        shares = trainer_shares(m.model)
+        if shares:
+            print("    trainer's rows of each call: %s" % shares)
+    print("  local convolution backward: %.1f ms/step (the part an "
+          "offloaded step replaces; aten::convolution_backward of "
+          "each conv's shapes)" % conv_ms, flush=True)
     return ok
 
 
@@ -711,7 +778,7 @@ def main():
                     default=["tcp", "unix+shm", "unix+shm+keep",
                              "unix+shm+serial"],
                     help="offload modes beside local: tcp, unix+shm or "
-                    "alt:unix+shm (a second server started with "
+                    "alt:unix+shm (a server started with "
                     "--alt-server-args), each optionally with +serial "
                     "(overlap=False), +keep (torch's threads kept through "
                     "the backward pass), +narrow (backward_threads=1), "
@@ -735,7 +802,8 @@ def main():
     ap.add_argument("--server-args", default="",
                     help="extra convgrad-server flags, space-separated")
     ap.add_argument("--alt-server-args",
-                    help="flags of a second server, for the alt: modes "
+                    help="flags of the alt: modes' servers instead of "
+                    "--server-args "
                     "(e.g. '--workers 1 --threads-per-worker 2')")
     ap.add_argument("--only", choices=("train", "layer", "wire", "share"),
                     help="one part (default: train and layer)")
@@ -764,43 +832,24 @@ def main():
     import torch
     import convgrad
     torch.set_num_threads(args.threads)
-    d = tempfile.mkdtemp(prefix="cg-bench-train-")
-    sock = os.path.join(d, "server.sock")
-    in_rig = rig is not None
-    server = cgtest.Server(os.path.join(args.build, "server",
-                                        "convgrad-server"),
-                           listen="%s:0,unix:%s" % (
-                               os.environ["CG_RIG_SERVER"] if in_rig
-                               else "127.0.0.1", sock), workers=None,
-                           extra=args.server_args.split(),
-                           prefix=cgtest.rig_server_prefix() if in_rig
-                           else ())
-    alt = None
-    if args.alt_server_args is not None:
-        alt = cgtest.Server(os.path.join(args.build, "server",
-                                         "convgrad-server"),
-                            listen="unix:" + sock + ".alt", workers=None,
-                            extra=args.alt_server_args.split())
+    servers = Servers(args, rig is not None)
     ok = True
     try:
+        server = servers.start()
         args.link_gbits = None
         describe_host(args, convgrad.Client(server.target).info())
-        if alt:
+        if args.alt_server_args is not None:
             print("alt server: %s" % args.alt_server_args)
         if args.only in (None, "train"):
-            ok = bench_train(args, server.target, "unix:" + sock,
-                             alt and "unix:" + sock + ".alt")
+            ok = bench_train(args, servers)
         if args.only in (None, "layer"):
-            bench_layer(args, "unix:" + sock)
+            bench_layer(args, server.unix)
         if args.only == "wire":
             bench_wire(args, server.target)
         if args.only == "share":
             bench_share(args, server.target)
     finally:
-        server.stop()
-        if alt:
-            alt.stop()
-        os.rmdir(d) if not os.listdir(d) else None
+        servers.close()
     return 0 if ok else 1
 
 
