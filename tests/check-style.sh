@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Style gates of CI: every C file of the project matches .clang-format, and
+# Style gates of CI: every C file of the project matches .clang-format, no
+# directory's files call each other in a circle (tests/check-layers.py), and
 # the sources of the libraries, the server and the CLI have no clang-tidy
 # finding under .clang-tidy.
 # Usage: tests/check-style.sh [--format-only | --tidy-only] [build-dir]
@@ -21,6 +22,7 @@ if [ "$format" = 1 ]; then
   mapfile -t files < <(git ls-files '*.c' '*.h')
   echo "== clang-format: ${#files[@]} files"
   clang-format --dry-run --Werror "${files[@]}"
+  python3 "$root/tests/check-layers.py"
 fi
 [ "$tidy" = 1 ] || exit 0
 
