@@ -111,8 +111,7 @@ grpc_completion_queue *cgc__cq_take(cgc_channel *ch) {
   return cq ? cq : grpc_completion_queue_create_for_next(NULL);
 }
 
-/* Shuts cq down, takes what is left in it, and destroys it. */
-static void cgc__cq_destroy(grpc_completion_queue *cq) {
+void cgc__cq_destroy(grpc_completion_queue *cq) {
   grpc_completion_queue_shutdown(cq);
   while (
       grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL)

@@ -547,6 +547,8 @@ int cgc__channel_new(cgc_channel **out, const char *target,
     grpc_channel_destroy(ch->chan);
     goto fail_grpc;
   }
+  if (!parent)
+    cgc__stage_watch_start(ch);
   *out = ch;
   return 0;
 
@@ -575,6 +577,7 @@ void cgc_channel_free(cgc_channel *ch) {
   pthread_mutex_destroy(&ch->regions_mu);
   pthread_mutex_destroy(&ch->cqs_mu);
   grpc_channel_destroy(ch->chan);
+  cgc__stage_watch_close(ch);
   if (ch->auth_md_count)
     grpc_slice_unref(ch->auth_md.value);
   free(ch->target);

@@ -160,7 +160,14 @@ typedef struct cgc__verifier {
  * once half of CGC__STAGE_WINDOW such calls found the server without an
  * id staged moments before, staging is off for good (cgc_stage refuses,
  * staged views go as bytes). A replica's channel reports to its
- * parent's, where cgc_stage runs. */
+ * parent's, where cgc_stage runs.
+ *
+ * A restarted server lost every id staged before, and their misses tell
+ * nothing of the target; a restart drops the connection, so the watch
+ * counts the times its channel left READY (conn_cq, polled whenever the
+ * window is judged or fed: the drop is on the queue before a new
+ * connection can carry a call) and the calls that saw UNAVAILABLE, and
+ * judges only ids staged since the last of them (lost). */
 #define CGC__STAGE_RING 64
 #define CGC__STAGE_WINDOW 8
 typedef struct cgc__stage_watch {
@@ -169,11 +176,18 @@ typedef struct cgc__stage_watch {
     unsigned char id[CGC_STAGED_ID_BYTES];
     double at_ms;  /* cgc__now_ms() when cgc_stage returned it; 0: free */
     double ttl_ms; /* the server's, as the Stage answered */
+    unsigned lost; /* the watch's lost when it was staged */
   } ring[CGC__STAGE_RING];
   int next;
-  double unavailable_ms; /* a call last saw UNAVAILABLE (a restart?) */
-  int calls, misses;     /* of the window, so far */
+  unsigned lost;     /* connections dropped and calls that saw UNAVAILABLE */
+  int calls, misses; /* of the window, so far */
   atomic_int off;
+  /* The connectivity watch on chan (the channel's own, not owned): a
+   * grpc_channel_watch_connectivity_state armed with conn_state on
+   * conn_cq (owned). */
+  grpc_channel *chan;
+  grpc_completion_queue *conn_cq;
+  grpc_connectivity_state conn_state;
 } cgc__stage_watch;
 
 /* Completion queues kept for reuse: one per call in flight at the
@@ -230,6 +244,12 @@ void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
 /* stage.c: a call on ch saw UNAVAILABLE: ids staged before may be lost in
  * a restart, and their misses tell nothing of the target. */
 void cgc__stage_unavailable(cgc_channel *ch);
+/* stage.c: starts the connectivity watch of ch's own stage watch, on
+ * ch->chan (a channel that is no replica's). */
+void cgc__stage_watch_start(cgc_channel *ch);
+/* stage.c: ends it, after grpc_channel_destroy(ch->chan) (which ends the
+ * watch); a no-op on a watch never started. */
+void cgc__stage_watch_close(cgc_channel *ch);
 /* 1 when staging is off on ch (cgc__stage_watch). */
 int cgc__stage_off(const cgc_channel *ch);
 /* 1 when a staged id is a private one (CGC_PRIVATE_ID_TAG). */
@@ -403,6 +423,8 @@ grpc_completion_queue *cgc__cq_take(cgc_channel *ch);
 void cgc__cq_give(cgc_channel *ch, grpc_completion_queue *cq);
 /* Destroys the completion queues ch keeps (cgc_channel_free). */
 void cgc__cqs_close(cgc_channel *ch);
+/* Shuts cq down, takes what is left in it, and destroys it. */
+void cgc__cq_destroy(grpc_completion_queue *cq);
 /* Frees what io holds. */
 void cgc__call_io_free(cgc__call_io *io);
 

@@ -180,8 +180,42 @@ int cgc__stage_off(const cgc_channel *ch) {
 void cgc__stage_unavailable(cgc_channel *ch) {
   cgc__stage_watch *w = ch->sw;
   pthread_mutex_lock(&w->mu);
-  w->unavailable_ms = cgc__now_ms();
+  w->lost++;
   pthread_mutex_unlock(&w->mu);
+}
+
+/* Arms the connectivity watch with the channel's state now. */
+static void cgc__conn_arm(cgc__stage_watch *w) {
+  w->conn_state = grpc_channel_check_connectivity_state(w->chan, 0);
+  grpc_channel_watch_connectivity_state(w->chan, w->conn_state,
+                                        gpr_inf_future(GPR_CLOCK_MONOTONIC),
+                                        w->conn_cq, NULL);
+}
+
+void cgc__stage_watch_start(cgc_channel *ch) {
+  cgc__stage_watch *w = &ch->stage_watch;
+  w->chan = ch->chan;
+  w->conn_cq = grpc_completion_queue_create_for_next(NULL);
+  cgc__conn_arm(w);
+}
+
+void cgc__stage_watch_close(cgc_channel *ch) {
+  if (ch->stage_watch.conn_cq)
+    cgc__cq_destroy(ch->stage_watch.conn_cq);
+}
+
+/* Counts the connections w's channel dropped since the last look (w->mu
+ * held), without waiting: the watch fired while armed with READY. A
+ * restarted server's drop is on the queue before the channel can pick a
+ * new connection, so before a call or a Stage reaches the new server. */
+static void cgc__stage_conn_poll(cgc__stage_watch *w) {
+  while (grpc_completion_queue_next(w->conn_cq,
+                                    gpr_inf_past(GPR_CLOCK_MONOTONIC), NULL)
+             .type == GRPC_OP_COMPLETE) {
+    if (w->conn_state == GRPC_CHANNEL_READY)
+      w->lost++;
+    cgc__conn_arm(w);
+  }
 }
 
 /* Remembers an id ch staged just now, while the window is open. */
@@ -190,20 +224,22 @@ static void cgc__stage_remember(cgc_channel *ch, const unsigned char *id,
   cgc__stage_watch *w = ch->sw;
   pthread_mutex_lock(&w->mu);
   if (w->calls < CGC__STAGE_WINDOW && !atomic_load(&w->off)) {
+    cgc__stage_conn_poll(w);
     memcpy(w->ring[w->next].id, id, CGC_STAGED_ID_BYTES);
     w->ring[w->next].at_ms = cgc__now_ms();
     w->ring[w->next].ttl_ms = ttl_ms ? (double)ttl_ms : 60000.0;
+    w->ring[w->next].lost = w->lost;
     w->next = (w->next + 1) % CGC__STAGE_RING;
   }
   pthread_mutex_unlock(&w->mu);
 }
 
 /* 1 when w remembers id as staged lately: well within the store's time
- * to live, and after the last UNAVAILABLE (no restart lost it). */
+ * to live, and since the last drop or UNAVAILABLE (no restart lost it). */
 static int cgc__stage_recent(const cgc__stage_watch *w, const unsigned char *id,
                              double now) {
   for (int k = 0; k < CGC__STAGE_RING; k++) {
-    if (w->ring[k].at_ms > 0 && w->ring[k].at_ms > w->unavailable_ms &&
+    if (w->ring[k].at_ms > 0 && w->ring[k].lost == w->lost &&
         now - w->ring[k].at_ms < w->ring[k].ttl_ms / 4 &&
         memcmp(w->ring[k].id, id, CGC_STAGED_ID_BYTES) == 0)
       return 1;
@@ -220,6 +256,7 @@ void cgc__stage_seen(cgc_channel *ch, const cgc_request *req, unsigned ids,
     pthread_mutex_unlock(&w->mu);
     return;
   }
+  cgc__stage_conn_poll(w);
   int ours = 0, miss = 0;
   for (int i = 0; i < 3; i++) {
     if (!(ids & (1u << i)) || !cgc__stage_recent(w, req->inputs[i].staged, now))

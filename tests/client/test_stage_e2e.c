@@ -224,6 +224,47 @@ static void test_restart_restages(void **state) {
   cgc_channel_free(ch);
 }
 
+/* The server restarts in the middle of a forward pass, after a window's
+ * worth of layers were staged, and the next layer's Stage is the first
+ * call to meet it (so no Compute call sees UNAVAILABLE): the calls of the
+ * layers staged before find their ids missing and are retried with the
+ * bytes, the next layer's call finds its own, and staging stays on (the
+ * restart lost them, not a target that spreads calls over servers). */
+#define RESTART_CASES 9 /* a window (CGC__STAGE_WINDOW, 8) and one */
+static void test_restart_keeps_staging(void **state) {
+  (void)state;
+  cgc_channel *ch = channel();
+  static layer_case c[RESTART_CASES];
+  static unsigned char ids[RESTART_CASES][2][CGC_STAGED_ID_BYTES];
+  int port = srv.port;
+  for (int k = 0; k < RESTART_CASES; k++) {
+    if (k == RESTART_CASES - 1) {
+      th_server_stop(&srv);
+      assert_int_equal(th_server_start(&srv, server_exe, port, server_args), 0);
+    }
+    case_init(&c[k], 40 + (uint64_t)k);
+    stage_input(ch, &c[k], 0, ids[k][0]);
+    stage_input(ch, &c[k], 2, ids[k][1]);
+  }
+  for (int k = 0; k < RESTART_CASES; k++) {
+    cgc_result res = run_checked(ch, &c[k]);
+    if (k < RESTART_CASES - 1) {
+      assert_int_equal(res.attempts, 2);
+    } else {
+      assert_int_equal(res.attempts, 1);
+      assert_int_equal(res.bytes_sent, c[k].l.in_bytes[1]);
+    }
+    case_free(&c[k]);
+  }
+  assert_int_equal(th_count_lines(srv.log, "missing: "), RESTART_CASES - 1);
+  unsigned char id[CGC_STAGED_ID_BYTES], data[64] = {1};
+  cgc_status st;
+  if (cgc_stage(ch, data, sizeof data, 0, id, NULL, &st))
+    fail_msg("stage after the restart: %s %s", cgc_status_code_name(st.code),
+             st.message);
+  cgc_channel_free(ch);
+}
+
 /* Layers whose src and weights are staged on to (cases of seeds 20..),
  * then computed one by one on it: returns the retries (attempts past
  * each call's first), and the calls from the first one after staging
@@ -347,6 +388,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_by_id),
       cmocka_unit_test(test_private_src),
       cmocka_unit_test(test_restart_restages),
+      cmocka_unit_test(test_restart_keeps_staging),
       cmocka_unit_test(test_round_robin_pool),
       cmocka_unit_test(test_no_store),
       cmocka_unit_test(test_server_info),
