@@ -703,17 +703,31 @@ static double desc_flops(const ts_desc *d) {
   return problem_describe(&tp, d) == 0 ? tp.g.flops : 0;
 }
 
+/* Grows d (by grow) until it has want FLOPs or grow says it is as big as
+ * it may get. */
+static void grow_to(ts_desc *d, int (*grow)(ts_desc *d), double want) {
+  for (ts_desc next = *d; desc_flops(d) < want && grow(&next) == 0;)
+    *d = next;
+}
+
 /* Grows d (by grow) until one run of it on the server takes min_ms, or
  * grow says it is as big as it may get; tp and *took are the last run.
  * A run too short is followed by the size its own rate says reaches
  * min_ms (with a margin), skipping the steps between: every run moves
  * the problem's tensors, which costs more than the compute under a
  * sanitizer (under ThreadSanitizer the doublings to a 1 s weights problem
- * took 40 s, all but 2 of them in copies and page faults). */
+ * took 40 s, all but 2 of them in copies and page faults). *rate is the
+ * FLOPs per ms of the kind's last slow run in this process, 0 before the
+ * first: a test's next slow problem of that kind starts at the size it
+ * says (its servers are the same binary on the same cores), so only the
+ * first one climbs from the small sizes (under ThreadSanitizer the three
+ * runs below server_shutdown's second weights problem took 14 s). */
 static int grow_until_slow(grpc_channel *ch, ts_desc *d,
                            int (*grow)(ts_desc *d), ts_problem *tp,
-                           double min_ms, double min_flops, double *took) {
+                           double min_ms, double min_flops, double *took,
+                           double *rate) {
   int runs = 0;
+  grow_to(d, grow, fmax(min_flops, *rate * 1.25 * min_ms));
   for (;;) {
     if (ts_problem_init(tp, d) != 0)
       return -1;
@@ -748,11 +762,12 @@ static int grow_until_slow(grpc_channel *ch, ts_desc *d,
     ts_desc bigger = *d;
     if (grow(&bigger) != 0)
       break;
-    for (ts_desc next = bigger; desc_flops(&bigger) < want && grow(&next) == 0;)
-      bigger = next;
+    grow_to(&bigger, grow, want);
     ts_problem_free(tp);
     *d = bigger;
   }
+  if (*took > 0)
+    *rate = tp->g.flops / *took;
   fprintf(stderr,
           "  slow problem: mb %lld, kernel %lld, %.1f GFLOP, %.0f ms "
           "(%d runs)\n",
@@ -791,7 +806,9 @@ int ts_problem_slow(grpc_channel *ch, ts_problem *tp, double min_ms,
                .pad = 2,
                .dil = 1,
                .seed = 32};
-  return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, 0, took);
+  static double rate; /* the tests call from one thread */
+  return grow_until_slow(ch, &d, grow_weights_problem, tp, min_ms, 0, took,
+                         &rate);
 }
 
 /* 4.3 GFLOP and 200 KB a row: mb 256 holds 100 MB of a 160M budget, so a
@@ -828,7 +845,9 @@ int ts_problem_slow_bwd_data(grpc_channel *ch, ts_problem *tp, double min_ms,
    * work (16 GFLOP per thread each, pool.c), so on a core slow enough
    * that min_ms is a single slice's work the job would run whole. Four
    * slices' work on two threads, in rows of about 1 GFLOP. */
-  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, 4 * 32e9, took);
+  static double rate; /* the tests call from one thread */
+  return grow_until_slow(ch, &d, grow_data_problem, tp, min_ms, 4 * 32e9, took,
+                         &rate);
 }
 
 /* ---- background calls ---- */
