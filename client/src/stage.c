@@ -285,8 +285,7 @@ static int cgc__stage_id(const void *data, size_t nbytes, int priv,
                          unsigned char id[CGC_STAGED_ID_BYTES],
                          cgc_status *st) {
   if (priv) {
-    for (size_t i = 0; i < CGC_PRIVATE_ID_TAG_BYTES; i++)
-      id[i] = cgc__private_tag[i];
+    memcpy(id, cgc__private_tag, sizeof cgc__private_tag);
     size_t n = CGC_STAGED_ID_BYTES - CGC_PRIVATE_ID_TAG_BYTES;
     if (getrandom(id + CGC_PRIVATE_ID_TAG_BYTES, n, 0) == (ssize_t)n)
       return 0;
