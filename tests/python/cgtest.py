@@ -16,21 +16,46 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
 
 
-@atexit.register
-def _unlink_own_shm():
-    """Runs after convgrad's own exit handler (registered later, run
-    earlier), which closes the clients' arenas: what is left of this
-    process in /dev/shm is a Region a failed test never freed (its
-    traceback holds it). Names only: mappings stay valid."""
-    own = "convgrad-%d-" % os.getpid()
+def unlink_shm_of(pid, why):
+    """Removes the /dev/shm objects the client library named for process
+    pid (convgrad-PID-...), saying why on stderr. Names only: mappings
+    stay valid."""
+    own = "convgrad-%d-" % pid
     for name in os.listdir("/dev/shm"):
         if name.startswith(own):
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except FileNotFoundError:
                 continue
-            print("cgtest: removed /dev/shm/%s at exit (no test freed it)"
-                  % name, file=sys.stderr)
+            print("cgtest: removed /dev/shm/%s %s" % (name, why),
+                  file=sys.stderr)
+
+
+@atexit.register
+def _unlink_own_shm():
+    """Runs after convgrad's own exit handler (registered later, run
+    earlier), which closes the clients' arenas: what is left of this
+    process in /dev/shm is a Region a failed test never freed (its
+    traceback holds it)."""
+    unlink_shm_of(os.getpid(), "at exit (no test freed it)")
+
+
+def spawn(fn, args, nprocs):
+    """torch.multiprocessing.spawn(fn, args, nprocs) joined, then what its
+    workers left in /dev/shm removed. When one worker fails, spawn ends
+    the others with SIGTERM, which skips their exit handlers: the regions
+    of their clients' arenas would stay (a sibling's failure left one
+    convgrad-PID-1-... object of the terminated rank here). A worker that
+    exited by itself has already removed its own."""
+    import torch.multiprocessing as mp
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    try:
+        while not ctx.join():
+            pass
+    finally:
+        for pid in ctx.pids():
+            unlink_shm_of(pid, "of worker %d (ended before its exit "
+                          "handlers ran)" % pid)
 
 
 def parse_args(description):

@@ -9,7 +9,6 @@ training on the whole batches with plain autograd.
 
 Usage: test_ddp.py --server PATH (with CONVGRAD_LIBRARY set)."""
 import os
-import socket
 import sys
 import tempfile
 
@@ -17,7 +16,6 @@ import cgtest
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -84,8 +82,8 @@ def main():
     failed = False
     try:
         with tempfile.TemporaryDirectory(prefix="cgpy-ddp-") as d:
-            mp.spawn(worker, args=(server.target, os.path.join(d, "init"), d),
-                     nprocs=WORLD, join=True)
+            cgtest.spawn(worker, (server.target, os.path.join(d, "init"), d),
+                         WORLD)
             local = make_model()
             train(local, data(), micro=WORLD * 2)
             ref = local.state_dict()
