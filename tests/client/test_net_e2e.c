@@ -217,15 +217,15 @@ static void test_calls_survive_server_restart(void **state) {
   char target[64], tflag[80], err[256], outs[NCLI][128], errs[NCLI][128];
   snprintf(target, sizeof target, "127.0.0.1:%d", port);
   snprintf(tflag, sizeof tflag, "--target=%s", target);
-  const char *argv[] = {cli_exe,
-                        "run",
-                        tflag,
-                        "--op",
-                        "ConvolutionBackwardData",
-                        "--problem",
-                        "mb2ic16ih14oc32oh14kh3ph1",
-                        "--check",
-                        NULL};
+  const char *argv[] = {cli_exe, "run", tflag, "--op",
+                        "ConvolutionBackwardData", "--problem",
+                        "mb2ic16ih14oc32oh14kh3ph1", "--check",
+                        /* The default 5 retries wait about 1.5 s in all,
+                         * and the server comes back 0.5 s after the kill
+                         * plus its start, which under ASan on a loaded
+                         * machine took longer: 10 wait about 11 s, as
+                         * the library calls below get. */
+                        "--retries", "10", NULL};
   pid_t cli[NCLI];
   cgc_options o;
   cgc_options_init(&o);
