@@ -21,10 +21,20 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          ratio to local's in the same round, and per step the calls,
          bytes up and down, staged at forward time, and those the
          backward waits for (up and down but, with overlap, the weights'
-         gradients), the server's compute and the arena's size;
-         then the local convolutions' backward per step (the part an
-         offloaded step replaces: each conv's aten::convolution_backward
-         on tensors of its shapes). Before timing, one
+         gradients), the server's compute, the arena's size, the CPU ms
+         per MB moved (up, down and staged) of the trainer (trn/MB: its
+         process's CPU beyond local's less local's convolutions'
+         backward) and of the server (srv/MB: its process's CPU beyond
+         its workers'), and the step the model of client/python/README.md
+         ("When offload pays") predicts from them ("model ms", model_ms)
+         with the median of its ratios to the measured step in the same
+         round ("model/"); then local's convolutions' backward per step
+         (the part an offloaded step replaces: each conv's
+         aten::convolution_backward on tensors of its shapes, timed
+         after local's step each round), forward and optimizer step, and
+         each round's wall ms per CPU ms of the trainer's and the
+         server's core. Each offload mode has a server of its own.
+         Before timing, one
          step from equal weights in every mode: each parameter gradient
          against local's, relative to its largest value (f32 must be
          within 1e-5, a bf16 wire's within 5e-2).
@@ -100,7 +110,7 @@ class Mode:
         self.server = server
         self.threads = threads
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        self.times = []
+        self.rounds = []  # each round's figures (time_steps)
         self.steps = 0
 
     def step(self, x, y, autocast):
@@ -113,10 +123,14 @@ class Mode:
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         self.opt.zero_grad()
+        t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = F.cross_entropy(self.model(x), y)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         self.opt.step()
+        self.last_parts = ((t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3)
         return loss.item()
 
 
@@ -188,11 +202,10 @@ def trainer_shares(model):
     return " ".join(rows)
 
 
-def conv_backward_ms(model, x, autocast, reps=5):
-    """The local convolutions' backward of one step: each conv's
-    torch.ops.aten.convolution_backward on tensors of its shapes (in bf16
-    under autocast), the median of reps runs, summed over the convs. (The
-    autograd profiler slows these ops down several times.)"""
+def conv_backward_calls(model, x, autocast):
+    """The local convolutions' backward of one step, as one
+    torch.ops.aten.convolution_backward argument list per conv on
+    tensors of its shapes (in bf16 under autocast)."""
     import torch
     import torch.nn as nn
     dt = torch.bfloat16 if autocast else torch.float32
@@ -206,19 +219,54 @@ def conv_backward_ms(model, x, autocast, reps=5):
         model(x)
     for h in handles:
         h.remove()
-    total = 0.0
-    for m, xs, ys, need_x in convs:
-        args = (torch.randn(ys).to(dt), torch.randn(xs).to(dt),
-                m.weight.detach().to(dt), [0], m.stride, m.padding,
-                m.dilation, False, [0] * len(m.stride), m.groups,
-                [need_x, True, m.bias is not None])
+    return [(torch.randn(ys).to(dt), torch.randn(xs).to(dt),
+             m.weight.detach().to(dt), [0], m.stride, m.padding,
+             m.dilation, False, [0] * len(m.stride), m.groups,
+             [need_x, True, m.bias is not None])
+            for m, xs, ys, need_x in convs]
+
+
+def conv_backward_ms(calls, reps=2):
+    """The local convolutions' backward of one step (the part an
+    offloaded step replaces): the wall and CPU ms of each of calls
+    (conv_backward_calls) on its own, the median of reps runs after one
+    untimed, summed. (The autograd profiler slows these ops down several
+    times.)"""
+    import torch
+    wall = cpu = 0.0
+    for args in calls:
         t = []
         for _ in range(reps + 1):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             torch.ops.aten.convolution_backward(*args)
-            t.append(time.perf_counter() - t0)
-        total += statistics.median(t[1:])
-    return total * 1e3
+            t.append((time.perf_counter() - t0, time.process_time() - c0))
+        wall += statistics.median(x[0] for x in t[1:])
+        cpu += statistics.median(x[1] for x in t[1:])
+    return wall * 1e3, cpu * 1e3
+
+
+def server_cpu_ms(server):
+    """The CPU a server process has used so far, in ms, as /proc counts
+    it (user and system): every thread's, and its workers' (the threads
+    that run the kernels; the others move the bytes); (0, 0) for None."""
+    if server is None:
+        return 0.0, 0.0
+
+    def ms(path):
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf(
+            "SC_CLK_TCK")
+    proc = "/proc/%d" % server.proc.pid
+    workers = 0.0
+    for tid in os.listdir(proc + "/task"):
+        try:
+            with open("%s/task/%s/comm" % (proc, tid)) as f:
+                if f.read().startswith("cg-worker"):
+                    workers += ms("%s/task/%s/stat" % (proc, tid))
+        except FileNotFoundError:  # a thread that ended
+            pass
+    return ms(proc + "/stat"), workers
 
 
 def bf16_wire(mode):
@@ -334,34 +382,47 @@ def link_gbits(rate):
 BF16_WIRE_TOL = 5e-2
 
 
-# What one call costs beyond its bytes and compute, in ms: the client's
-# and the server's work per call (client/python/README.md, "When offload
-# pays").
+# What a call costs beyond its bytes and compute where no bytes cross a
+# wire (regions), in ms; over a wire the per-MB figures hold it.
 CALL_MS = 1.0
 
 
-def model_ms(local_ms, conv_ms, server_ms, up, down, staged, weights_down,
-             calls, gbits, overlap):
+def model_ms(f, overlap):
     """The offloaded step the model of client/python/README.md ("When
-    offload pays") predicts, in ms: the trainer's step without its
-    convolutions' backward (local_ms - conv_ms), the server's compute
-    (server_ms), the backward's bytes up and down at gbits (None: nothing
-    on a wire) and CALL_MS per call. The bytes staged during the forward
-    cost only what of their wire time the trainer's own work does not
-    cover. With overlap the server sends grad_input first: the weights'
-    gradients (half the compute; weights_down of the bytes down) are off
-    the critical path but for what of their compute the next layer's
-    upload does not cover."""
-    def wire(nbytes):
-        return nbytes * 8 / (gbits * 1e9) * 1e3 if gbits else 0.0
-    trainer = local_ms - conv_ms
-    step = (trainer + calls * CALL_MS +
-            max(0.0, wire(staged) - trainer))
+    offload pays") predicts, in ms, from the figures f of one round (ms,
+    MB, per step): local's step (local), its convolutions' backward
+    (conv), forward and optimizer step (forward, optimizer) and the wall
+    ms its core gave a CPU ms (trn_stretch: local's wall over its CPU);
+    the mode's server compute (its workers' CPU ms, workers_cpu), bytes
+    up, down, staged and the weights' gradients among those down
+    (weights_down), its calls, the CPU ms its trainer and its server
+    spend per MB moved (trn_mb, srv_mb), the wall ms the server's core
+    gave a CPU ms (srv_stretch) and the link's Gbit/s (gbits, None: no
+    wire). Each side has one core that
+    moves its bytes besides its own work: a transfer on the critical
+    path takes both sides' per-MB time or the wire's, whichever is more.
+    Staged bytes cost the trainer its CPU during the forward, and their
+    wire time only what the trainer's own work does not cover. With
+    overlap the server sends diff_src first: after a layer's data half
+    (compute/2) the server's core does the weights' half and all its
+    byte work while the trainer takes diff_src, runs its own backward
+    and sends the next layer's inputs; the next layer starts when both
+    are done."""
+    wire = 8 / f["gbits"] if f["gbits"] else 0.0  # ms per MB
+    trn = f["trn_mb"] * f["trn_stretch"]
+    srv = f["srv_mb"] * f["srv_stretch"]
+    per_mb = max(wire, trn + srv)
+    compute = f["workers_cpu"] * f["srv_stretch"]
+    moved = f["up"] + f["down"]
+    own = f["local"] - f["conv"]
+    step = (own + (0 if moved else f["calls"] * CALL_MS) +
+            f["staged"] * trn + max(0.0, f["staged"] * wire - own))
     if not overlap:
-        return step + server_ms + wire(up + down)
-    half = server_ms / 2
-    return (step + half + max(0.0, half - wire(up)) +
-            wire(up + down - weights_down))
+        return step + compute + moved * per_mb
+    own_backward = own - f["forward"] - f["optimizer"]
+    return (step - own_backward + compute / 2 +
+            max(compute / 2 + moved * srv,
+                own_backward + (moved - f["weights_down"]) * per_mb))
 
 
 def describe_host(args, info):
@@ -455,69 +516,134 @@ def train_modes(args, modes, batches, dtype):
         ok &= check_gradients(modes, *batches[1], autocast,
                               1e-5 if dtype == "f32" else None,
                               " with the trainer's cuts")
+    torch.set_num_threads(args.threads)
+    convs = conv_backward_calls(modes[0].model, batches[0][0], autocast)
     for m in modes:
         if m.client:
             m.client.stats(reset=True)
     for r in range(args.rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
-            t = []
-            for i in range(args.steps):
-                t0 = time.perf_counter()
-                m.step(*batches[i % 4], autocast)
-                t.append(time.perf_counter() - t0)
-            m.times.append(statistics.median(t) * 1e3)
-            m.steps += args.steps
-    # Each round's ratio to local's time in the same round: the
-    # machine's load moves both.
-    ratio = {m.name: statistics.median(
-        t / l for t, l in zip(m.times, modes[0].times))
-        for m in modes}
-    torch.set_num_threads(args.threads)
-    conv_ms = conv_backward_ms(modes[0].model, batches[0][0],
-                               autocast)
-    print("  %-18s %9s %7s %6s %9s %9s %9s %8s %11s %10s %9s" % (
-        "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
-        "MB staged", "MB waits", "compute ms", "arena MB",
-        "model ms"))
-    local_ms = statistics.median(modes[0].times)
+            m.rounds.append(time_steps(args, m, batches, autocast))
+            if m is modes[0]:
+                torch.set_num_threads(args.threads)
+                m.rounds[-1]["conv"], m.rounds[-1]["conv_cpu"] = \
+                    conv_backward_ms(convs)
+    print_modes(args, modes, autocast)
+    return ok
+
+
+def time_steps(args, m, batches, autocast):
+    """One round of mode m: args.steps steps, the median of their wall
+    ms, forward and optimizer ms, the trainer process's CPU ms and the
+    server's (every thread's, and its workers'); per step the client's
+    calls, bytes (MB) and server compute, and its arena's MiB."""
+    steps = []
+    before = m.client.stats() if m.client else None
+    for i in range(args.steps):
+        c0, s0 = time.process_time(), server_cpu_ms(m.server)
+        t0 = time.perf_counter()
+        m.step(*batches[i % 4], autocast)
+        wall = (time.perf_counter() - t0) * 1e3
+        s1 = server_cpu_ms(m.server)
+        steps.append((wall,) + m.last_parts + (
+            (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1]))
+    m.steps += args.steps
+    f = dict(zip(("ms", "forward", "optimizer", "cpu", "server_cpu",
+                  "workers_cpu"),
+                 (statistics.median(x) for x in zip(*steps))))
+    if m.client:
+        after = m.client.stats()
+        for k, key, unit in (("calls", "calls", 1),
+                             ("up", "bytes_sent", 1e6),
+                             ("down", "bytes_received", 1e6),
+                             ("staged", "staged_bytes", 1e6),
+                             ("compute", "compute_ms", 1)):
+            f[k] = (after[key] - before[key]) / unit / args.steps
+        f["arena"] = after["arena_bytes"] / 2**20
+    return f
+
+
+def print_modes(args, modes, autocast):
+    """Per mode the medians over rounds: ms/step, its ratio to local's in
+    the same round, calls, bytes, the server's compute, the arena, the
+    CPU per MB moved of the trainer (beyond local's less local's
+    convolutions' backward) and of the server (beyond its workers'), and
+    the model's step (model_ms, each round's figures) with its ratio to
+    the measured one in the same round."""
+    import torch
+    local = modes[0].rounds
     params = sum(p.numel() for mod in modes[0].model.modules()
                  if isinstance(mod, torch.nn.Conv2d)
                  for p in mod.parameters())
+    med = statistics.median
+    # The wall ms a CPU ms took on the server's core, from other
+    # processes: its compute's wall over its workers' CPU in the round's
+    # least disturbed mode (overlapped calls' bytes also arrive while
+    # its workers compute, which the model counts as bytes).
+    srv_stretch = [min([x["compute"] / x["workers_cpu"]
+                        for x in xs[1:] if x["workers_cpu"] > 0] or [1.0])
+                   for xs in zip(*(m.rounds for m in modes))]
+    print("  %-18s %9s %6s %6s %7s %7s %7s %8s %9s %6s %7s %7s %8s %6s" % (
+        "mode", "ms/step", "ratio", "calls", "MB up", "MB down",
+        "staged", "MB waits", "compute", "arena", "trn/MB", "srv/MB",
+        "model ms", "model/"))
     for m in modes:
-        weights_down = params * (2 if autocast or bf16_wire(m)
-                                 else 4)
-        ms = statistics.median(m.times)
-        line = "  %-18s %9.1f %6.2fx" % (m.name, ms, ratio[m.name])
+        line = "  %-18s %9.1f %5.2fx" % (
+            m.name, med(x["ms"] for x in m.rounds),
+            med(x["ms"] / l["ms"] for x, l in zip(m.rounds, local)))
         if m.client:
-            s = m.client.stats()
-            n = m.steps
-            up, down = s["bytes_sent"] / n, s["bytes_received"] / n
-            staged = s["staged_bytes"] / n
-            predicted = model_ms(
-                local_ms, conv_ms, s["compute_ms"] / n, up, down,
-                staged, weights_down if down else 0, s["calls"] / n,
-                args.link_gbits if down else None,
-                "serial" not in m.name.split("+"))
+            overlap = "serial" not in m.name.split("+")
+            d_w = params * (2 if autocast or bf16_wire(m) else 4) / 1e6
+            moved = [x["up"] + x["down"] + x["staged"] for x in m.rounds]
+            trn_mb = med((x["cpu"] - l["cpu"] + l["conv_cpu"]) / b
+                         for x, l, b in zip(m.rounds, local, moved)) \
+                if moved[0] else 0.0
+            srv_mb = med((x["server_cpu"] - x["workers_cpu"]) / b
+                         for x, b in zip(m.rounds, moved)) \
+                if moved[0] else 0.0
+            predicted = []
+            for x, l, k in zip(m.rounds, local, srv_stretch):
+                # Local's convolutions' backward as their share of local's
+                # CPU in the round (their own run, timed right after
+                # local's step, meets another moment's load).
+                conv = l["ms"] * l["conv_cpu"] / l["cpu"]
+                f = dict(x, local=l["ms"], conv=conv,
+                         forward=l["forward"], optimizer=l["optimizer"],
+                         trn_stretch=l["ms"] / l["cpu"], trn_mb=trn_mb,
+                         srv_mb=srv_mb, srv_stretch=k,
+                         weights_down=d_w if x["down"] else 0.0,
+                         gbits=args.link_gbits if x["down"] else None)
+                predicted.append(model_ms(f, overlap))
+            x = {k: med(r[k] for r in m.rounds) for k in m.rounds[0]}
             # The bytes the backward waits for: all but the weights'
             # gradients, which overlap sends off its critical path.
-            waits = up + down - (weights_down if down and "serial"
-                                 not in m.name.split("+") else 0)
-            line += (" %6.0f %9.1f %9.1f %9.1f %8.1f %11.1f %10.0f "
-                     "%9.0f" % (
-                         s["calls"] / n, up / 1e6, down / 1e6,
-                         staged / 1e6, waits / 1e6,
-                         s["compute_ms"] / n,
-                         s["arena_bytes"] / 2**20, predicted))
+            waits = x["up"] + x["down"] - (d_w if x["down"] and overlap
+                                           else 0)
+            line += (" %6.0f %7.1f %7.1f %7.1f %8.1f %9.1f %6.0f %7.2f "
+                     "%7.2f %8.0f %5.2fx" % (
+                         x["calls"], x["up"], x["down"], x["staged"], waits,
+                         x["compute"], x["arena"], trn_mb, srv_mb,
+                         med(predicted),
+                         med(p / r["ms"] for p, r in zip(predicted,
+                                                         m.rounds))))
         print(line + "   (rounds: %s)" % " ".join(
-            "%.0f" % t for t in m.times), flush=True)
+            "%.0f" % x["ms"] for x in m.rounds), flush=True)
         shares = trainer_shares(m.model)
         if shares:
             print("    trainer's rows of each call: %s" % shares)
-    print("  local convolution backward: %.1f ms/step (the part an "
-          "offloaded step replaces; aten::convolution_backward of "
-          "each conv's shapes)" % conv_ms, flush=True)
-    return ok
+    print("  local: convolutions' backward %.1f ms/step (the part an "
+          "offloaded step replaces; aten::convolution_backward of each "
+          "conv's shapes; %.0f %% of local's CPU), forward %.1f, optimizer "
+          "%.1f; wall ms per CPU ms (rounds): trainer %s, server %s; load "
+          "%s" % (
+              med(l["conv"] for l in local),
+              100 * med(l["conv_cpu"] / l["cpu"] for l in local),
+              med(l["forward"] for l in local),
+              med(l["optimizer"] for l in local),
+              " ".join("%.2f" % (l["ms"] / l["cpu"]) for l in local),
+              " ".join("%.2f" % k for k in srv_stretch),
+              " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
 
 
 def rel_err(got, ref):
