@@ -91,6 +91,9 @@ typedef struct cgc__replica {
   double bytes_per_ms;  /* the link, a moving average; 0: unknown */
   int outstanding;      /* parts and calls in flight on it */
   double down_until_ms; /* after a failure: picked only if all are down */
+  /* An attempt of it lost to a copy started after it and was cancelled,
+   * and it has answered nothing since: no backup goes to it (cgc__give_up) */
+  int stuck;
   /* The shapes it has answered lately (cgc__shape_key; 0 free), a ring. */
   uint64_t shapes[CGC__REPLICA_SHAPES];
   int shapes_next;

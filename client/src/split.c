@@ -52,7 +52,8 @@
 #define CGC__AUTO_PARTS 8
 /* Backups in hand at most: hedge_budget's share of this many parts. */
 #define CGC__HEDGE_WINDOW 40.0
-/* A part gets no backup on a replica known this many times slower. */
+/* A part gets no backup on a replica known this many times slower, until
+ * it has run this many times that replica's estimate. */
 #define CGC__HEDGE_SLOWER 2.0
 /* What a part costs beside its bytes and flops, in ms: a call's header
  * and status each way, the server's queue hop. */
@@ -91,7 +92,8 @@ struct cgc__part {
   int ntries, live;
   int won; /* 1 + the try that completed, 0 while none has */
   int hedged;
-  int src_placed; /* its diff_src rows are in the call's diff_src */
+  double hedge_not_before; /* a backup refused for now: due again then */
+  int src_placed;          /* its diff_src rows are in the call's diff_src */
   /* The replica picked for it, and the part before it there, whose
    * upload it waits for (-1: none, it starts with the call). */
   int replica, after;
@@ -204,6 +206,7 @@ static void cgc__figure(cgc__replica *r, double fig) {
 static void cgc__measure(cgc__replica *r, const cgc_result *res, double flops,
                          uint64_t key) {
   int seen = 0;
+  r->stuck = 0;
   for (int i = 0; i < CGC__REPLICA_SHAPES && !seen; i++)
     seen = r->shapes[i] == key;
   if (!seen) {
@@ -637,6 +640,7 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
   }
   pt->ntries++;
   pt->live++;
+  pt->hedge_not_before = 0; /* the new attempt's own */
   return 0;
 }
 
@@ -652,7 +656,11 @@ static int cgc__try_start(cgc__split *s, cgc__part *pt, int r,
  * started before it (a backup sent late, a probe) had less time than the
  * winner took, which tells nothing of its replica; nor does a part that
  * lost to a probe (the last part of the call, queued behind the others
- * on its replica, against a copy on an idle one). split_mu held;
+ * on its replica, against a copy on an idle one). A replica overtaken so
+ * gets no backup until it answers again (stuck): its figure is only a
+ * lower bound, which a replica slowed down by its machine's load can
+ * approach, and a backup there would race a copy that answers with one
+ * that may never; a probe finds out whether it still is. split_mu held;
  * released while waiting. */
 static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
   for (int i = 0; i < pt->ntries; i++) {
@@ -667,6 +675,7 @@ static void cgc__give_up(cgc_channel *ch, cgc__part *pt) {
           pt->flops / 1e9 * (r->outstanding > 1 ? r->outstanding : 1);
       cgc__figure(r, fmax(r->ms_per_gflop, 2 * (now - t->t0) / gflops));
       r->measured_ms = now;
+      r->stuck = 1;
     }
     cgc_call *call = t->call;
     t->call = NULL;
@@ -779,23 +788,33 @@ static double cgc__hedge_at(cgc__split *s, const cgc__part *pt) {
   if (!cgc__may_hedge(s, pt))
     return INFINITY;
   double after = cgc__hedge_after(s->ch->stats, pt->key);
-  return after < 0 ? INFINITY : pt->tries[pt->ntries - 1].t0 + after;
+  return after < 0
+             ? INFINITY
+             : fmax(pt->tries[pt->ntries - 1].t0 + after, pt->hedge_not_before);
 }
 
 /* Sends a backup of pt, which has run past its shape's 95th percentile,
- * to another replica, within the hedge budget, unless that one is known
- * CGC__HEDGE_SLOWER times slower than pt's (then pt gets none: it would
- * not answer sooner); split_mu held. */
+ * to another replica, within the hedge budget. None goes to a stuck
+ * replica (cgc__give_up). None goes yet to one known CGC__HEDGE_SLOWER
+ * times slower than pt's, which would not answer sooner, until pt has
+ * run CGC__HEDGE_SLOWER times that one's estimate: a replica whose
+ * figures looked fast can stall (a stopped process), and its part must
+ * not wait for the call's deadline. split_mu held. */
 static void cgc__maybe_hedge(cgc__split *s, cgc__part *pt, double now) {
   if (now < cgc__hedge_at(s, pt))
     return;
   cgc_channel *ch = s->ch;
   const cgc__ptry *first = &pt->tries[pt->ntries - 1];
   int to = cgc__pick(ch, pt->flops, pt->bytes, first->replica, now);
-  if (cgc__estimate(&ch->replicas[to], pt->flops, pt->bytes) >
-      CGC__HEDGE_SLOWER *
-          cgc__estimate(&ch->replicas[first->replica], pt->flops, pt->bytes)) {
-    pt->hedged = 1;
+  if (ch->replicas[to].stuck) { /* until it answers: another delay */
+    pt->hedge_not_before = now + cgc__hedge_after(ch->stats, pt->key);
+    return;
+  }
+  double other = cgc__estimate(&ch->replicas[to], pt->flops, pt->bytes);
+  if (other > CGC__HEDGE_SLOWER * cgc__estimate(&ch->replicas[first->replica],
+                                                pt->flops, pt->bytes) &&
+      now - first->t0 < CGC__HEDGE_SLOWER * other) {
+    pt->hedge_not_before = first->t0 + CGC__HEDGE_SLOWER * other;
     return;
   }
   cgc_status st;
