@@ -406,8 +406,9 @@ def model_ms(f, overlap):
     overlap the server sends diff_src first: after a layer's data half
     (compute/2) the server's core does the weights' half and all its
     byte work while the trainer takes diff_src, runs its own backward
-    and sends the next layer's inputs; the next layer starts when both
-    are done."""
+    (and receives the weights' gradients) and sends the next layer's
+    inputs, whose server side shares the server's core with the
+    weights' half; the next layer starts when both are done."""
     wire = 8 / f["gbits"] if f["gbits"] else 0.0  # ms per MB
     trn = f["trn_mb"] * f["trn_stretch"]
     srv = f["srv_mb"] * f["srv_stretch"]
@@ -420,9 +421,16 @@ def model_ms(f, overlap):
     if not overlap:
         return step + compute + moved * per_mb
     own_backward = own - f["forward"] - f["optimizer"]
+    chain = moved - f["weights_down"]
+    # The server's core shares its time between the worker (the weights'
+    # half) and the threads that move the chain's bytes: those go at half
+    # speed while both run. The trainer's core receives the weights'
+    # gradients beside its own backward.
     return (step - own_backward + compute / 2 +
             max(compute / 2 + moved * srv,
-                own_backward + (moved - f["weights_down"]) * per_mb))
+                own_backward + f["weights_down"] * trn +
+                max(chain * wire, chain * (trn + srv) +
+                    min(chain * srv, compute / 2))))
 
 
 def describe_host(args, info):
