@@ -269,6 +269,42 @@ def server_cpu_ms(server):
     return ms(proc + "/stat"), workers
 
 
+def cpu_quota():
+    """This process's cgroup CPU quota, as (the share of one core it may
+    use, None without a quota; the ms its cgroup has been throttled so
+    far), from cgroup v1's cpu controller or v2's, whichever holds it."""
+    with open("/proc/self/cgroup") as f:
+        lines = [line.rstrip("\n").split(":", 2) for line in f]
+    with open("/proc/mounts") as f:
+        mounts = [line.split() for line in f]
+    for _, controllers, path in lines:
+        if "cpu" in controllers.split(","):
+            top = next((m[1] for m in mounts if m[2] == "cgroup" and
+                        "cpu" in m[3].split(",")), None)
+            v2 = False
+            break
+    else:
+        top, path, v2 = "/sys/fs/cgroup", lines[-1][2], True
+    d = (top or "") + path
+    try:
+        with open(d + "/cpu.stat") as f:
+            stat = dict(line.split() for line in f)
+        if v2:
+            with open(d + "/cpu.max") as f:
+                quota, period = f.read().split()
+            throttled = int(stat.get("throttled_usec", 0)) / 1e3
+        else:
+            with open(d + "/cpu.cfs_quota_us") as f:
+                quota = f.read().strip()
+            with open(d + "/cpu.cfs_period_us") as f:
+                period = f.read().strip()
+            throttled = int(stat.get("throttled_time", 0)) / 1e6
+    except (OSError, ValueError):
+        return None, 0.0
+    share = None if quota in ("max", "-1") else int(quota) / int(period)
+    return share, throttled
+
+
 def bf16_wire(mode):
     return "bf16" in mode.name.split("+")
 
@@ -399,7 +435,9 @@ def model_ms(f, overlap):
     spend per MB moved (trn_mb, srv_mb), the wall ms the server's core
     gave a CPU ms (srv_stretch) and the link's Gbit/s (gbits, None: no
     wire). Each side has one core that
-    moves its bytes besides its own work: a transfer on the critical
+    moves its bytes besides its own work (a rig's --trn-cpus and
+    --srv-cpus; off a rig, with both on the same cores, it does not
+    hold): a transfer on the critical
     path takes both sides' per-MB time or the wire's, whichever is more.
     Staged bytes cost the trainer its CPU during the forward, and their
     wire time only what the trainer's own work does not cover. With
@@ -408,7 +446,10 @@ def model_ms(f, overlap):
     byte work while the trainer takes diff_src, runs its own backward
     (and receives the weights' gradients) and sends the next layer's
     inputs, whose server side shares the server's core with the
-    weights' half; the next layer starts when both are done."""
+    weights' half; the next layer starts when both are done. Under a
+    CPU quota (quota: the share of a core; local and trn_stretch
+    without local's throttled time) the step is at least the trainer's
+    work over that share."""
     wire = 8 / f["gbits"] if f["gbits"] else 0.0  # ms per MB
     trn = f["trn_mb"] * f["trn_stretch"]
     srv = f["srv_mb"] * f["srv_stretch"]
@@ -418,19 +459,20 @@ def model_ms(f, overlap):
     own = f["local"] - f["conv"]
     step = (own + (0 if moved else f["calls"] * CALL_MS) +
             f["staged"] * trn + max(0.0, f["staged"] * wire - own))
+    bound = (own + (moved + f["staged"]) * trn) / (f["quota"] or 1.0)
     if not overlap:
-        return step + compute + moved * per_mb
+        return max(bound, step + compute + moved * per_mb)
     own_backward = own - f["forward"] - f["optimizer"]
     chain = moved - f["weights_down"]
     # The server's core shares its time between the worker (the weights'
     # half) and the threads that move the chain's bytes: those go at half
     # speed while both run. The trainer's core receives the weights'
     # gradients beside its own backward.
-    return (step - own_backward + compute / 2 +
-            max(compute / 2 + moved * srv,
-                own_backward + f["weights_down"] * trn +
-                max(chain * wire, chain * (trn + srv) +
-                    min(chain * srv, compute / 2))))
+    return max(bound, step - own_backward + compute / 2 +
+               max(compute / 2 + moved * srv,
+                   own_backward + f["weights_down"] * trn +
+                   max(chain * wire, chain * (trn + srv) +
+                       min(chain * srv, compute / 2))))
 
 
 def describe_host(args, info):
@@ -550,15 +592,17 @@ def time_steps(args, m, batches, autocast):
     before = m.client.stats() if m.client else None
     for i in range(args.steps):
         c0, s0 = time.process_time(), server_cpu_ms(m.server)
+        q0 = cpu_quota()[1]
         t0 = time.perf_counter()
         m.step(*batches[i % 4], autocast)
         wall = (time.perf_counter() - t0) * 1e3
         s1 = server_cpu_ms(m.server)
         steps.append((wall,) + m.last_parts + (
-            (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1]))
+            (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1],
+            cpu_quota()[1] - q0))
     m.steps += args.steps
     f = dict(zip(("ms", "forward", "optimizer", "cpu", "server_cpu",
-                  "workers_cpu"),
+                  "workers_cpu", "throttled"),
                  (statistics.median(x) for x in zip(*steps))))
     if m.client:
         after = m.client.stats()
@@ -580,7 +624,11 @@ def print_modes(args, modes, autocast):
     the model's step (model_ms, each round's figures) with its ratio to
     the measured one in the same round."""
     import torch
+    quota = cpu_quota()[0]
     local = modes[0].rounds
+    # Local's step without the time its quota stopped it: the model
+    # charges the quota against each mode's own CPU (model_ms's bound).
+    unthrottled = [l["ms"] - l["throttled"] for l in local]
     params = sum(p.numel() for mod in modes[0].model.modules()
                  if isinstance(mod, torch.nn.Conv2d)
                  for p in mod.parameters())
@@ -611,14 +659,16 @@ def print_modes(args, modes, autocast):
                          for x, b in zip(m.rounds, moved)) \
                 if moved[0] else 0.0
             predicted = []
-            for x, l, k in zip(m.rounds, local, srv_stretch):
+            for x, l, k, lw in zip(m.rounds, local, srv_stretch,
+                                   unthrottled):
                 # Local's convolutions' backward as their share of local's
                 # CPU in the round (their own run, timed right after
                 # local's step, meets another moment's load).
-                conv = l["ms"] * l["conv_cpu"] / l["cpu"]
-                f = dict(x, local=l["ms"], conv=conv,
-                         forward=l["forward"], optimizer=l["optimizer"],
-                         trn_stretch=l["ms"] / l["cpu"], trn_mb=trn_mb,
+                conv = lw * l["conv_cpu"] / l["cpu"]
+                f = dict(x, local=lw, conv=conv, quota=quota,
+                         forward=l["forward"] * lw / l["ms"],
+                         optimizer=l["optimizer"] * lw / l["ms"],
+                         trn_stretch=lw / l["cpu"], trn_mb=trn_mb,
                          srv_mb=srv_mb, srv_stretch=k,
                          weights_down=d_w if x["down"] else 0.0,
                          gbits=args.link_gbits if x["down"] else None)
@@ -643,13 +693,14 @@ def print_modes(args, modes, autocast):
     print("  local: convolutions' backward %.1f ms/step (the part an "
           "offloaded step replaces; aten::convolution_backward of each "
           "conv's shapes; %.0f %% of local's CPU), forward %.1f, optimizer "
-          "%.1f; wall ms per CPU ms (rounds): trainer %s, server %s; load "
-          "%s" % (
+          "%.1f; wall ms per CPU ms (rounds): trainer %s (less its "
+          "quota's throttled time), server %s; load %s" % (
               med(l["conv"] for l in local),
               100 * med(l["conv_cpu"] / l["cpu"] for l in local),
               med(l["forward"] for l in local),
               med(l["optimizer"] for l in local),
-              " ".join("%.2f" % (l["ms"] / l["cpu"]) for l in local),
+              " ".join("%.2f" % (lw / l["cpu"])
+                       for lw, l in zip(unthrottled, local)),
               " ".join("%.2f" % k for k in srv_stretch),
               " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
 
