@@ -1,10 +1,12 @@
 /* region.c - cgc_region: shared-memory objects the client creates, maps
  * and registers on a channel (RegisterRegion / UnregisterRegion), and the
  * lookup compute.c uses to send tensors in them by reference. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +20,10 @@
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
 
+#define CGC__KEY_MAX 202 /* "/NAME": '/', 200, NUL */
+
 struct cgc_region {
-  char key[202];    /* "/NAME" */
+  char key[CGC__KEY_MAX];
   void *base;       /* the mapping */
   size_t size;      /* its bytes */
   int fd;           /* the object, open while mapped */
@@ -71,9 +75,71 @@ static int cgc__share_with_group(const cgc_region *r, gid_t gid, char *err,
   return 0;
 }
 
+/* The inode of this process's pid namespace, or 0 when /proc cannot say:
+ * a pid in a fresh name means something only inside its namespace, and
+ * containers that share /dev/shm need not share one. */
+static unsigned long cgc__pid_namespace(void) {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* Whether name (a /dev/shm entry) is a fresh name made by a process of
+ * namespace ns under prefix, with that process's pid in *pid. */
+static int cgc__fresh_name_of(const char *name, const char *prefix,
+                              unsigned long ns, long *pid) {
+  size_t n = strlen(prefix);
+  if (strncmp(name, prefix, n) != 0)
+    return 0;
+  const char *p = name + n;
+  char *end;
+  unsigned long fields[4];
+  for (int i = 0; i < 4; i++) {
+    int base = i < 3 ? 10 : 16; /* pid, namespace, counter, random */
+    if (!strchr("0123456789abcdef", *p) || !*p || (base == 10 && *p >= 'a'))
+      return 0; /* strtoul would take a sign or spaces */
+    errno = 0;
+    fields[i] = strtoul(p, &end, base);
+    if (errno || *end != (base == 10 ? '-' : '\0'))
+      return 0;
+    p = end + 1;
+  }
+  *pid = (long)fields[0];
+  return fields[1] == ns && *pid > 0 && fields[0] <= (unsigned long)INT32_MAX;
+}
+
+/* Removes the objects of fresh names under prefix whose process is gone:
+ * one killed by SIGKILL, or by a signal its runtime does not turn into an
+ * exit, never runs cgc_region_free, and /dev/shm is memory that nothing
+ * else returns until reboot. Only this user's objects, made in this pid
+ * namespace by a process that no longer exists in it: another process's
+ * live region is never touched (a pid reused since keeps its dead
+ * predecessor's objects, to the next sweep after it ends). */
+static void cgc__sweep_dead(const char *prefix, unsigned long ns) {
+  DIR *dir = opendir("/dev/shm");
+  if (!dir)
+    return;
+  struct dirent *e;
+  char key[CGC__KEY_MAX];
+  long pid;
+  struct stat st;
+  while ((e = readdir(dir)) != NULL) {
+    if (!cgc__fresh_name_of(e->d_name, prefix, ns, &pid) ||
+        pid == (long)getpid() ||
+        fstatat(dirfd(dir), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+      continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+      continue;
+    if (snprintf(key, sizeof key, "/%s", e->d_name) < (int)sizeof key)
+      shm_unlink(key);
+  }
+  closedir(dir);
+}
+
 int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
                       char *err, size_t errlen) {
   static unsigned long counter;
+  static int swept;
   *out = NULL;
   if (bytes == 0)
     return cg_errorf(err, errlen, CG_EINVAL, "bytes: must be > 0");
@@ -108,9 +174,15 @@ int cgc_region_create(cgc_region **out, const char *key, size_t bytes,
                        "_ - (not only dots), got '%s'",
                        prefix);
     }
+    unsigned long ns = cgc__pid_namespace();
+    const char *sweep = getenv("CONVGRAD_SHM_SWEEP");
+    if (ns && !(sweep && strcmp(sweep, "0") == 0) &&
+        !__atomic_exchange_n(&swept, 1, __ATOMIC_ACQ_REL))
+      cgc__sweep_dead(prefix, ns);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(r->key, sizeof r->key, "/%s%ld-%lu-%08lx", prefix, (long)getpid(),
+    snprintf(r->key, sizeof r->key, "/%s%ld-%lu-%lu-%08lx", prefix,
+             (long)getpid(), ns,
              __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED),
              (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 8)) & 0xfffffffful);
   }

@@ -422,6 +422,67 @@ class Regions(unittest.TestCase):
             self.assertFalse(os.path.exists("/dev/shm" + key))
 
 
+def region_child(then, sweep="1"):
+    """A Python process that makes a Region of a fresh name, prints its key
+    and then runs then (source text, with r the Region)."""
+    env = dict(os.environ, CONVGRAD_SHM_SWEEP=sweep,
+               PYTHONPATH=os.path.join(cgtest.HERE, "..", "..", "client",
+                                       "python"))
+    code = ("import os, signal, sys, convgrad\n"
+            "r = convgrad.Region(4096)\n"
+            "print(r.key, flush=True)\n" + then)
+    return subprocess.Popen([sys.executable, "-c", code], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+class Sweep(unittest.TestCase):
+    """A process killed before it frees its regions (SIGKILL, the OOM
+    killer) leaves their objects in /dev/shm; the next process of the same
+    user and pid namespace to make a region of a fresh name removes them,
+    and nothing of a live process, another user, another namespace or an
+    older name."""
+
+    def test_dead_processes_regions_are_removed(self):
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        killed = region_child("os.kill(os.getpid(), signal.SIGKILL)\n")
+        dead_key = killed.stdout.readline().strip()
+        killed.communicate()
+        self.assertRegex(dead_key, r"^/convgrad-%d-%d-\d+-[0-9a-f]{8}$" %
+                         (killed.pid, ns))
+        self.assertTrue(os.path.exists("/dev/shm" + dead_key))
+        live = region_child("sys.stdin.readline()\n", "0")
+        live_key = live.stdout.readline().strip()
+        # Names the sweep must not judge: another namespace's pid, the
+        # older name without a namespace, another user's object.
+        forged = ["convgrad-%d-%d-1-0000abcd" % (killed.pid, ns + 1),
+                  "convgrad-%d-7-0000abcd" % killed.pid]
+        if os.geteuid() == 0:
+            forged.append("convgrad-%d-%d-2-0000abcd" % (killed.pid, ns))
+        try:
+            for name in forged:
+                with open("/dev/shm/" + name, "w"):
+                    pass
+            if os.geteuid() == 0:
+                os.chown("/dev/shm/" + forged[2], 65534, 65534)
+            # CONVGRAD_SHM_SWEEP=0: no sweep.
+            region_child("", "0").communicate()
+            self.assertTrue(os.path.exists("/dev/shm" + dead_key))
+            sweeper = region_child("")
+            sweeper.communicate()
+            self.assertEqual(sweeper.returncode, 0)
+            self.assertFalse(os.path.exists("/dev/shm" + dead_key))
+            self.assertTrue(os.path.exists("/dev/shm" + live_key))
+            for name in forged:
+                self.assertTrue(os.path.exists("/dev/shm/" + name), name)
+        finally:
+            for name in forged + [dead_key[1:]]:
+                if os.path.exists("/dev/shm/" + name):
+                    os.unlink("/dev/shm/" + name)
+            live.communicate("\n")
+        self.assertFalse(os.path.exists("/dev/shm" + live_key))
+
+
 class Arena(unittest.TestCase):
     def test_shm_true_stages_through_the_arena(self):
         # shm=True: inputs copied into the client's regions, a layer op's
