@@ -6,7 +6,9 @@ import in one interpreter, from the built package even with another
 convgrad, one without convgrad.v1 (the source tree's), later on sys.path,
 and both talk to a real server: GetServerInfo through convgrad_pb2_grpc and
 through convgrad.Client report the same server, and a call through the stub
-agrees with one through the client. Exits 77 (ctest skip) without grpcio.
+agrees with one through the client; the server's refusal of bytes that
+do not hash to their id is the one convgrad.torch reads as a server
+without private ids. Exits 77 (ctest skip) without grpcio.
 
 Usage: test_package.py --server PATH, with CG_PYTHON_DIR (the built
 package's parent) and CONVGRAD_LIBRARY set (ctest sets both)."""
@@ -66,6 +68,24 @@ def main():
             stub_dx = np.frombuffer(got, np.float32).reshape(dx.shape)
             assert np.array_equal(stub_dx, dx) and np.array_equal(dx, dy), \
                 (stub_dx, dx)
+
+            # What an old server says of a private id (bytes that do not
+            # hash to the id sent) is what convgrad.torch takes for "no
+            # private ids here", and no other refusal of a Stage is.
+            from convgrad.torch import _NO_PRIVATE_IDS
+
+            def refusal(**h):
+                try:
+                    stub.Stage(iter([pb.StageRequest(
+                        header=pb.StageHeader(**h))]), timeout=30)
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+                    return e.details()
+                raise AssertionError("Stage %s was accepted" % h)
+            said = refusal(sha256=bytes(32), byte_size=4, data=b"abcd")
+            assert _NO_PRIVATE_IDS.match(said), said
+            said = refusal(sha256=bytes(32), byte_size=0)
+            assert not _NO_PRIVATE_IDS.match(said), said
     finally:
         server.stop()
     print("python_package: convgrad and convgrad.v1 from %s agree on "
