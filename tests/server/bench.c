@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <grpc/byte_buffer.h>
@@ -32,6 +33,34 @@ double bench_percentile(double *v, int n, double p) {
 
 gpr_timespec bench_forever(void) {
   return gpr_inf_future(GPR_CLOCK_REALTIME);
+}
+
+bench_proc bench_proc_stat(pid_t pid) {
+  bench_proc r = {0, 0};
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+  if (f)
+    fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')');
+  unsigned long long minflt = 0, ut = 0, st = 0;
+  /* After the command: state (3), fields 4..9, minflt (10), 11..13,
+   * utime (14), stime (15). */
+  if (!p ||
+      sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %llu %*u %*u %*u %llu %llu",
+             &minflt, &ut, &st) != 3)
+    return r;
+  r.cpu_s = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+  r.minflt = (double)minflt;
+  return r;
+}
+
+double bench_own_cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static int echo_batch(grpc_call *call, grpc_completion_queue *cq, grpc_op *ops,

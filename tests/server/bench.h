@@ -28,6 +28,15 @@ int bench_last_cpu(void);
 int bench_idle_us(const char *arg);
 /* Sleeps us microseconds (nothing for 0). */
 void bench_idle(int us);
+/* What /proc/PID/stat says of pid, all threads: user + system CPU
+ * seconds (in clock ticks) and minor page faults. Zeros when unreadable. */
+typedef struct bench_proc {
+  double cpu_s;
+  double minflt;
+} bench_proc;
+bench_proc bench_proc_stat(pid_t pid);
+/* CPU seconds this process has used, all threads. */
+double bench_own_cpu_seconds(void);
 
 /* Forks the bare echo server (no convgrad code, convgrad-server's malloc
  * settings) listening on addrs, a comma list of "127.0.0.1:0" and

@@ -35,7 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <grpc/grpc.h>
@@ -70,33 +69,6 @@ typedef struct target {
   double client_cpu_s[TRANSPORTS][VIAS]; /* this process's, the same */
   long calls[TRANSPORTS][VIAS];
 } target;
-
-/* User + system CPU seconds pid has used (/proc/PID/stat), all threads. */
-static double cpu_seconds(pid_t pid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  FILE *f = fopen(path, "r");
-  size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-  if (f)
-    fclose(f);
-  buf[n] = '\0';
-  const char *p = strrchr(buf, ')');
-  unsigned long long ut = 0, st = 0;
-  /* After the command: state (3), then fields 4..13, utime (14), stime. */
-  if (!p || sscanf(p + 2,
-                   "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu "
-                   "%llu",
-                   &ut, &st) != 2)
-    return 0;
-  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-/* CPU seconds this process (the client) has used, all threads. */
-static double own_cpu_seconds(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int start_server(target *t, int k, const char *const *extra) {
   snprintf(t->sock, sizeof t->sock, "/tmp/cg-bench-call-%ld-%d.sock",
@@ -180,12 +152,12 @@ static double block(target *t, int x, int v, const tiny_row *row, double *lat,
                     int calls) {
   for (int i = 0; i < 20; i++) /* the channel was idle for a while */
     one_call(t, x, v, row);
-  double cpu0 = cpu_seconds(t->pid), own0 = own_cpu_seconds();
+  double cpu0 = bench_proc_stat(t->pid).cpu_s, own0 = bench_own_cpu_seconds();
   for (int i = 0; i < calls; i++)
     if ((lat[i] = one_call(t, x, v, row)) < 0)
       return 0;
-  t->cpu_s[x][v] += cpu_seconds(t->pid) - cpu0;
-  t->client_cpu_s[x][v] += own_cpu_seconds() - own0;
+  t->cpu_s[x][v] += bench_proc_stat(t->pid).cpu_s - cpu0;
+  t->client_cpu_s[x][v] += bench_own_cpu_seconds() - own0;
   t->calls[x][v] += calls;
   return bench_percentile(lat, calls, 0.5);
 }
