@@ -11,7 +11,11 @@
  * state is touched), every output whose primitives have run at most
  * --check-first-runs times on the engine that computed it (a shape,
  * thread count or implementation new to the process), and every output
- * once quarantined.
+ * once quarantined. The warm-up (--warmup, pool.c) makes those first runs
+ * itself, on random inputs, each checked (cgs_job.warmup): they count as
+ * the engine's first runs, so a warmed shape's first calls are not checked
+ * again, unless a warm-up check failed or could not run (the pool then
+ * counts the runs from zero again).
  *
  * In a CG_FAULT_INJECT build (tests only), CONVGRAD_FAULT_INJECT=RATE
  * flips one random bit among the top 16 of one random element of that
@@ -38,7 +42,10 @@ typedef struct cgs_checks_counters {
   uint64_t recomputed; /* failed outputs recomputed, verified and answered */
   uint64_t lost;       /* failed outputs answered DATA_LOSS */
   uint64_t injected;   /* faults injected (CG_FAULT_INJECT builds) */
-  int quarantined;     /* the replica reports NOT_SERVING */
+  /* Outputs of the warm-up's runs on random inputs checked, and failed:
+   * apart from the calls' counts above. */
+  uint64_t warmup_checked, warmup_failed;
+  int quarantined; /* the replica reports NOT_SERVING */
 } cgs_checks_counters;
 
 /* Returns 0 or CG_ENOMEM. *out is owned by the caller. */
@@ -52,7 +59,10 @@ void cgs_checks_free(cgs_checks *c);
  * checked), CG_EDATALOSS when no recomputation verifies, or what a
  * recomputation returned; job->err says why. Sets CG_GRAD_BIT(g) in
  * job->checked and, for an output answered recomputed, in
- * job->recomputed. */
+ * job->recomputed. A warm-up run's output (job->warmup) is always
+ * checked and never recomputed: 0, CG_EDATALOSS when it fails (recorded
+ * and counted towards the quarantine) or CG_ENOMEM when the check could
+ * not run, with job->err filled. */
 int cgs_checks_output(cgs_checks *c, cg_engine *engine, struct cgs_job *job,
                       cg_grad g, int threads);
 

@@ -57,6 +57,7 @@ typedef struct cgs_job {
   unsigned checked, recomputed;
   unsigned worker; /* index of the worker that ran it, or CGS_POOL_CQ */
   /* Pool-private. */
+  int warmup; /* a warm-up run on random inputs (cgs_checks_output) */
   uint64_t t_submit;
   uint64_t cq_key;  /* not 0: the layer, which missed the cq engine */
   cgs_fairq_item q; /* its place in the queue */
@@ -80,15 +81,19 @@ typedef struct cgs_pool_warm {
 
 /* Starts cfg->workers threads, each pinned, named "cg-worker-N", with its
  * engine created in the thread itself. With warm (may be NULL), each
- * worker then runs every layer of warm->layers on zeroed inputs with the
- * thread counts a job of it would get on an idle pool (its own cores, and
- * under the adaptive policy every core when the layer is large enough to
- * borrow), so that its engine holds the primitives (oneDNN's JIT compile,
- * 0.2 ms to tens of ms each) and buffers before the first call; jobs
- * submitted meanwhile wait in the queue. A layer that fails to run is
- * logged and skipped. Returns 0, or CG_ENOMEM / CG_EBACKEND (engine
- * creation failed) / CG_EINTERNAL (thread or handle setup failed) with err
- * filled; nothing is left running on failure. */
+ * worker then runs every layer of warm->layers with the thread counts a
+ * job of it would get on an idle pool (its own cores, and under the
+ * adaptive policy every core when the layer is large enough to borrow),
+ * so that its engine holds the primitives (oneDNN's JIT compile, 0.2 ms
+ * to tens of ms each) and buffers before the first call: at each thread
+ * count cfg->check_first_runs times on random inputs, each output
+ * checked (the first runs the result checks want, cgs_checks.h), or once
+ * unchecked when that is 0; jobs submitted meanwhile wait in the queue.
+ * A layer that fails to run or to pass its checks is logged and skipped,
+ * and the worker's first runs of every layer are left to the callers.
+ * Returns 0, or CG_ENOMEM / CG_EBACKEND (engine creation failed) /
+ * CG_EINTERNAL (thread or handle setup failed) with err filled; nothing
+ * is left running on failure. */
 int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
                  const cgs_pool_warm *warm, cgs_pool_done_cb done_cb,
                  void *data, char *err, size_t errlen);

@@ -30,6 +30,7 @@ struct cgs_checks {
   uint64_t window_ns;
   uint64_t seed; /* of the sampling and the probes, per process */
   atomic_uint_fast64_t checked, failed, recomputed, lost, injected;
+  atomic_uint_fast64_t warmup_checked, warmup_failed;
   atomic_int quarantined;
   double fault_rate; /* CG_FAULT_INJECT builds: CONVGRAD_FAULT_INJECT */
   atomic_uint_fast64_t fault_draws;
@@ -91,6 +92,8 @@ void cgs_checks_read(cgs_checks *c, cgs_checks_counters *out, char *why,
   out->recomputed = atomic_load(&c->recomputed);
   out->lost = atomic_load(&c->lost);
   out->injected = atomic_load(&c->injected);
+  out->warmup_checked = atomic_load(&c->warmup_checked);
+  out->warmup_failed = atomic_load(&c->warmup_failed);
   out->quarantined = atomic_load(&c->quarantined);
   if (!why)
     return;
@@ -187,13 +190,67 @@ static void note_failure(cgs_checks *c, const char *what) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* One record of output g's failed check r: what failed where, then
+ * outcome and the job, as the crash report describes a call's (client
+ * values escaped there); counted towards the quarantine. */
+static void record_failure(cgs_checks *c, const cgs_job *job, cg_grad g,
+                           int threads, uint64_t seed, const cg_check_result *r,
+                           const char *outcome) {
+  const cg_geom *geom = cg_layer_geom(job->layer, g);
+  const char *impl = job->info[g].impl ? job->info[g].impl : "?";
+  char job_text[1024], what[160];
+  if (job->warmup) {
+    cg_text t;
+    cg_text_init(&t, job_text, sizeof job_text);
+    cg_text_str(&t, "job: warm-up ");
+    cg_layer_text_geometry(&t, job->layer);
+  } else {
+    cgs_crash_describe(job_text, sizeof job_text, job->call_id, job->peer,
+                       job->layer);
+  }
+  snprintf(what, sizeof what, "%s of %s on %s", cg_grad_name(g),
+           cg_op_name(geom->op), impl);
+  cgs_error("check failed output=%s impl=%s isa=%s onednn=%s threads=%d "
+            "dtype=%s seed=%" PRIu64 " failed=%" PRId64 "/%" PRId64
+            " worst_diff=%.6g tolerance=%.6g at=%" PRId64 ",%" PRId64
+            ",%" PRId64 " %s %s",
+            cg_grad_name(g), impl, cg_backend_isa(), cg_backend_version(),
+            threads, cg_dtype_name(geom->dtype), seed, r->failed, r->compared,
+            r->worst_diff, r->worst_tol, r->worst_at[0], r->worst_at[1],
+            r->worst_at[2], outcome, job_text);
+  note_failure(c, what);
+}
+
+/* Output g of a warm-up run (job->warmup), on random inputs: always
+ * checked, never recomputed (nobody waits for it); a failure is recorded
+ * and counts towards the quarantine as a call's does. */
+static int check_warmup(cgs_checks *c, cgs_job *job, cg_grad g, int threads) {
+  uint64_t seed = cg_check_mix64(c->seed ^ 0x7761726d7570ull ^
+                                 ((uint64_t)g << 56) ^ job->info[g].runs);
+  cg_check_result r;
+  char msg[256];
+  if (cg_check_output(job->layer, g, job->in, job->out[g], seed, threads, &r,
+                      msg, sizeof msg) != 0)
+    return cg_errorf(job->err, sizeof job->err, CG_ENOMEM, "%s not checked: %s",
+                     cg_grad_name(g), msg);
+  atomic_fetch_add(&c->warmup_checked, 1);
+  if (r.failed == 0)
+    return 0;
+  atomic_fetch_add(&c->warmup_failed, 1);
+  record_failure(c, job, g, threads, seed, &r, "outcome=warmup");
+  return cg_errorf(job->err, sizeof job->err, CG_EDATALOSS,
+                   "%s failed its result check on %s", cg_grad_name(g),
+                   job->info[g].impl ? job->info[g].impl : "?");
+}
+
 int cgs_checks_output(cgs_checks *c, cg_engine *engine, cgs_job *job, cg_grad g,
                       int threads) {
-  const cg_geom *geom = cg_layer_geom(job->layer, g);
   void *out = job->out[g];
+  if (job->warmup)
+    return check_warmup(c, job, g, threads);
 #ifdef CG_FAULT_INJECT
   if (c->fault_rate > 0)
-    inject(c, geom, out, job->layer->out_elems[g]);
+    inject(c, cg_layer_geom(job->layer, g), out, job->layer->out_elems[g]);
 #endif
   if (!wanted(c, job, g))
     return 0;
@@ -229,22 +286,10 @@ int cgs_checks_output(cgs_checks *c, cg_engine *engine, cgs_job *job, cg_grad g,
     atomic_fetch_add(&c->lost, 1);
   }
 
-  /* One record: what failed where, with the job as the crash report
-   * describes it (client values escaped there). */
-  char job_text[1024], what[160];
-  cgs_crash_describe(job_text, sizeof job_text, job->call_id, job->peer,
-                     job->layer);
-  snprintf(what, sizeof what, "%s of %s on %s", cg_grad_name(g),
-           cg_op_name(geom->op), impl);
-  cgs_error("check failed output=%s impl=%s isa=%s onednn=%s threads=%d "
-            "dtype=%s seed=%" PRIu64 " failed=%" PRId64 "/%" PRId64
-            " worst_diff=%.6g tolerance=%.6g at=%" PRId64 ",%" PRId64
-            ",%" PRId64 " recomputed_on=%s outcome=%s job: %s",
-            cg_grad_name(g), impl, cg_backend_isa(), cg_backend_version(),
-            threads, cg_dtype_name(geom->dtype), seed, r.failed, r.compared,
-            r.worst_diff, r.worst_tol, r.worst_at[0], r.worst_at[1],
-            r.worst_at[2], how, ok ? "recomputed" : "data_loss", job_text);
-  note_failure(c, what);
+  char outcome[128];
+  snprintf(outcome, sizeof outcome, "recomputed_on=%s outcome=%s", how,
+           ok ? "recomputed" : "data_loss");
+  record_failure(c, job, g, threads, seed, &r, outcome);
   if (ok)
     return 0;
   if (rc != 0 && rc != CG_EUNSUPPORTED)

@@ -155,6 +155,8 @@ static void start(cgs_server *s, grpc_call *call, gpr_timespec deadline,
   checks.data_loss = cc.lost;
   checks.quarantined = cc.quarantined;
   checks.quarantine_reason = why;
+  checks.warmup_checked = cc.warmup_checked;
+  checks.warmup_failed = cc.warmup_failed;
   info.result_checks = &checks;
   cgs_cq_reply(&s->cq, call, cgw_pack(&info.base), GRPC_STATUS_OK, NULL);
 }

@@ -300,6 +300,14 @@ static void render_checks(text *t, const cgs_checks_counters *c) {
   scalar(t, "convgrad_result_data_loss_total", "counter",
          "Failed outputs no recomputation verified: answered DATA_LOSS.",
          c->lost);
+  scalar(t, "convgrad_warmup_result_checks_total", "counter",
+         "Outputs of the warm-up's runs on random inputs checked (--warmup): "
+         "the first runs --check-first-runs asks for, made before serving.",
+         c->warmup_checked);
+  scalar(t, "convgrad_warmup_result_check_failures_total", "counter",
+         "Warm-up checks that failed: the layer's first calls are checked "
+         "again.",
+         c->warmup_failed);
   scalar(t, "convgrad_quarantined", "gauge",
          "1 when failed result checks quarantined this replica "
          "(--check-quarantine): health reports NOT_SERVING.",

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cg/dtype.h"
 #include "cgs_buf.h"
 #include "cgs_crash.h"
 #include "cgs_log.h"
@@ -288,26 +289,41 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   cgs_crash_job_end(w->index);
 }
 
-/* Runs the outputs of job on team (n cores, pinned) once; 0 or the
- * failure's code with job->err filled. */
-static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n) {
+/* Runs the outputs of job on team (n cores, pinned): --check-first-runs
+ * times, each on inputs drawn afresh from *fill and each output checked,
+ * so that these runs are the engine's first runs of the layer the result
+ * checks want (cgs_checks.h); once on its zeroed inputs without checks
+ * when --check-first-runs is 0. Returns 0 or the failure's code with
+ * job->err filled. */
+static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n,
+                    uint64_t *fill) {
+  const cg_layer *l = job->layer;
+  unsigned runs = w->pool->cfg->check_first_runs;
+  cgs_checks *checks = runs ? w->pool->checks : NULL;
   int rc = pin_team(w, engine, n, job->err, sizeof job->err);
-  /* Zeroed inputs: nothing for the result checks to check. */
-  return rc ? rc : run_outputs(NULL, engine, job, (unsigned)n, 0);
+  for (unsigned r = 0; rc == 0 && r < (runs ? runs : 1); r++) {
+    for (int i = 0; checks && i < l->ninputs && i < 3; i++)
+      cg_fill_uniform(l->dtype, (void *)job->in[i],
+                      l->in_bytes[i] / cg_dtype_size(l->dtype), fill);
+    rc = run_outputs(checks, engine, job, (unsigned)n, 0);
+  }
+  return rc;
 }
 
-/* Runs layer l once on zeroed inputs (its own buffers, freed here into
- * the buffer cache, whose pages the first call's tensors then reuse)
- * with each thread count a job of l gets on an idle pool: w's own cores,
- * and every core when borrow() would lend them. Returns 0 or a CG_E*
- * code with job->err filled. */
+/* Runs layer l (see warm_run) on its own buffers, freed here into the
+ * buffer cache, whose pages the first call's tensors then reuse, with
+ * each thread count a job of l gets on an idle pool: w's own cores, and
+ * every core when borrow() would lend them. Returns 0 or a CG_E* code
+ * with job->err filled. */
 static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
                       cgs_job *job) {
   cgs_pool *p = w->pool;
   void *bufs[3 + CG_GRAD_COUNT] = {0};
   int rc = 0, nb = 0;
+  uint64_t fill = cg_layer_primitives_hash(l);
   memset(job, 0, sizeof *job);
   job->layer = l;
+  job->warmup = 1;
   atomic_init(&job->discard, 0);
   for (int i = 0; i < l->ninputs && i < 3; i++, nb++)
     if (!(bufs[nb] = cgs_buf_alloc(l->in_bytes[i])))
@@ -327,13 +343,13 @@ static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
   for (unsigned k = 0; k < tpw; k++)
     w->team[n++] = own_core(p, w->index, k);
   if (!rc)
-    rc = warm_run(w, engine, job, n);
+    rc = warm_run(w, engine, job, n, &fill);
   if (!rc && p->cfg->threads_policy == CGS_THREADS_ADAPTIVE &&
       p->nworkers > 1 && job_flops(job) >= BORROW_MIN_FLOPS) {
     for (unsigned i = 0; i < p->nworkers; i++)
       for (unsigned k = 0; i != w->index && k < tpw; k++)
         w->team[n++] = own_core(p, i, k);
-    rc = warm_run(w, engine, job, n);
+    rc = warm_run(w, engine, job, n, &fill);
   }
   for (int i = 0; i < nb; i++)
     cgs_buf_free(bufs[i]);
@@ -348,6 +364,7 @@ static int warm_layer(worker *w, cg_engine *engine, const cg_layer *l,
 static void warm_up(worker *w, cg_engine *engine) {
   cgs_pool *p = w->pool;
   cgs_job job;
+  int failed = 0;
   uint64_t t0 = uv_hrtime();
   for (size_t i = 0; i < p->warm.n; i++) {
     const cg_layer *l = &p->warm.layers[i];
@@ -359,6 +376,7 @@ static void warm_up(worker *w, cg_engine *engine) {
     if (warm_layer(w, engine, l, &job) != 0) {
       cgs_warn("%s: warm-up layer %zu (%s): %s; skipped", w->name, i + 1,
                cg_op_name(l->op), job.err);
+      failed = 1;
       continue;
     }
     uint64_t key = cg_layer_primitives_hash(l);
@@ -366,13 +384,16 @@ static void warm_up(worker *w, cg_engine *engine) {
     p->worker_built[key % WORKER_BUILT_SLOTS] = key;
     pthread_mutex_unlock(&p->mu);
   }
-  /* Zeroed inputs leave the result checks nothing to verify: a caller's
-   * first runs of a warmed shape must still be checked. */
-  cg_engine_forget_runs(engine);
+  /* A layer that failed (its check among others) may have run unchecked
+   * or wrong: every layer's first calls are checked then, as without
+   * warm-up. */
+  if (failed)
+    cg_engine_forget_runs(engine);
   if (p->warm.n)
-    cgs_info("%s: warmed up %zu layers in %.1f ms, %zu cached", w->name,
-             p->warm.n, (double)(uv_hrtime() - t0) / 1e6,
-             cg_engine_cache_size(engine));
+    cgs_info("%s: warmed up %zu layers in %.1f ms, %zu cached, checked "
+             "runs: %u a layer and thread count",
+             w->name, p->warm.n, (double)(uv_hrtime() - t0) / 1e6,
+             cg_engine_cache_size(engine), p->cfg->check_first_runs);
   pthread_mutex_lock(&p->mu);
   int last = --p->warm_active == 0;
   pthread_mutex_unlock(&p->mu);

@@ -10,7 +10,12 @@
  *   check's rounding allowance: proto/SEMANTICS.md "Result checks"); and with
  * CONVGRAD_FAULT_BROKEN naming one geometry, its first call is caught,
  * recomputed on another implementation and answered right, and after
- * --check-quarantine failures health reports NOT_SERVING. */
+ * --check-quarantine failures health reports NOT_SERVING; warmed up
+ * (--warmup), its warm-up check fails and its first call is checked all
+ * the same;
+ * - every build: the warm-up's checked runs on random inputs are a warmed
+ *   layer's first runs: its first calls are not checked again, a new
+ *   shape's are. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -61,6 +66,83 @@ static void test_correct_results_pass(void **state) {
   convgrad__v1__server_info__free_unpacked(info, NULL);
   assert_int_equal(ts_health(ch, ""), ST_SERVING);
   assert_int_equal(ts_fixture_stop(&s, ch), 0);
+}
+
+/* A problem over the tiny jobs' bound (1 MFLOP), so that a worker runs
+ * it, and the --warmup line of it. */
+static const char warm_line[] =
+    "mb2ic32ih14oc32oh14kh3ph1 op=ConvolutionBackwardData data_format=NXC "
+    "weights_format=XIO\n";
+
+static ts_desc warm_desc(uint64_t seed) {
+  ts_desc d = ts_tiny_desc(seed);
+  d.mb = 2;
+  d.ic = d.oc = 32;
+  d.is[0] = d.is[1] = 14;
+  return d;
+}
+
+/* A --warmup file holding warm_line, its path in path (a directory made
+ * for it; remove both with unlink_warmup). */
+static void write_warmup(char *path, size_t cap) {
+  char dir[] = "/tmp/cgs-checks-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, cap, "%s/warm.txt", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(fputs(warm_line, f) >= 0, 1);
+  assert_int_equal(fclose(f), 0);
+}
+
+static void unlink_warmup(char *path) {
+  unlink(path);
+  *strrchr(path, '/') = '\0';
+  rmdir(path);
+}
+
+/* The warm-up makes a warmed layer's first runs, checked on random inputs:
+ * the callers' first calls of it are not checked again, a new shape's
+ * are. */
+static void test_warmup_makes_first_runs(void **state) {
+  (void)state;
+  ts_server s;
+  grpc_channel *ch;
+  char warm[128];
+  write_warmup(warm, sizeof warm);
+  const char *args[] = {
+      "--workers", "1",        "--check-rate", "0", "--check-first-runs",
+      "2",         "--warmup", warm,           NULL};
+  assert_int_equal(ts_fixture_start(&s, &ch, args), 0);
+  Convgrad__V1__ServerInfo *info;
+  Convgrad__V1__ResultChecks *rc = checks_of(ch, &info);
+  /* One output, one thread count, two runs. */
+  assert_int_equal(rc->warmup_checked, 2);
+  assert_int_equal(rc->warmup_failed, 0);
+  assert_int_equal(rc->checked, 0);
+  convgrad__v1__server_info__free_unpacked(info, NULL);
+  ts_problem tp;
+  ts_desc d = warm_desc(5);
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
+  ts_problem_free(&tp);
+  assert_int_equal(
+      ts_server_wait_log(&s, "op=ConvolutionBackwardData", 2, 10000), 0);
+  assert_int_equal(ts_server_log_count(&s, "check="), 0);
+  /* A shape the warm-up did not run: checked on its first run. */
+  d.is[0] = d.is[1] = 12;
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
+  ts_problem_free(&tp);
+  assert_int_equal(ts_server_wait_log(&s, "check=passed", 1, 10000), 0);
+  rc = checks_of(ch, &info);
+  assert_int_equal(rc->checked, 1);
+  assert_int_equal(rc->warmup_checked, 2);
+  convgrad__v1__server_info__free_unpacked(info, NULL);
+  assert_int_equal(ts_fixture_stop(&s, ch), 0);
+  unlink_warmup(warm);
 }
 
 #ifdef CG_FAULT_INJECT
@@ -188,14 +270,59 @@ static void test_broken_geometry_quarantined(void **state) {
   ts_problem_free(&tp);
   assert_int_equal(ts_fixture_stop(&s, ch), 0);
 }
+
+/* A broken geometry in the warm-up list: its warm-up check fails, and the
+ * callers' first calls are checked as without warm-up: caught,
+ * recomputed, right. */
+static void test_broken_geometry_warmed(void **state) {
+  (void)state;
+  ts_server s;
+  grpc_channel *ch;
+  char warm[128], broken[96];
+  write_warmup(warm, sizeof warm);
+  ts_problem tp;
+  ts_desc d = warm_desc(6);
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  snprintf(broken, sizeof broken, "%s:%zu", cg_op_name(tp.g.op),
+           tp.g.out_elems);
+  setenv("CONVGRAD_FAULT_BROKEN", broken, 1);
+  const char *args[] = {"--workers",
+                        "1",
+                        "--check-rate",
+                        "0",
+                        "--check-first-runs",
+                        "1",
+                        "--check-quarantine",
+                        "0",
+                        "--warmup",
+                        warm,
+                        NULL};
+  int started = ts_fixture_start(&s, &ch, args);
+  unsetenv("CONVGRAD_FAULT_BROKEN");
+  assert_int_equal(started, 0);
+  assert_int_equal(ts_server_log_count(&s, "outcome=warmup"), 1);
+  Convgrad__V1__ServerInfo *info;
+  Convgrad__V1__ResultChecks *rc = checks_of(ch, &info);
+  assert_int_equal(rc->warmup_checked, 1);
+  assert_int_equal(rc->warmup_failed, 1);
+  convgrad__v1__server_info__free_unpacked(info, NULL);
+  assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
+  ts_problem_free(&tp);
+  assert_int_equal(ts_server_wait_log(&s, "check=recomputed", 1, 10000), 0);
+  assert_int_equal(ts_fixture_stop(&s, ch), 0);
+  unlink_warmup(warm);
+}
 #endif
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_correct_results_pass),
+      cmocka_unit_test(test_warmup_makes_first_runs),
 #ifdef CG_FAULT_INJECT
       cmocka_unit_test(test_injected_faults_caught),
       cmocka_unit_test(test_broken_geometry_quarantined),
+      cmocka_unit_test(test_broken_geometry_warmed),
 #endif
   };
   return cmocka_run_group_tests_name("server_checks", tests, NULL, NULL);

@@ -42,6 +42,8 @@ FAMILIES = {
     "convgrad_refusals": "counter",
     "convgrad_retried_requests": "counter",
     "convgrad_queue_wait_seconds": "histogram",
+    "convgrad_warmup_result_checks": "counter",
+    "convgrad_warmup_result_check_failures": "counter",
     "process_cpu_seconds": "counter",
     "process_resident_memory_bytes": "gauge",
     "process_virtual_memory_bytes": "gauge",

@@ -2,8 +2,10 @@
 """test_server_warmup.py - --warmup FILE: while the workers build the
 file's kernels the server listens but health says NOT_SERVING and no
 readiness line is out; then health turns SERVING, the line comes, the log
-counts what was warmed, and a call of a warmed shape is answered. A bad
-file stops the start with the file, the line number and the problem."""
+counts what was warmed, and a call of a warmed shape is answered, its
+first run not checked again: the warm-up's checked runs on random inputs
+were its first runs (test_server_checks.c counts them). A bad file stops
+the start with the file, the line number and the problem."""
 import argparse
 import os
 import signal
@@ -51,7 +53,7 @@ def main():
     with open(warm, "w") as f:
         f.write(HEAVY)
     log = open(os.path.join(tmp, "server.log"), "w+")
-    # One first run checked: the warm-up's runs must not use it up.
+    # One first run checked: the warm-up's checked runs make it.
     proc = subprocess.Popen([args.server, "--listen", target, "--workers", "2",
                              "--warmup", warm, "--check-first-runs", "1",
                              "--check-rate", "0"], stdout=subprocess.PIPE,
@@ -75,19 +77,20 @@ def main():
         log.seek(0)
         text = log.read()
         assert text.count("warmed up 3 layers") == 2, text
+        assert "check failed" not in text, text
         r = subprocess.run([args.cli, "run", "--target", target, "--op",
                             "ConvTransposeBackwardData", "--problem",
                             "mb2ic8ih4oc4oh8kh4sh2ph1", "--check"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.stdout, r.stderr)
-        # A caller's first run of a warmed shape is checked all the same.
+        # A caller's first run of a warmed shape: the warm-up checked it.
         r = subprocess.run([args.cli, "run", "--target", target, "--op",
                             "ConvolutionBackwardData", "--problem",
                             "mb8ic64ih56oc64oh56kh3ph1"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.stdout, r.stderr)
         first = [ln for ln in wait_log(log, "op=ConvolutionBackwardData ")]
-        assert first and "check=passed" in first[0], first
+        assert first and "check=" not in first[0], first
         print("health during warm-up: %d x NOT_SERVING, then SERVING"
               % (len(seen) - 1))
     finally:
