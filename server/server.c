@@ -208,12 +208,17 @@ static void report_suppressed(const cgs_peer *e) {
 }
 
 /* Every HOUSEKEEPING_MS: reports and forgets idle peers, unregisters
- * regions left idle (--region-idle-timeout), and hands the heap's free memory
- * back to the system when no call is live. The allocator keeps up to
- * M_TRIM_THRESHOLD (main.c) otherwise, so a burst of calls (honest or not)
- * would leave the process at its peak; under steady load the warm pages
- * stay. After a whole quiet period the tensor-buffer cache goes too: a
- * training loop calls far more often than that and keeps it warm. */
+ * regions left idle (--region-idle-timeout), and after a whole quiet
+ * period (no call live, none ended since the last tick) hands the
+ * tensor-buffer cache and the heap's free memory back to the system. The
+ * allocator keeps up to M_TRIM_THRESHOLD (main.c) otherwise, so a burst
+ * of calls (honest or not) would leave the process at its peak. A
+ * training loop calls far more often than that and keeps both warm: a
+ * trim at every tick that fell between two of its calls made the next
+ * calls fault their pages afresh, 2-5x the completion-queue thread's CPU
+ * per MiB received (bench_wire --gap-ms 100: 16-320 faults per MiB). A
+ * trickle of calls keeps a burst's free heap, which the limits admitted
+ * (--max-inflight-bytes), until the next quiet tick. */
 static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_checks_counters cc;
@@ -233,8 +238,9 @@ static void on_housekeeping(uv_timer_t *h) {
    * heap's pages) until a job has run: the first call's. */
   if (s->warmup.n && cgs_pool_mean_run_ms(s->pool) == 0)
     return;
-  if (!ended)
-    cgs_buf_drain();
+  if (ended)
+    return;
+  cgs_buf_drain();
   malloc_trim(0);
 }
 
