@@ -90,7 +90,8 @@ ProtobufCMessage *cgw_unpack(const ProtobufCMessageDescriptor *desc,
  * ran out. */
 grpc_byte_buffer *cgw_pack(const ProtobufCMessage *m);
 
-/* ComputeRequest{chunk = DataChunk{input, data = data[0..len)}} and
+/* ComputeRequest{chunk = DataChunk{input, data = data[0..len)}} (with
+ * input 0 also a StageRequest's chunk, byte for byte) and
  * ComputeResponse{chunk = data[0..len)} that reference data instead of
  * copying it: the buffer holds a slice over data whose release calls
  * unref(user) once grpc is done with it (on any thread). The caller must

@@ -8,11 +8,47 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/support/alloc.h>
 
 #include "internal.h"
+
+struct cgc__pin {
+  atomic_long refs; /* 1 for the call + 1 per live slice */
+};
+
+/* How long cgc__pin_release waits for gRPC to drop the slices. */
+#define CGC__PIN_WAIT_MS 30000
+
+cgc__pin *cgc__pin_new(void) {
+  cgc__pin *pin = calloc(1, sizeof *pin);
+  if (pin)
+    atomic_init(&pin->refs, 1);
+  return pin;
+}
+
+void cgc__pin_ref(cgc__pin *pin) {
+  atomic_fetch_add(&pin->refs, 1);
+  cgw_tsan_release(pin); /* the pin as made, for the slice's free */
+}
+
+void cgc__pin_unref(void *p) {
+  cgc__pin *pin = p;
+  cgw_tsan_acquire(pin);
+  if (atomic_fetch_sub(&pin->refs, 1) == 1)
+    free(pin);
+}
+
+void cgc__pin_release(cgc__pin *pin) {
+  double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
+  while (atomic_load(&pin->refs) > 1 && cgc__now_ms() < until) {
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  cgc__pin_unref(pin);
+}
 
 /* Copies every byte of bb into one malloc'ed buffer (small messages only).
  * Returns 0, CGC_EPROTO or CG_ENOMEM. */

@@ -8,13 +8,11 @@
  * byte is copied exactly once. (A small result that rides in
  * ResultHeader.data is copied three times: out of the slices, by
  * protobuf-c, and into place.) */
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <grpc/support/alloc.h>
 
@@ -22,30 +20,10 @@
 #include "convgrad/v1/convgrad.pb-c.h"
 #include "internal.h"
 
-/* Keeps count of the gRPC slices that still point into caller memory.
- * The call may end (e.g. the server rejects the header) while the
- * transport still holds queued chunks; cgc_compute must not return before
- * gRPC has dropped every reference to the caller's buffers. */
-typedef struct cgc__pin {
-  atomic_long refs; /* 1 for the call + 1 per live slice */
-} cgc__pin;
-
-/* Also gRPC's slice free, on any of its threads. */
-static void cgc__pin_unref(void *p) {
-  cgc__pin *pin = p;
-  cgw_tsan_acquire(pin);
-  if (atomic_fetch_sub(&pin->refs, 1) == 1)
-    free(pin);
-}
-
 /* Longest ResultHeader accepted: a handful of ints and two short strings,
  * plus ResultHeader.data, which the wire contract caps at 64 KiB. */
 #define CGC__MAX_INLINE_BYTES 65536
 #define CGC__MAX_HEADER_BYTES (65536 + CGC__MAX_INLINE_BYTES)
-/* How long to wait for gRPC to release the caller's buffers after a call
- * ended; writes already handed to the socket finish quickly, queued ones
- * are dropped when the stream closes. */
-#define CGC__PIN_WAIT_MS 30000
 /* A ResultHeader of up to this many bytes (the tiny row's, with its 1 KiB
  * result in ResultHeader.data, is 1.1 KiB) is copied out of its message
  * onto the stack and decoded there; 4 KiB of each, on the thread running
@@ -313,8 +291,7 @@ static grpc_byte_buffer *cgc__encode_chunk(cgc__attempt *a) {
   size_t left = v->nbytes - a->off;
   size_t n =
       left < a->opts->upload_chunk_bytes ? left : a->opts->upload_chunk_bytes;
-  atomic_fetch_add(&a->pin->refs, 1);
-  cgw_tsan_release(a->pin); /* the pin as made, for the slice's free */
+  cgc__pin_ref(a->pin);
   grpc_byte_buffer *bb =
       cgw_request_chunk((uint32_t)a->cur, (const char *)v->data + a->off, n,
                         cgc__pin_unref, a->pin);
@@ -732,12 +709,11 @@ static void cgc__attempt_reset(cgc__attempt *a) {
 static int cgc__pin_inputs(cgc__attempt *a, cgc_status *st) {
   if (a->pin)
     return 0;
-  a->pin = calloc(1, sizeof *a->pin);
+  a->pin = cgc__pin_new();
   if (!a->pin) {
     cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return CG_ENOMEM;
   }
-  atomic_init(&a->pin->refs, 1);
   return 0;
 }
 
@@ -888,17 +864,6 @@ static int cgc__outcome(cgc__attempt *a, const cgc__flight *f, cgc_status *st) {
   a->res.download_ms = f->t_all_in - a->t_header;
   cgc__status_ok(st);
   return 0;
-}
-
-/* Returns once gRPC holds no slice of the caller's tensors. */
-static void cgc__unpin(cgc__attempt *a) {
-  double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
-  while (atomic_load(&a->pin->refs) > 1 && cgc__now_ms() < until) {
-    struct timespec ts = {0, 200000};
-    nanosleep(&ts, NULL);
-  }
-  cgc__pin_unref(a->pin);
-  a->pin = NULL;
 }
 
 static void cgc__attempt_begin(cgc__job *j);
@@ -1343,8 +1308,10 @@ void cgc__job_take(cgc__job *j, cgc_tensor *out[CG_GRAD_COUNT]) {
 void cgc__job_free(cgc__job *j) {
   if (!j)
     return;
-  if (j->a.pin)
-    cgc__unpin(&j->a);
+  if (j->a.pin) {
+    cgc__pin_release(j->a.pin);
+    j->a.pin = NULL;
+  }
   cgc__drop_out(&j->a, ~0u);
   pthread_mutex_destroy(&j->mu);
   free(j);

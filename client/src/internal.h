@@ -365,6 +365,23 @@ int cgc__with_retry(cgc_channel *ch, gpr_timespec deadline,
 
 /* call.c: a call's buffers and ops, completion queues, the unary call. */
 
+/* Keeps count of the gRPC slices that still point into caller memory
+ * (chunks sent in place, cgw_request_chunk): a call may end (the server
+ * refuses the header, say) while the transport still holds queued chunks,
+ * and must not return before gRPC has dropped every reference to the
+ * caller's buffers. */
+typedef struct cgc__pin cgc__pin;
+/* A pin holding its call's reference; NULL when out of memory. */
+cgc__pin *cgc__pin_new(void);
+/* One more slice over the caller's memory, whose free is
+ * cgc__pin_unref(pin) (on any of gRPC's threads). */
+void cgc__pin_ref(cgc__pin *pin);
+void cgc__pin_unref(void *pin);
+/* Returns once gRPC holds no slice of pin's (or after 30 s: writes handed
+ * to the socket finish quickly, queued ones are dropped when the stream
+ * closes), and drops the call's reference: pin is gone. */
+void cgc__pin_release(cgc__pin *pin);
+
 /* What one call's batches read from and write into. The function that
  * runs the call owns it: cgc__call_io_init, then cgc__call_io_free, which
  * frees whatever it still holds. */

@@ -43,19 +43,19 @@ static int cgc__wants_upload(const grpc_metadata_array *md) {
 }
 
 /* Sends the bytes after the header, chunk by chunk, the last with the
- * half-close; returns 0, or -1 when a batch could not start. A refused
- * chunk ends the upload: the status says why. */
+ * half-close, each chunk's data a slice over the caller's bytes that pin
+ * counts; returns 0, or -1 when a batch could not start. A refused chunk
+ * ends the upload: the status says why. */
 static int cgc__stage_upload(grpc_call *call, grpc_completion_queue *cq,
-                             const cgc__stage_ctx *x, size_t chunk) {
+                             const cgc__stage_ctx *x, size_t chunk,
+                             cgc__pin *pin) {
   for (size_t off = 0; off < x->nbytes;) {
     size_t n = x->nbytes - off < chunk ? x->nbytes - off : chunk;
-    Convgrad__V1__DataChunk dc = CONVGRAD__V1__DATA_CHUNK__INIT;
-    dc.data.data = (uint8_t *)x->data + off;
-    dc.data.len = n;
-    Convgrad__V1__StageRequest req = CONVGRAD__V1__STAGE_REQUEST__INIT;
-    req.kind_case = CONVGRAD__V1__STAGE_REQUEST__KIND_CHUNK;
-    req.chunk = &dc;
-    grpc_byte_buffer *bb = cgw_pack(&req.base);
+    /* StageRequest{chunk = DataChunk{data}} is ComputeRequest's chunk
+     * byte for byte (the kind oneof's member 2, input 0). */
+    cgc__pin_ref(pin);
+    grpc_byte_buffer *bb =
+        cgw_request_chunk(0, x->data + off, n, cgc__pin_unref, pin);
     off += n;
     grpc_op ops[2];
     memset(ops, 0, sizeof ops);
@@ -117,6 +117,13 @@ static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   Convgrad__V1__StageRequest req = CONVGRAD__V1__STAGE_REQUEST__INIT;
   req.kind_case = CONVGRAD__V1__STAGE_REQUEST__KIND_HEADER;
   req.header = &h;
+  /* Chunks are slices over the caller's bytes: they stay in place. */
+  cgc__pin *pin = whole ? NULL : cgc__pin_new();
+  if (!whole && !pin) {
+    cgc__call_io_free(&io);
+    cgc__status_set(st, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return CG_ENOMEM;
+  }
   io.send_bb = cgw_pack(&req.base);
 
   int rc = 0;
@@ -133,7 +140,7 @@ static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
    * content it holds from being sent again. */
   int ok = call ? cgc__batch(call, cq, ops, whole ? 4 : 3) : -1;
   if (ok >= 0 && !whole && ok && cgc__wants_upload(&io.initial_md)) {
-    ok = cgc__stage_upload(call, cq, x, chunk) == 0;
+    ok = cgc__stage_upload(call, cq, x, chunk, pin) == 0;
     if (!ok)
       ok = -1;
   } else if (ok >= 0 && whole) {
@@ -158,6 +165,8 @@ static int cgc__stage_attempt(cgc_channel *ch, void *vctx, cgc__try *t,
   }
   if (call)
     grpc_call_unref(call);
+  if (pin)
+    cgc__pin_release(pin);
   cgc__cq_give(ch, cq);
   cgc__call_io_free(&io);
   return rc;
