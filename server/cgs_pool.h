@@ -86,14 +86,14 @@ typedef struct cgs_pool_warm {
  * adaptive policy every core when the layer is large enough to borrow),
  * so that its engine holds the primitives (oneDNN's JIT compile, 0.2 ms
  * to tens of ms each) and buffers before the first call: at each thread
- * count cfg->check_first_runs times on random inputs, each output
- * checked (the first runs the result checks want, cgs_checks.h), or once
- * unchecked when that is 0; jobs submitted meanwhile wait in the queue.
- * A layer that fails to run or to pass its checks is logged and skipped,
- * and the worker's first runs of every layer are left to the callers.
- * Returns 0, or CG_ENOMEM / CG_EBACKEND (engine creation failed) /
- * CG_EINTERNAL (thread or handle setup failed) with err filled; nothing
- * is left running on failure. */
+ * count cfg->check_first_runs times (8 at most) on random inputs, each
+ * output checked (the first runs the result checks want, cgs_checks.h),
+ * or once unchecked when that is 0; jobs submitted meanwhile wait in the
+ * queue. A layer that fails to run or to pass its checks is logged and
+ * skipped, and the worker's first runs of every layer are left to the
+ * callers. Returns 0, or CG_ENOMEM / CG_EBACKEND (engine creation
+ * failed) / CG_EINTERNAL (thread or handle setup failed) with err filled;
+ * nothing is left running on failure. */
 int cgs_pool_new(cgs_pool **out, const cgs_config *cfg,
                  const cgs_pool_warm *warm, cgs_pool_done_cb done_cb,
                  void *data, char *err, size_t errlen);

@@ -289,16 +289,27 @@ static void run_job(worker *w, cg_engine *engine, cgs_job *job, int threads) {
   cgs_crash_job_end(w->index);
 }
 
-/* Runs the outputs of job on team (n cores, pinned): --check-first-runs
- * times, each on inputs drawn afresh from *fill and each output checked,
- * so that these runs are the engine's first runs of the layer the result
- * checks want (cgs_checks.h); once on its zeroed inputs without checks
- * when --check-first-runs is 0. Returns 0 or the failure's code with
- * job->err filled. */
+/* Checked runs the warm-up makes of a layer at one thread count, at
+ * most: --check-first-runs may ask for up to a million, and start-up
+ * must end; the callers' runs after these are checked up to its count. */
+#define WARM_RUNS_MAX 8
+
+/* The checked runs warm_run makes at each thread count. */
+static unsigned warm_runs(const cgs_pool *p) {
+  unsigned n = p->cfg->check_first_runs;
+  return n < WARM_RUNS_MAX ? n : WARM_RUNS_MAX;
+}
+
+/* Runs the outputs of job on team (n cores, pinned): warm_runs() times,
+ * each on inputs drawn afresh from *fill and each output checked, so
+ * that these runs are the first runs of the layer the result checks want
+ * on this engine (cgs_checks.h); once on its zeroed inputs without
+ * checks when --check-first-runs is 0. Returns 0 or the failure's code
+ * with job->err filled. */
 static int warm_run(worker *w, cg_engine *engine, cgs_job *job, int n,
                     uint64_t *fill) {
   const cg_layer *l = job->layer;
-  unsigned runs = w->pool->cfg->check_first_runs;
+  unsigned runs = warm_runs(w->pool);
   cgs_checks *checks = runs ? w->pool->checks : NULL;
   int rc = pin_team(w, engine, n, job->err, sizeof job->err);
   for (unsigned r = 0; rc == 0 && r < (runs ? runs : 1); r++) {
@@ -393,7 +404,7 @@ static void warm_up(worker *w, cg_engine *engine) {
     cgs_info("%s: warmed up %zu layers in %.1f ms, %zu cached, checked "
              "runs: %u a layer and thread count",
              w->name, p->warm.n, (double)(uv_hrtime() - t0) / 1e6,
-             cg_engine_cache_size(engine), p->cfg->check_first_runs);
+             cg_engine_cache_size(engine), warm_runs(p));
   pthread_mutex_lock(&p->mu);
   int last = --p->warm_active == 0;
   pthread_mutex_unlock(&p->mu);

@@ -102,7 +102,7 @@ static void unlink_warmup(char *path) {
 
 /* The warm-up makes a warmed layer's first runs, checked on random inputs:
  * the callers' first calls of it are not checked again, a new shape's
- * are. */
+ * are; past the 8 runs the warm-up makes, the callers' are. */
 static void test_warmup_makes_first_runs(void **state) {
   (void)state;
   ts_server s;
@@ -140,6 +140,25 @@ static void test_warmup_makes_first_runs(void **state) {
   rc = checks_of(ch, &info);
   assert_int_equal(rc->checked, 1);
   assert_int_equal(rc->warmup_checked, 2);
+  convgrad__v1__server_info__free_unpacked(info, NULL);
+  assert_int_equal(ts_fixture_stop(&s, ch), 0);
+
+  /* More first runs than the warm-up makes (8): the callers' next ones
+   * are checked up to the count. */
+  args[5] = "9";
+  assert_int_equal(ts_fixture_start(&s, &ch, args), 0);
+  d = warm_desc(7);
+  assert_int_equal(ts_problem_init(&tp, &d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
+  ts_problem_free(&tp);
+  assert_int_equal(
+      ts_server_wait_log(&s, "op=ConvolutionBackwardData", 2, 10000), 0);
+  assert_int_equal(ts_server_log_count(&s, "check=passed"), 1);
+  rc = checks_of(ch, &info);
+  assert_int_equal(rc->warmup_checked, 8);
+  assert_int_equal(rc->checked, 1);
   convgrad__v1__server_info__free_unpacked(info, NULL);
   assert_int_equal(ts_fixture_stop(&s, ch), 0);
   unlink_warmup(warm);
