@@ -152,6 +152,30 @@ static void skip_full(cgs_upload *u) {
     u->cur++;
 }
 
+/* Maps the pages of [p, p + n) in one call before bytes are copied
+ * there (a chunk, or a Stage header's data) when they are fresh from the
+ * system (a Stage entry while the store fills up, a size the buffer cache
+ * lacked): the copy would otherwise fault once per 4 KiB page (3.5-6.5 ms
+ * of CPU per MiB of Stage on a VM here; 0.67-0.77x of it so). A buffer is
+ * fresh or reused as a whole, so its first page in the range tells
+ * (mincore): mapping pages already there still walks their page tables,
+ * which cost 1.3x the CPU per MiB of an upload into a reused buffer. A
+ * kernel before 5.14 refuses MADV_POPULATE_WRITE, and the copy faults the
+ * pages as before. */
+static void populate(unsigned char *p, size_t n) {
+#ifdef MADV_POPULATE_WRITE
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t from = ((uintptr_t)p + page - 1) & ~(page - 1);
+  uintptr_t to = ((uintptr_t)p + n) & ~(page - 1);
+  unsigned char in_core = 1;
+  if (to > from && mincore((void *)from, page, &in_core) == 0 && !(in_core & 1))
+    (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 /* The staged inputs: each found in the store, or named in u->missing.
  * Returns 0, or -1 with *code and msg. */
 static int find_staged(cgs_upload *u, grpc_status_code *code, char *msg,
@@ -222,8 +246,10 @@ static int alloc_stage(cgs_upload *u, grpc_status_code *code, char *msg,
     snprintf(msg, msglen, "header: cannot allocate %zu bytes", u->in_len[0]);
     return -1;
   }
-  if (d->len)
+  if (d->len) {
+    populate(u->in_buf[0], d->len);
     memcpy(u->in_buf[0], d->data, d->len);
+  }
   u->in_fill[0] = d->len;
   u->bytes_in = d->len;
   protobuf_c_message_free_unpacked(&u->stage_req->base, NULL);
@@ -413,29 +439,6 @@ uint64_t cgs_upload_out_bytes(const cgs_upload *u) {
     if ((u->layer.grads & CG_GRAD_BIT(g)) && !u->out_at[g])
       n += u->layer.out_bytes[g]; /* each below 2^48 * 8 */
   return n;
-}
-
-/* Maps the pages of [p, p + n) in one call before a chunk is copied
- * there, when they are fresh from the system (a Stage entry while the
- * store fills up, or a size the buffer cache lacked): the copy would
- * otherwise fault once per 4 KiB page (3.5-6.5 ms of CPU per MiB of Stage
- * on a VM here; 0.67-0.77x of it so). A buffer is fresh or reused as a
- * whole, so the chunk's first page tells (mincore): mapping pages already
- * there still walks their page tables, which cost 1.3x the CPU per MiB of
- * a reused buffer's upload. A kernel before 5.14 refuses
- * MADV_POPULATE_WRITE, and the copy faults the pages as before. */
-static void populate(unsigned char *p, size_t n) {
-#ifdef MADV_POPULATE_WRITE
-  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  uintptr_t from = ((uintptr_t)p + page - 1) & ~(page - 1);
-  uintptr_t to = ((uintptr_t)p + n) & ~(page - 1);
-  unsigned char in_core = 1;
-  if (to > from && mincore((void *)from, page, &in_core) == 0 && !(in_core & 1))
-    (void)madvise((void *)from, to - from, MADV_POPULATE_WRITE);
-#else
-  (void)p;
-  (void)n;
-#endif
 }
 
 int cgs_upload_chunk(cgs_upload *u, const cgs_chunk_view *v,
