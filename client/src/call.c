@@ -42,8 +42,11 @@ void cgc__pin_unref(void *p) {
 }
 
 void cgc__pin_release(cgc__pin *pin) {
-  double until = cgc__now_ms() + CGC__PIN_WAIT_MS;
-  while (atomic_load(&pin->refs) > 1 && cgc__now_ms() < until) {
+  gpr_timespec until =
+      gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                   gpr_time_from_millis(CGC__PIN_WAIT_MS, GPR_TIMESPAN));
+  while (atomic_load(&pin->refs) > 1 &&
+         gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), until) < 0) {
     struct timespec ts = {0, 200000};
     nanosleep(&ts, NULL);
   }
