@@ -703,6 +703,11 @@ def print_modes(args, modes, autocast):
                        for lw, l in zip(unthrottled, local)),
               " ".join("%.2f" % k for k in srv_stretch),
               " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
+    # The trainer keeps the rest of its step, and the next forward waits
+    # for every gradient: no offload beats 1 - that share.
+    print("  bound: offloaded / local >= %.2fx (1 - the convolutions' "
+          "backward share of local's CPU: every byte and wait free)"
+          % (1 - med(l["conv_cpu"] / l["cpu"] for l in local)), flush=True)
 
 
 def rel_err(got, ref):
