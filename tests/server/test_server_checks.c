@@ -103,6 +103,17 @@ static void unlink_warmup(char *path) {
 /* The warm-up makes a warmed layer's first runs, checked on random inputs:
  * the callers' first calls of it are not checked again, a new shape's
  * are; past the 8 runs the warm-up makes, the callers' are. */
+/* Runs d's problem n times on ch, each result checked against the
+ * reference. */
+static void run_problem(grpc_channel *ch, const ts_desc *d, int n) {
+  ts_problem tp;
+  assert_int_equal(ts_problem_init(&tp, d), 0);
+  assert_int_equal(ts_problem_reference(&tp), 0);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
+  ts_problem_free(&tp);
+}
+
 static void test_warmup_makes_first_runs(void **state) {
   (void)state;
   ts_server s;
@@ -120,22 +131,14 @@ static void test_warmup_makes_first_runs(void **state) {
   assert_int_equal(rc->warmup_failed, 0);
   assert_int_equal(rc->checked, 0);
   convgrad__v1__server_info__free_unpacked(info, NULL);
-  ts_problem tp;
   ts_desc d = warm_desc(5);
-  assert_int_equal(ts_problem_init(&tp, &d), 0);
-  assert_int_equal(ts_problem_reference(&tp), 0);
-  for (int i = 0; i < 2; i++)
-    assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
-  ts_problem_free(&tp);
+  run_problem(ch, &d, 2);
   assert_int_equal(
       ts_server_wait_log(&s, "op=ConvolutionBackwardData", 2, 10000), 0);
   assert_int_equal(ts_server_log_count(&s, "check="), 0);
   /* A shape the warm-up did not run: checked on its first run. */
   d.is[0] = d.is[1] = 12;
-  assert_int_equal(ts_problem_init(&tp, &d), 0);
-  assert_int_equal(ts_problem_reference(&tp), 0);
-  assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
-  ts_problem_free(&tp);
+  run_problem(ch, &d, 1);
   assert_int_equal(ts_server_wait_log(&s, "check=passed", 1, 10000), 0);
   rc = checks_of(ch, &info);
   assert_int_equal(rc->checked, 1);
@@ -148,11 +151,7 @@ static void test_warmup_makes_first_runs(void **state) {
   args[5] = "9";
   assert_int_equal(ts_fixture_start(&s, &ch, args), 0);
   d = warm_desc(7);
-  assert_int_equal(ts_problem_init(&tp, &d), 0);
-  assert_int_equal(ts_problem_reference(&tp), 0);
-  for (int i = 0; i < 2; i++)
-    assert_int_equal(ts_problem_run(ch, &tp, NULL), 0);
-  ts_problem_free(&tp);
+  run_problem(ch, &d, 2);
   assert_int_equal(
       ts_server_wait_log(&s, "op=ConvolutionBackwardData", 2, 10000), 0);
   assert_int_equal(ts_server_log_count(&s, "check=passed"), 1);
