@@ -77,6 +77,7 @@ typedef struct cgs_config {
   uint64_t stream_window_bytes; /* HTTP/2 per-stream receive window */
   uint64_t grace_ms;            /* drain time after SIGTERM/SIGINT */
   uint64_t idle_timeout_ms;     /* a call without progress ends; 0 = never */
+  uint64_t keep_warm_ms;        /* an idle server keeps its memory this long */
   unsigned max_calls_per_peer;  /* 0 until cgs_config_finish: auto */
   uint64_t min_upload_rate;     /* bytes/s per --idle-timeout window; 0 = off */
   unsigned max_streams_per_connection; /* HTTP/2 concurrent streams */

@@ -65,6 +65,10 @@ typedef struct cgs_metrics_gauges {
 
 typedef void (*cgs_metrics_gauges_cb)(void *data, cgs_metrics_gauges *out);
 
+/* This process's resident memory in bytes, as /proc counts it; 0
+ * without /proc. */
+uint64_t cgs_metrics_rss_bytes(void);
+
 /* Returns 0 or CG_ENOMEM. *out is owned by the caller, released with
  * cgs_metrics_free(). */
 int cgs_metrics_new(cgs_metrics **out, cgs_metrics_gauges_cb gauges_cb,

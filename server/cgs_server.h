@@ -94,6 +94,8 @@ struct cgs_server {
   cgs_calls calls;  /* the live Compute calls */
   uv_timer_t housekeeping_timer;
   uint64_t calls_ended_at_tick; /* Compute calls over at the last tick */
+  uint64_t busy_at_ms;          /* loop time of the last tick that saw a call */
+  int gave_back;                /* memory handed back since busy_at_ms */
   uv_timer_t calls_timer;       /* the Compute calls' timeouts */
   /* The token table (NULL without --auth-tokens), replaced by SIGHUP
    * under auth_mu, which Compute's admission reads it under. */

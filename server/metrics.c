@@ -407,6 +407,13 @@ static int read_stat(unsigned long long field[25]) {
   return k > 24 ? 0 : -1;
 }
 
+uint64_t cgs_metrics_rss_bytes(void) {
+  unsigned long long f[25] = {0};
+  if (read_stat(f) != 0)
+    return 0;
+  return f[24] * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
 static void render_process(text *t) {
   unsigned long long f[25] = {0};
   if (read_stat(f) != 0)

@@ -208,17 +208,45 @@ static void report_suppressed(const cgs_peer *e) {
 }
 
 /* Every HOUSEKEEPING_MS: reports and forgets idle peers, unregisters
- * regions left idle (--region-idle-timeout), and after a whole quiet
- * period (no call live, none ended since the last tick) hands the
- * tensor-buffer cache and the heap's free memory back to the system. The
- * allocator keeps up to M_TRIM_THRESHOLD (main.c) otherwise, so a burst
- * of calls (honest or not) would leave the process at its peak. A
- * training loop calls far more often than that and keeps both warm: a
- * trim at every tick that fell between two of its calls made the next
- * calls fault their pages afresh, 2-5x the completion-queue thread's CPU
- * per MiB received (bench_wire --gap-ms 100: 16-320 faults per MiB). A
- * trickle of calls keeps a burst's free heap, which the limits admitted
- * (--max-inflight-bytes), until the next quiet tick. */
+ * regions left idle (--region-idle-timeout), and once no Compute call has
+ * been live or ended for --keep-warm, hands the tensor-buffer cache and
+ * the heap's free memory back to the system (at each quiet tick from
+ * then on, as the store's expiries free more). The allocator keeps up to
+ * M_TRIM_THRESHOLD (main.c) otherwise, so a burst of calls (honest or
+ * not) would leave the process at its peak; what it keeps meanwhile, the
+ * limits admitted (--max-inflight-bytes). Every page handed back is
+ * faulted in again by the next call that needs it, 10-60 us each on a
+ * VM: a trim at each tick that fell between two of a trainer's calls cost
+ * 2-5x the completion-queue thread's CPU per MiB received (bench_wire
+ * --gap-ms 100), and one after a 6 s pause made a ResNet-18 step's
+ * compute 1.6x (530-620 ms against 330-360 ms over regions, whose
+ * kernels' buffers come from the heap). */
+static void give_back_when_idle(cgs_server *s) {
+  uint64_t now = uv_now(s->loop);
+  uint64_t over = cgs_calls_ended(&s->calls);
+  if (over != s->calls_ended_at_tick || cgs_calls_live(&s->calls) != 0) {
+    s->calls_ended_at_tick = over;
+    s->busy_at_ms = now;
+    s->gave_back = 0;
+    return;
+  }
+  /* A warmed server keeps what warm-up left (tensor buffers cached, the
+   * heap's pages) until a job has run: the first call's. */
+  if (s->warmup.n && cgs_pool_mean_run_ms(s->pool) == 0)
+    return;
+  if (now - s->busy_at_ms < s->cfg->keep_warm_ms)
+    return;
+  uint64_t rss = s->gave_back ? 0 : cgs_metrics_rss_bytes();
+  cgs_buf_drain();
+  malloc_trim(0);
+  if (!s->gave_back)
+    cgs_info("idle for %.0f s: memory handed back to the system, RSS %.0f "
+             "-> %.0f MiB (--keep-warm)",
+             (double)(now - s->busy_at_ms) / 1e3, (double)rss / 1048576.0,
+             (double)cgs_metrics_rss_bytes() / 1048576.0);
+  s->gave_back = 1;
+}
+
 static void on_housekeeping(uv_timer_t *h) {
   cgs_server *s = h->data;
   cgs_checks_counters cc;
@@ -229,19 +257,7 @@ static void on_housekeeping(uv_timer_t *h) {
   cgs_shm_sweep(s);
   if (s->store)
     cgs_store_expire(s->store, cgs_store_now_ms());
-  uint64_t over = cgs_calls_ended(&s->calls);
-  int ended = over != s->calls_ended_at_tick;
-  s->calls_ended_at_tick = over;
-  if (cgs_calls_live(&s->calls) != 0)
-    return;
-  /* A warmed server keeps what warm-up left (tensor buffers cached, the
-   * heap's pages) until a job has run: the first call's. */
-  if (s->warmup.n && cgs_pool_mean_run_ms(s->pool) == 0)
-    return;
-  if (ended)
-    return;
-  cgs_buf_drain();
-  malloc_trim(0);
+  give_back_when_idle(s);
 }
 
 static void on_calls_timer(uv_timer_t *h) {
@@ -628,6 +644,7 @@ int cgs_server_start(cgs_server *s, uv_loop_t *loop, const cgs_config *cfg,
     rc = cg_errorf(err, errlen, CG_EINTERNAL, "cannot start the cq thread");
     goto fail_pool;
   }
+  s->busy_at_ms = uv_now(loop);
   uv_timer_start(&s->housekeeping_timer, on_housekeeping, HOUSEKEEPING_MS,
                  HOUSEKEEPING_MS);
   uv_timer_start(&s->calls_timer, on_calls_timer, CALLS_TICK_MS, CALLS_TICK_MS);

@@ -13,7 +13,9 @@ server's RSS must come back within IDLE_RSS_MIB of its RSS at start within
 IDLE_WAIT_S (printed with the peak; asserted without sanitizers, whose
 shadow memory and quarantine would be most of it). Before the server kept
 one malloc arena, it sat at 95-105 MiB 5 s after 20 s of this load (27 at
-start); with one, at 32.
+start); with one, at 32. It hands its memory back only once no call has
+been live or ended for --keep-warm (KEEP_WARM_S here): its log line
+saying so must come that long after the last call's line, not sooner.
 
 Usage: test_server_mix.py --server BIN --cli BIN [--seconds S]"""
 import argparse
@@ -32,9 +34,32 @@ CLIENTS = (  # concurrency, problem, op, dtype
     (1, "mb1ic4ih8oc4oh8kh3ph1", "ConvolutionBackwardData", "f32"),
 )
 IDLE_RSS_MIB = 64
-# The housekeeping trims every 2 s once no call is live: the figure is
-# taken after one such tick at least, and waited for up to IDLE_WAIT_S.
-IDLE_MIN_S, IDLE_WAIT_S = 2.5, 10
+# The housekeeping trims at its first 2 s tick KEEP_WARM_S after the last
+# call: the figure is taken after that at least, and waited for up to
+# IDLE_WAIT_S. A housekeeping that ignored --keep-warm would trim 2-4 s
+# after the last call, which KEEP_WARM_S tells apart.
+KEEP_WARM_S = 5
+IDLE_MIN_S, IDLE_WAIT_S = KEEP_WARM_S + 0.5, 12
+
+
+def log_time(line):
+    """The seconds of a server log line's UTC timestamp."""
+    return time.mktime(time.strptime(line[:19], "%Y-%m-%dT%H:%M:%S")) + \
+        float(line[19:23])
+
+
+def handed_back_after_calls(path="server-mix.log"):
+    """Seconds from the server's last call to its log line saying it
+    handed memory back (--keep-warm), or None before that line."""
+    last_call = gap = None
+    with open(path) as f:
+        for line in f:
+            if " compute id=" in line:
+                last_call, gap = log_time(line), None
+            elif "memory handed back" in line and last_call is not None \
+                    and gap is None:
+                gap = log_time(line) - last_call
+    return gap
 
 
 def rss_mib(pid):
@@ -84,7 +109,8 @@ def main():
 
     log = open("server-mix.log", "w")
     server = subprocess.Popen([args.server, "--listen", "127.0.0.1:0",
-                               "--metrics-listen", "127.0.0.1:0"],
+                               "--metrics-listen", "127.0.0.1:0",
+                               "--keep-warm", str(KEEP_WARM_S)],
                               stdout=subprocess.PIPE, stderr=log, text=True)
     ready = server.stdout.readline()
     m = re.search(r"listen=127\.0\.0\.1:(\d+) metrics=127\.0\.0\.1:(\d+)",
@@ -129,14 +155,20 @@ def main():
         t0 = time.time()
         time.sleep(IDLE_MIN_S)
         idle_rss = rss_mib(server.pid)
-        while idle_rss > start_rss + IDLE_RSS_MIB and \
+        while (idle_rss > start_rss + IDLE_RSS_MIB or
+               handed_back_after_calls() is None) and \
                 time.time() < t0 + IDLE_WAIT_S:
             time.sleep(0.2)
             idle_rss = rss_mib(server.pid)
         print("server RSS: %.0f MiB at start, peak %.0f, idle %.0f after %.1f s"
               % (start_rss, peak_rss, idle_rss, time.time() - t0))
+        kept = handed_back_after_calls()
+        print("handed back %s s after the last call (--keep-warm %d)"
+              % ("%.1f" % kept if kept is not None else "never",
+                 KEEP_WARM_S))
         sys.stdout.flush()
         assert not failed, failed
+        assert kept is not None and kept >= KEEP_WARM_S - 0.1, kept
         if not os.environ.get("CG_SANITIZED"):
             assert idle_rss <= start_rss + IDLE_RSS_MIB, (
                 "idle RSS %.0f MiB, more than %d over %.0f at start"
