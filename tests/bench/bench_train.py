@@ -138,8 +138,9 @@ def make_modes(args, model0, servers):
     """local, then each of args.modes, each offload mode with a server of
     its own (servers.start(): the store dedupes content ids across peers,
     so two staging modes of equal weights sharing one would find each
-    other's staged weights present): tcp (bytes), unix+shm (regions) or
-    alt:unix+shm (a server of --alt-server-args), each optionally
+    other's staged weights present): tcp (bytes) or unix+shm (regions),
+    either as alt:tcp or alt:unix+shm on a server of --alt-server-args,
+    each optionally
     followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
@@ -163,7 +164,7 @@ def make_modes(args, model0, servers):
         share = [f for f in flags if f.startswith("share")]
         known = {"serial", "keep", "narrow", "nostage", "stage", "content",
                  "bf16", "whole"}
-        if base not in ("tcp", "unix+shm", "alt:unix+shm") or \
+        if base not in ("tcp", "unix+shm", "alt:tcp", "alt:unix+shm") or \
                 set(flags) - known - set(pipe) - set(share) or \
                 any(f != "pipe" and not f[4:].isdigit() for f in pipe) or \
                 any(f != "share" and not f[5:].isdigit() for f in share) or \
@@ -171,14 +172,15 @@ def make_modes(args, model0, servers):
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
         server = servers.start(alt=base.startswith("alt:"))
-        target = server.target if base == "tcp" else server.unix
+        tcp = base.endswith("tcp")
+        target = server.target if tcp else server.unix
         split = {}
         if pipe:
             split = dict(replicas=1, split_parts=int(pipe[0][4:] or 0))
         elif "whole" in flags:
             split = dict(replicas=0)
-        client = convgrad.Client(target, shm=False if base == "tcp" else
-                                 "auto", **split)
+        client = convgrad.Client(target, shm=False if tcp else "auto",
+                                 **split)
         model = ct.offload(copy.deepcopy(model0), client,
                            overlap="serial" not in flags,
                            backward_threads=None if "keep" in flags else
@@ -967,9 +969,9 @@ def main():
     ap.add_argument("--modes", nargs="+",
                     default=["tcp", "unix+shm", "unix+shm+keep",
                              "unix+shm+serial"],
-                    help="offload modes beside local: tcp, unix+shm or "
-                    "alt:unix+shm (a server started with "
-                    "--alt-server-args), each optionally with +serial "
+                    help="offload modes beside local: tcp or unix+shm, "
+                    "either as alt:tcp or alt:unix+shm (a server started "
+                    "with --alt-server-args), each optionally with +serial "
                     "(overlap=False), +keep (torch's threads kept through "
                     "the backward pass), +narrow (backward_threads=1), "
                     "+nostage (the backward sends src and weights instead "
