@@ -206,9 +206,10 @@ static const opt_def opt_table[] = {
      3600ull * 1000,
      "seconds an idle server (no Compute call live or ended) keeps the "
      "memory its calls used (tensor buffers, free heap) before handing it "
-     "back to the system at the next 2 s tick; a trainer back within this "
-     "finds its pages mapped instead of faulting them in again. 0 = at the "
-     "first quiet tick"},
+     "back to the system at the next 2 s tick (and a worker its engine's "
+     "buffers as long after its last job, 1 s at least); a trainer back "
+     "within this finds its pages mapped instead of faulting them in "
+     "again. 0 = at the first quiet tick"},
     {"max-calls-per-peer", OPT_UINT, offsetof(cgs_config, max_calls_per_peer),
      "0", 0, 1000000,
      "Compute calls one client address may have still sending their "

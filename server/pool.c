@@ -150,8 +150,9 @@ static void give_back(cgs_pool *p, worker *w) {
  * problems (under 2 GFLOP) run whole. */
 #define SLICE_FLOPS_PER_THREAD 16e9
 
-/* Seconds a worker waits idle before it frees its engine's buffers. */
-#define RELEASE_AFTER_S 1
+/* Least time a worker waits idle before it frees its engine's buffers
+ * (--keep-warm when longer), so back-to-back jobs keep them. */
+#define RELEASE_AFTER_MIN_MS 1000
 #define SLICE_MIN_ROWS 16
 
 /* Rows per slice of job's minibatch: the whole of it but for a
@@ -444,8 +445,8 @@ static void *worker_main(void *arg) {
   warm_up(w, engine);
 
   /* The engine keeps buffers from the last job, released once idle for
-   * RELEASE_AFTER_S; not those warm-up left, which are what the first
-   * call of a warmed shape needs however long it takes to come (else it
+   * --keep-warm (1 s at least); not those warm-up left, which are what the
+   * first call of a warmed shape needs however long it takes to come (else it
    * faults them in again: res2a's first compute after 1.5 s idle took
    * 150-480 ms released, 60-110 kept, its repeats 40; load 4-6). Bounded
    * by the --warmup list. */
@@ -458,16 +459,24 @@ static void *worker_main(void *arg) {
         pthread_cond_wait(&w->cv, &p->mu);
         continue;
       }
-      /* Idle for RELEASE_AFTER_S: the engine's buffers (up to several
-       * times a job's tensors, outside --max-inflight-bytes) go back to
-       * the heap, and to the system with the housekeeping's trim once no
-       * call is live, so an idle server holds only what its budget says.
-       * Back-to-back jobs keep them warm. Not trimmed here: malloc_trim
-       * walks the one arena with its lock held (145 ms under bench_fair's
-       * load), and every other thread's malloc waits for it. */
+      /* Idle for --keep-warm: the engine's buffers (up to several times
+       * a job's tensors, outside --max-inflight-bytes) go back to the
+       * heap, and to the system with the housekeeping's trim, so an idle
+       * server holds only what its budget says. Until then a trainer's
+       * next step finds them mapped: those over M_MMAP_THRESHOLD (main.c)
+       * are unmapped when freed, and a batch-32 conv1 weights call after
+       * 1.5 s idle took 400-416 ms against 55 back to back when they were
+       * freed after 1 s. Not trimmed here: malloc_trim walks the one
+       * arena with its lock held (145 ms under bench_fair's load), and
+       * every other thread's malloc waits for it. */
+      uint64_t after_ms = p->cfg->keep_warm_ms > RELEASE_AFTER_MIN_MS
+                              ? p->cfg->keep_warm_ms
+                              : RELEASE_AFTER_MIN_MS;
       struct timespec until;
       clock_gettime(CLOCK_REALTIME, &until);
-      until.tv_sec += RELEASE_AFTER_S;
+      uint64_t ns = (uint64_t)until.tv_nsec + after_ms % 1000 * 1000000;
+      until.tv_sec += (time_t)(after_ms / 1000 + ns / 1000000000);
+      until.tv_nsec = (long)(ns % 1000000000);
       if (pthread_cond_timedwait(&w->cv, &p->mu, &until) == ETIMEDOUT &&
           !p->queue.head) {
         w->waiting = 0; /* busy for a moment: submit should wake another */
