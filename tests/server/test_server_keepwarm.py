@@ -16,28 +16,10 @@ import sys
 import tempfile
 import time
 
+import serverlog
+
 # One call of real work: its engine buffers are what the worker frees.
 PROBLEM = "mb8ic32ih28oc32oh28kh3ph1"
-
-
-def log_time(line):
-    """The seconds of a server log line's UTC timestamp."""
-    return time.mktime(time.strptime(line[:19], "%Y-%m-%dT%H:%M:%S")) + \
-        float(line[19:23])
-
-
-def first_after(path, t, needle, wait_s):
-    """The time of the first line with needle at or after t, waiting up to
-    wait_s for it; None if it never came."""
-    end = time.time() + wait_s
-    while True:
-        with open(path) as f:
-            for line in f:
-                if needle in line and log_time(line) >= t:
-                    return log_time(line)
-        if time.time() > end:
-            return None
-        time.sleep(0.2)
 
 
 def run(args, tmp, keep_warm):
@@ -58,11 +40,11 @@ def run(args, tmp, keep_warm):
              PROBLEM, "--op", "ConvolutionBackwardData", "--requests", "1",
              "--warmup", "0"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
-        call = first_after(path, 0, " compute id=", 5)
+        call = serverlog.first_after(path, 0, " compute id=", 5)
         assert call is not None, open(path).read()
         wait = keep_warm + 2 + 5  # the housekeeping's 2 s tick, and slack
-        released = first_after(path, call, "idle: released", wait)
-        handed = first_after(path, call, "memory handed back", wait)
+        released = serverlog.first_after(path, call, "idle: released", wait)
+        handed = serverlog.first_after(path, call, "memory handed back", wait)
     finally:
         proc.terminate()
         rc = proc.wait(timeout=60)

@@ -28,6 +28,8 @@ import threading
 import time
 import urllib.request
 
+import serverlog
+
 CLIENTS = (  # concurrency, problem, op, dtype
     (64, "mb2ic32ih28oc32oh28kh3ph1", "ConvolutionBackwardData", "f32"),
     (16, "mb2ic32ih28oc32oh28kh3ph1", "ConvolutionBackwardWeights", "bf16"),
@@ -42,24 +44,14 @@ KEEP_WARM_S = 5
 IDLE_MIN_S, IDLE_WAIT_S = KEEP_WARM_S + 0.5, 12
 
 
-def log_time(line):
-    """The seconds of a server log line's UTC timestamp."""
-    return time.mktime(time.strptime(line[:19], "%Y-%m-%dT%H:%M:%S")) + \
-        float(line[19:23])
-
-
 def handed_back_after_calls(path="server-mix.log"):
     """Seconds from the server's last call to its log line saying it
     handed memory back (--keep-warm), or None before that line."""
-    last_call = gap = None
-    with open(path) as f:
-        for line in f:
-            if " compute id=" in line:
-                last_call, gap = log_time(line), None
-            elif "memory handed back" in line and last_call is not None \
-                    and gap is None:
-                gap = log_time(line) - last_call
-    return gap
+    calls = serverlog.line_times(path, " compute id=")
+    if not calls:
+        return None
+    back = serverlog.first_after(path, calls[-1], "memory handed back", 0)
+    return None if back is None else back - calls[-1]
 
 
 def rss_mib(pid):
