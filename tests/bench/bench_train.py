@@ -4,8 +4,11 @@ torch, and one layer against torch.distributed.rpc (issue 27).
 
   train  torchvision's resnet18(num_classes=10), SGD with momentum, in the
          settings of --settings (224x8: 224x224 images at batch 8; 32x32:
-         32x32 at batch 32), f32 and bf16 under torch.autocast. Modes, in
-         rounds that rotate their order: local autograd; offload over TCP
+         32x32 at batch 32), f32 and bf16 under torch.autocast. Modes,
+         each in a process of its own (Mode: sharing one, they changed
+         each other's steps) with glibc's malloc at fixed thresholds
+         (--trainer-malloc, STEADY_MALLOC), in rounds that rotate their
+         order: local autograd; offload over TCP
          loopback (bytes on the wire: shm=False); offload over the unix
          socket with shared-memory regions; each with offload's defaults
          (overlap: grad_input on through autograd as soon as the server
@@ -99,19 +102,16 @@ def resnet18():
     return torchvision.models.resnet18(num_classes=10)
 
 
-class Mode:
-    """One way of training: its model (a copy of the same initial one), its
-    optimizer, the torch threads it runs with and, offloaded, its
-    client and its own server."""
+class Trainer:
+    """One way of training, in its mode's process (mode_main): its model
+    (the same initial one in every mode), its optimizer, the torch threads
+    it runs with and, offloaded, its client and its server's pid."""
 
-    def __init__(self, name, model, threads, client=None, server=None):
+    def __init__(self, model, threads, client=None, server_pid=None):
         import torch
-        self.name, self.model, self.client = name, model, client
-        self.server = server
+        self.model, self.client, self.server_pid = model, client, server_pid
         self.threads = threads
         self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        self.rounds = []  # each round's figures (time_steps)
-        self.steps = 0
 
     def step(self, x, y, autocast):
         import torch
@@ -134,14 +134,60 @@ class Mode:
         return loss.item()
 
 
-def make_modes(args, model0, servers):
-    """local, then each of args.modes, each offload mode with a server of
-    its own (servers.start(): the store dedupes content ids across peers,
-    so two staging modes of equal weights sharing one would find each
-    other's staged weights present): tcp (bytes) or unix+shm (regions),
-    either as alt:tcp or alt:unix+shm on a server of --alt-server-args,
-    each optionally
-    followed by
+class Mode:
+    """One way of training as the run sees it: a process of its own
+    (mode_main, started from spec, a dict of make_trainer's), its name, its
+    server (None: local) and each round's figures (time_steps). A process
+    each because modes sharing one trainer process change each other's
+    steps: over the 10 Gbit/s rig (ResNet-18 224x8 f32, trainer core 0,
+    server core 1) local's step took 1369-1418 ms in a process of its own
+    and 1013-1227 ms when each followed an offloaded step in one process,
+    an offloaded step 1116-1209 ms alone and 1443-1632 ms after a local
+    one: the page faults of one mode's step moved with the other's (local
+    22.5k a step alone, 18.9-19.2k interleaved; offloaded 10.1-10.8k
+    alone, 18.0-23.2k interleaved), through the allocator state they
+    share. A trainer runs one of them."""
+
+    def __init__(self, ctx, spec, server=None):
+        self.name, self.server = spec["name"], server
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=mode_main, args=(child, spec),
+                                name="bench-train-" + spec["name"],
+                                daemon=True)
+        self.proc.start()
+        child.close()
+        self.rounds = []
+
+    def call(self, *request):
+        """Runs request (mode_main's commands) in the mode's process and
+        returns its answer; raises RuntimeError with its traceback if it
+        failed there."""
+        self.conn.send(request)
+        ok, answer = self.conn.recv()
+        if not ok:
+            raise RuntimeError("mode %s: %s" % (self.name, answer))
+        return answer
+
+    def close(self):
+        if self.proc.is_alive():
+            try:
+                self.call("close")
+            except (EOFError, OSError):
+                pass
+        self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.conn.close()
+
+
+def make_modes(args, setting, dtype, servers):
+    """local, then each of args.modes, each a Mode (a process of its own)
+    training resnet18 in setting (SETTINGS) and dtype, each offload mode
+    with a server of its own (servers.start(): the store dedupes content
+    ids across peers, so two staging modes of equal weights sharing one
+    would find each other's staged weights present): tcp (bytes) or
+    unix+shm (regions), either as alt:tcp or alt:unix+shm on a server of
+    --alt-server-args, each optionally followed by
     +serial (overlap=False), +keep (backward_threads=None), +narrow
     (backward_threads=1), +nostage (stage=False: tcp's backward sends
     src and weights too) or +stage (stage=True, offload's default: the
@@ -153,9 +199,11 @@ def make_modes(args, model0, servers):
     and +whole (replicas=0: no pipelining whatever offload's default),
     +share (local_share="auto": the trainer computes the share of each
     call libcgclient's model gives it) or +shareN (local_share=N/100)."""
-    import convgrad
-    import convgrad.torch as ct
-    modes = [Mode("local", copy.deepcopy(model0), args.threads)]
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    common = dict(setting=setting, autocast=dtype == "bf16",
+                  steps=args.steps)
+    specs = [dict(common, name="local", threads=args.threads)]
     for name in args.modes:
         parts = name.split("+")
         n = 2 if parts[1:2] == ["shm"] else 1
@@ -171,28 +219,118 @@ def make_modes(args, model0, servers):
                 (base.startswith("alt:") and args.alt_server_args is None):
             sys.exit("bench_train: mode %r: no such mode or no server for it "
                      "(alt: modes need --alt-server-args)" % name)
-        server = servers.start(alt=base.startswith("alt:"))
-        tcp = base.endswith("tcp")
-        target = server.target if tcp else server.unix
         split = {}
         if pipe:
             split = dict(replicas=1, split_parts=int(pipe[0][4:] or 0))
         elif "whole" in flags:
             split = dict(replicas=0)
-        client = convgrad.Client(target, shm=False if tcp else "auto",
-                                 **split)
-        model = ct.offload(copy.deepcopy(model0), client,
-                           overlap="serial" not in flags,
-                           backward_threads=None if "keep" in flags else
-                           1 if "narrow" in flags else "auto",
-                           stage="nostage" not in flags,
-                           wire="bf16" if "bf16" in flags else "f32",
-                           local_share=("auto" if share[0] == "share" else
-                                        int(share[0][5:]) / 100)
-                           if share else 0)
-        client._private_ids = "content" not in flags
-        modes.append(Mode(name, model, args.offload_threads, client, server))
+        specs.append(dict(
+            common, name=name, threads=args.offload_threads,
+            tcp=base.endswith("tcp"), alt=base.startswith("alt:"),
+            split=split, private_ids="content" not in flags,
+            offload=dict(overlap="serial" not in flags,
+                         backward_threads=None if "keep" in flags else
+                         1 if "narrow" in flags else "auto",
+                         stage="nostage" not in flags,
+                         wire="bf16" if "bf16" in flags else "f32",
+                         local_share=("auto" if share[0] == "share" else
+                                      int(share[0][5:]) / 100)
+                         if share else 0)))
+    modes = []
+    try:
+        for spec in specs:
+            server = None
+            if spec["name"] != "local":
+                server = servers.start(alt=spec["alt"])
+                spec.update(target=server.target if spec["tcp"]
+                            else server.unix, server_pid=server.proc.pid)
+            modes.append(Mode(ctx, spec, server))
+    except BaseException:
+        close_modes(modes, servers)
+        raise
     return modes
+
+
+def close_modes(modes, servers):
+    """Ends each mode's process, then stops its server."""
+    for m in modes:
+        m.close()
+        if m.server is not None:
+            servers.stop(m.server)
+
+
+def make_trainer(spec):
+    """The Trainer of a mode's spec (make_modes), and its batches."""
+    import convgrad
+    import convgrad.torch as ct
+    model0, batches = problem(*SETTINGS[spec["setting"]])
+    if spec["name"] == "local":
+        return Trainer(model0, spec["threads"]), batches
+    client = convgrad.Client(spec["target"],
+                             shm=False if spec["tcp"] else "auto",
+                             **spec["split"])
+    client._private_ids = spec["private_ids"]
+    model = ct.offload(model0, client, **spec["offload"])
+    return Trainer(model, spec["threads"], client,
+                   spec["server_pid"]), batches
+
+
+def mode_main(conn, spec):
+    """A mode's process: makes its Trainer, then answers the run's
+    requests (Mode.call) until "close": ("grads", i) one step on batch i
+    and its parameters' gradients; ("warmup", n) n untimed steps;
+    ("state",) and ("load", state) its model's weights; ("round",) one
+    round's figures (time_steps); ("reset",) zeroes the client's
+    counters; ("conv",) local's convolutions' backward (conv_backward_ms,
+    wall and CPU ms); ("shares",) trainer_shares. Each answer is (True,
+    value) or (False, the traceback)."""
+    import traceback
+    import torch
+    torch.set_num_threads(spec["threads"])
+    trainer, batches = make_trainer(spec)
+    autocast = spec["autocast"]
+    convs = []
+
+    def grads(i):
+        trainer.step(*batches[i], autocast)
+        return {k: p.grad.clone()
+                for k, p in trainer.model.named_parameters()}
+
+    def warmup(n):
+        for i in range(n):
+            trainer.step(*batches[i % 4], autocast)
+
+    def load(state):
+        trainer.model.load_state_dict(state)
+
+    def reset():
+        if trainer.client is not None:
+            trainer.client.stats(reset=True)
+
+    def conv():
+        if not convs:
+            convs.extend(conv_backward_calls(trainer.model, batches[0][0],
+                                             autocast))
+        return conv_backward_ms(convs)
+    handlers = {
+        "grads": grads, "warmup": warmup,
+        "state": lambda: trainer.model.state_dict(),
+        "load": load, "reset": reset, "conv": conv,
+        "round": lambda: time_steps(spec["steps"], trainer, batches,
+                                    autocast),
+        "shares": lambda: trainer_shares(trainer.model)}
+    while True:
+        request = conn.recv()
+        try:
+            conn.send((True, handlers[request[0]](*request[1:])
+                       if request[0] != "close" else None))
+        except Exception:
+            conn.send((False, traceback.format_exc()))
+        if request[0] == "close":
+            break
+    if trainer.client is not None:
+        trainer.client.close()
+    conn.close()
 
 
 def trainer_shares(model):
@@ -247,11 +385,11 @@ def conv_backward_ms(calls, reps=2):
     return wall * 1e3, cpu * 1e3
 
 
-def server_cpu_ms(server):
-    """The CPU a server process has used so far, in ms, as /proc counts
+def server_cpu_ms(pid):
+    """The CPU server process pid has used so far, in ms, as /proc counts
     it (user and system): every thread's, and its workers' (the threads
     that run the kernels; the others move the bytes); (0, 0) for None."""
-    if server is None:
+    if pid is None:
         return 0.0, 0.0
 
     def ms(path):
@@ -259,7 +397,7 @@ def server_cpu_ms(server):
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf(
             "SC_CLK_TCK")
-    proc = "/proc/%d" % server.proc.pid
+    proc = "/proc/%d" % pid
     workers = 0.0
     for tid in os.listdir(proc + "/task"):
         try:
@@ -311,15 +449,11 @@ def bf16_wire(mode):
     return "bf16" in mode.name.split("+")
 
 
-def check_gradients(modes, x, y, autocast, tol, when=""):
-    """One step's gradients of every mode against local's: within tol
-    (None: not checked), or a bf16 wire's within BF16_WIRE_TOL."""
-    grads = []
-    for m in modes:
-        m.opt.zero_grad()
-        m.step(x, y, autocast)
-        grads.append({k: p.grad.clone()
-                      for k, p in m.model.named_parameters()})
+def check_gradients(modes, batch, tol, when=""):
+    """One step's gradients of every mode on its batch number batch
+    against local's: within tol (None: not checked), or a bf16 wire's
+    within BF16_WIRE_TOL."""
+    grads = [m.call("grads", batch) for m in modes]
     worst = []
     for m, g in zip(modes[1:], grads[1:]):
         err, where = 0.0, ""
@@ -526,94 +660,101 @@ def problem(hw, batch):
                     for _ in range(4)]
 
 
+# glibc's malloc with fixed thresholds (those convgrad-server sets itself,
+# server/main.c), for every mode's process under --trainer-malloc steady.
+# With glibc's adaptive ones a trainer's large tensors are mapped and
+# unmapped again step after step, and page faults cost 20-60 us on a
+# guest like this one's: over the 10 Gbit/s rig (ResNet-18 224x8 f32,
+# trainer core 0, server core 1, 8 steps a run, two runs) local's step
+# took 1295-1359 ms with 21-34k faults a step against 618-628 ms and
+# none with these, an offloaded step 1200-1387 ms (13k faults) against
+# 837-924 (none). On a host whose faults cost a microsecond both are
+# near the fixed figures.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                 "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+
+
 def bench_train(args, servers):
     ok = True
+    if args.trainer_malloc == "steady":
+        os.environ.update(STEADY_MALLOC)  # the mode processes inherit it
+    print("trainer's malloc: %s" % (
+        "glibc's defaults" if args.trainer_malloc == "glibc" else
+        " ".join("%s=%s" % kv for kv in STEADY_MALLOC.items())))
     for setting in args.settings:
         hw, batch = SETTINGS[setting]
         for dtype in args.dtypes:
-            autocast = dtype == "bf16"
-            model0, batches = problem(hw, batch)
             print("resnet18 %dx%d batch %d %s%s, torch %d threads (%d "
-                  "offloaded)" % (hw, hw, batch, dtype,
-                                  " (autocast)" if autocast else "",
-                                  args.threads, args.offload_threads))
-            modes = make_modes(args, model0, servers)
+                  "offloaded), each mode in a process of its own"
+                  % (hw, hw, batch, dtype,
+                     " (autocast)" if dtype == "bf16" else "",
+                     args.threads, args.offload_threads))
+            modes = make_modes(args, setting, dtype, servers)
             try:
-                ok &= train_modes(args, modes, batches, dtype)
+                ok &= train_modes(args, modes, dtype)
             finally:
-                for m in modes[1:]:
-                    m.client.close()
-                    servers.stop(m.server)
+                close_modes(modes, servers)
     return ok
 
 
-def train_modes(args, modes, batches, dtype):
+def train_modes(args, modes, dtype):
     """Times modes (local first) in interleaved rounds and prints their
     figures; False if a mode's gradients were not local's."""
-    import torch
-    autocast = dtype == "bf16"
-    ok = True
-    ok &= check_gradients(modes, *batches[0], autocast,
-                          1e-5 if dtype == "f32" else None)
+    tol = 1e-5 if dtype == "f32" else None
+    ok = check_gradients(modes, 0, tol)
     for m in modes:
-        for i in range(args.warmup):
-            m.step(*batches[i % 4], autocast)
-    if any(trainer_shares(m.model) for m in modes):
+        m.call("warmup", args.warmup)
+    if any(m.call("shares") for m in modes):
         # local_share="auto" picks its cuts at a shape's third call,
         # after the check above: one more step from local's
         # weights, with the cuts, within the same tolerance.
-        state = modes[0].model.state_dict()
+        state = modes[0].call("state")
         for m in modes[1:]:
-            m.model.load_state_dict(state)
-        ok &= check_gradients(modes, *batches[1], autocast,
-                              1e-5 if dtype == "f32" else None,
-                              " with the trainer's cuts")
-    torch.set_num_threads(args.threads)
-    convs = conv_backward_calls(modes[0].model, batches[0][0], autocast)
+            m.call("load", state)
+        ok &= check_gradients(modes, 1, tol, " with the trainer's cuts")
     for m in modes:
-        if m.client:
-            m.client.stats(reset=True)
+        m.call("reset")
     for r in range(args.rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
         for m in order:
-            m.rounds.append(time_steps(args, m, batches, autocast))
+            m.rounds.append(m.call("round"))
             if m is modes[0]:
-                torch.set_num_threads(args.threads)
                 m.rounds[-1]["conv"], m.rounds[-1]["conv_cpu"] = \
-                    conv_backward_ms(convs)
-    print_modes(args, modes, autocast)
+                    m.call("conv")
+    print_modes(args, modes, dtype == "bf16")
     return ok
 
 
-def time_steps(args, m, batches, autocast):
-    """One round of mode m: args.steps steps, the median of their wall
-    ms, forward and optimizer ms, the trainer process's CPU ms and the
-    server's (every thread's, and its workers'); per step the client's
-    calls, bytes (MB) and server compute, and its arena's MiB."""
-    steps = []
-    before = m.client.stats() if m.client else None
-    for i in range(args.steps):
-        c0, s0 = time.process_time(), server_cpu_ms(m.server)
+def time_steps(steps, trainer, batches, autocast):
+    """One round of a trainer (in its mode's process): steps steps, the
+    median of their wall ms, forward and optimizer ms, the process's CPU
+    ms and the server's (every thread's, and its workers'); per step the
+    client's calls, bytes (MB) and server compute, and its arena's
+    MiB."""
+    client, pid = trainer.client, trainer.server_pid
+    figures = []
+    before = client.stats() if client else None
+    for i in range(steps):
+        c0, s0 = time.process_time(), server_cpu_ms(pid)
         q0 = cpu_quota()[1]
         t0 = time.perf_counter()
-        m.step(*batches[i % 4], autocast)
+        trainer.step(*batches[i % 4], autocast)
         wall = (time.perf_counter() - t0) * 1e3
-        s1 = server_cpu_ms(m.server)
-        steps.append((wall,) + m.last_parts + (
+        s1 = server_cpu_ms(pid)
+        figures.append((wall,) + trainer.last_parts + (
             (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1],
             cpu_quota()[1] - q0))
-    m.steps += args.steps
     f = dict(zip(("ms", "forward", "optimizer", "cpu", "server_cpu",
                   "workers_cpu", "throttled"),
-                 (statistics.median(x) for x in zip(*steps))))
-    if m.client:
-        after = m.client.stats()
+                 (statistics.median(x) for x in zip(*figures))))
+    if client:
+        after = client.stats()
         for k, key, unit in (("calls", "calls", 1),
                              ("up", "bytes_sent", 1e6),
                              ("down", "bytes_received", 1e6),
                              ("staged", "staged_bytes", 1e6),
                              ("compute", "compute_ms", 1)):
-            f[k] = (after[key] - before[key]) / unit / args.steps
+            f[k] = (after[key] - before[key]) / unit / steps
         f["arena"] = after["arena_bytes"] / 2**20
     return f
 
@@ -631,7 +772,7 @@ def print_modes(args, modes, autocast):
     # Local's step without the time its quota stopped it: the model
     # charges the quota against each mode's own CPU (model_ms's bound).
     unthrottled = [l["ms"] - l["throttled"] for l in local]
-    params = sum(p.numel() for mod in modes[0].model.modules()
+    params = sum(p.numel() for mod in resnet18().modules()
                  if isinstance(mod, torch.nn.Conv2d)
                  for p in mod.parameters())
     med = statistics.median
@@ -650,7 +791,7 @@ def print_modes(args, modes, autocast):
         line = "  %-18s %9.1f %5.2fx" % (
             m.name, med(x["ms"] for x in m.rounds),
             med(x["ms"] / l["ms"] for x, l in zip(m.rounds, local)))
-        if m.client:
+        if m.server is not None:
             overlap = "serial" not in m.name.split("+")
             d_w = params * (2 if autocast or bf16_wire(m) else 4) / 1e6
             moved = [x["up"] + x["down"] + x["staged"] for x in m.rounds]
@@ -689,7 +830,7 @@ def print_modes(args, modes, autocast):
                                                          m.rounds))))
         print(line + "   (rounds: %s)" % " ".join(
             "%.0f" % x["ms"] for x in m.rounds), flush=True)
-        shares = trainer_shares(m.model)
+        shares = m.call("shares")
         if shares:
             print("    trainer's rows of each call: %s" % shares)
     print("  local: convolutions' backward %.1f ms/step (the part an "
@@ -997,6 +1138,12 @@ def main():
                     help="flags of the alt: modes' servers instead of "
                     "--server-args "
                     "(e.g. '--workers 1 --threads-per-worker 2')")
+    ap.add_argument("--trainer-malloc", choices=("steady", "glibc"),
+                    default="steady",
+                    help="the mode processes' malloc: steady (fixed "
+                    "thresholds, STEADY_MALLOC: the default) or glibc "
+                    "(its adaptive defaults, whose page faults dominate a "
+                    "step on a guest where faults are dear)")
     ap.add_argument("--only", choices=("train", "layer", "wire", "share"),
                     help="one part (default: train and layer)")
     ap.add_argument("--wire-steps", type=int, default=20,
