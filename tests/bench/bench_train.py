@@ -409,42 +409,6 @@ def server_cpu_ms(pid):
     return ms(proc + "/stat"), workers
 
 
-def cpu_quota():
-    """This process's cgroup CPU quota, as (the share of one core it may
-    use, None without a quota; the ms its cgroup has been throttled so
-    far), from cgroup v1's cpu controller or v2's, whichever holds it."""
-    with open("/proc/self/cgroup") as f:
-        lines = [line.rstrip("\n").split(":", 2) for line in f]
-    with open("/proc/mounts") as f:
-        mounts = [line.split() for line in f]
-    for _, controllers, path in lines:
-        if "cpu" in controllers.split(","):
-            top = next((m[1] for m in mounts if m[2] == "cgroup" and
-                        "cpu" in m[3].split(",")), None)
-            v2 = False
-            break
-    else:
-        top, path, v2 = "/sys/fs/cgroup", lines[-1][2], True
-    d = (top or "") + path
-    try:
-        with open(d + "/cpu.stat") as f:
-            stat = dict(line.split() for line in f)
-        if v2:
-            with open(d + "/cpu.max") as f:
-                quota, period = f.read().split()
-            throttled = int(stat.get("throttled_usec", 0)) / 1e3
-        else:
-            with open(d + "/cpu.cfs_quota_us") as f:
-                quota = f.read().strip()
-            with open(d + "/cpu.cfs_period_us") as f:
-                period = f.read().strip()
-            throttled = int(stat.get("throttled_time", 0)) / 1e6
-    except (OSError, ValueError):
-        return None, 0.0
-    share = None if quota in ("max", "-1") else int(quota) / int(period)
-    return share, throttled
-
-
 def bf16_wire(mode):
     return "bf16" in mode.name.split("+")
 
@@ -731,19 +695,20 @@ def time_steps(steps, trainer, batches, autocast):
     ms and the server's (every thread's, and its workers'); per step the
     client's calls, bytes (MB) and server compute, and its arena's
     MiB."""
+    from convgrad import _quota
     client, pid = trainer.client, trainer.server_pid
     figures = []
     before = client.stats() if client else None
     for i in range(steps):
         c0, s0 = time.process_time(), server_cpu_ms(pid)
-        q0 = cpu_quota()[1]
+        q0 = _quota.cpu_quota()[1]
         t0 = time.perf_counter()
         trainer.step(*batches[i % 4], autocast)
         wall = (time.perf_counter() - t0) * 1e3
         s1 = server_cpu_ms(pid)
         figures.append((wall,) + trainer.last_parts + (
             (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1],
-            cpu_quota()[1] - q0))
+            _quota.cpu_quota()[1] - q0))
     f = dict(zip(("ms", "forward", "optimizer", "cpu", "server_cpu",
                   "workers_cpu", "throttled"),
                  (statistics.median(x) for x in zip(*figures))))
@@ -767,7 +732,8 @@ def print_modes(args, modes, autocast):
     the model's step (model_ms, each round's figures) with its ratio to
     the measured one in the same round."""
     import torch
-    quota = cpu_quota()[0]
+    from convgrad import _quota
+    quota = _quota.cpu_quota()[0]
     local = modes[0].rounds
     # Local's step without the time its quota stopped it: the model
     # charges the quota against each mode's own CPU (model_ms's bound).

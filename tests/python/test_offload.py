@@ -1072,6 +1072,72 @@ class LocalShare(unittest.TestCase):
         for sh in shares:
             self.assertIn(sh.rows, (0, 1))
 
+    def test_auto_costs_the_trainer_at_its_cpu_quota(self):
+        """Under a CPU quota the trainer's time for a call is what its
+        CPU costs at the quota's rate: at a millionth of a core every
+        shape's measured time is over a second, and the trainer takes no
+        rows."""
+        with mock.patch.object(convgrad._quota, "cpu_quota",
+                               return_value=(1e-6, 0.0)):
+            local, remote = models(local_share="auto", shm=False)
+            for step in range(4):
+                xl, xr = inputs(), inputs()
+                for m in (local, remote):
+                    m.zero_grad()
+                loss_of(local(*xl)).backward()
+                loss_of(remote(*xr)).backward()
+                compare_grads(self, local, remote, xl, xr, 1e-5)
+        shares = [sh for m in remote.modules()
+                  for sh in getattr(m, "_convgrad_shares", {}).values()]
+        self.assertEqual(len(shares), 5)
+        for sh in shares:
+            self.assertGreater(sh.local_ms, 1000.0)
+            self.assertEqual(sh.rows, 0)
+
+    def test_cpu_quota_of_cgroups(self):
+        """The tightest quota of a process's cgroup and those above it,
+        in cores, and its own cgroup's throttled ms, in cgroup v1 and v2;
+        None where no cgroup has one."""
+        def tree(root, files):
+            for path, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(root, path)),
+                            exist_ok=True)
+                with open(os.path.join(root, path), "w") as f:
+                    f.write(text)
+        with tempfile.TemporaryDirectory() as d:
+            tree(d, {
+                "v1/proc_cgroup": "5:cpu,cpuacct:/a/b\n0::/\n",
+                "v1/mounts": "cgroup %s/v1/cpu cgroup rw,cpu,cpuacct 0 0\n"
+                             % d,
+                "v1/cpu/a/b/cpu.cfs_quota_us": "50000\n",
+                "v1/cpu/a/b/cpu.cfs_period_us": "100000\n",
+                "v1/cpu/a/b/cpu.stat": "nr_throttled 3\n"
+                                       "throttled_time 3000000\n",
+                "v1/cpu/a/cpu.cfs_quota_us": "20000\n",
+                "v1/cpu/a/cpu.cfs_period_us": "100000\n",
+                "v1/cpu/cpu.cfs_quota_us": "-1\n",
+                "v1/cpu/cpu.cfs_period_us": "100000\n",
+                "v2/proc_cgroup": "0::/x/y\n",
+                "v2/mounts": "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n",
+                "v2/root/x/y/cpu.max": "max 100000\n",
+                "v2/root/x/y/cpu.stat": "usage_usec 9\nthrottled_usec 2500\n",
+                "v2/root/x/cpu.max": "150000 100000\n",
+                "none/proc_cgroup": "0::/x\n",
+                "none/mounts": "",
+                "none/root/x/cpu.max": "max 100000\n"})
+
+            def quota(kind):
+                return convgrad._quota.cpu_quota(
+                    os.path.join(d, kind, "proc_cgroup"),
+                    os.path.join(d, kind, "mounts"),
+                    os.path.join(d, kind, "root"))
+            self.assertEqual(quota("v1"), (0.2, 3.0))
+            self.assertEqual(quota("v2"), (1.5, 2.5))
+            self.assertEqual(quota("none"), (None, 0.0))
+        self.assertEqual(convgrad._quota.sustained_ms(40, 40, None), 40)
+        self.assertEqual(convgrad._quota.sustained_ms(40, 40, 0.5), 80)
+        self.assertEqual(convgrad._quota.sustained_ms(40, 10, 0.5), 40)
+
     def test_model_of_the_share(self):
         """cgc_local_rows: equal speeds over a fast link split the
         minibatch in two; a server 3x slower takes a quarter; a server
