@@ -1022,6 +1022,16 @@ class LocalShare(unittest.TestCase):
         return [p.grad.clone() for p in model.parameters()] + [
             x.grad.clone() for x in xs]
 
+    def step(self, local, remote):
+        """One training step's backward of each on fresh inputs, the
+        gradients compared (f32)."""
+        xl, xr = inputs(), inputs()
+        for m in (local, remote):
+            m.zero_grad()
+        loss_of(local(*xl)).backward()
+        loss_of(remote(*xr)).backward()
+        compare_grads(self, local, remote, xl, xr, 1e-5)
+
     def check_half(self, **options):
         local, remote = models(local_share=0.5, **options)
         xl, xr = inputs(), inputs()
@@ -1057,13 +1067,8 @@ class LocalShare(unittest.TestCase):
         client = remote.c1._convgrad_client
         calls = []
         for step in range(4):
-            xl, xr = inputs(), inputs()
             client.stats(reset=True)
-            for m in (local, remote):
-                m.zero_grad()
-            loss_of(local(*xl)).backward()
-            loss_of(remote(*xr)).backward()
-            compare_grads(self, local, remote, xl, xr, 1e-5)
+            self.step(local, remote)
             calls.append(client.stats()["calls"])
         self.assertEqual(calls[:3], [5, 0, 5])
         shares = [sh for m in remote.modules()
@@ -1081,12 +1086,7 @@ class LocalShare(unittest.TestCase):
                                return_value=(1e-6, 0.0)):
             local, remote = models(local_share="auto", shm=False)
             for step in range(4):
-                xl, xr = inputs(), inputs()
-                for m in (local, remote):
-                    m.zero_grad()
-                loss_of(local(*xl)).backward()
-                loss_of(remote(*xr)).backward()
-                compare_grads(self, local, remote, xl, xr, 1e-5)
+                self.step(local, remote)
         shares = [sh for m in remote.modules()
                   for sh in getattr(m, "_convgrad_shares", {}).values()]
         self.assertEqual(len(shares), 5)
