@@ -185,15 +185,8 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
   unsigned wants = c->ops->wants(c->obj);
   grads = grads ? grads & wants : wants;
   struct timespec until;
-  if (timeout_ms >= 0) {
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)(timeout_ms / 1000);
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-      until.tv_sec++;
-      until.tv_nsec -= 1000000000L;
-    }
-  }
+  if (timeout_ms >= 0)
+    cgc__clock_after_ms(CLOCK_REALTIME, (double)timeout_ms, &until);
   int rc = 0;
   pthread_mutex_lock(&c->mu);
   while (!cgc__call_settled(c, grads) && rc != ETIMEDOUT)

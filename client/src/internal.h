@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
@@ -276,6 +277,10 @@ void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
 gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms);
 /* Milliseconds since an arbitrary monotonic origin. */
 double cgc__now_ms(void);
+/* Fills until with clock's time ms from now (none when ms <= 0): the
+ * deadline of a pthread_cond_timedwait on a condition variable of that
+ * clock. ms below about 9e12 (three centuries). */
+void cgc__clock_after_ms(clockid_t clock, double ms, struct timespec *until);
 
 /* Request metadata on a retried attempt: "convgrad-retry-attempt: N", N
  * = 1 for the first retry, so the server can count retries. */

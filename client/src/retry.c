@@ -20,6 +20,17 @@ double cgc__now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+void cgc__clock_after_ms(clockid_t clock, double ms, struct timespec *until) {
+  clock_gettime(clock, until);
+  int64_t ns = ms > 0 ? (int64_t)(ms * 1e6) : 0;
+  until->tv_sec += (time_t)(ns / 1000000000);
+  until->tv_nsec += (long)(ns % 1000000000);
+  if (until->tv_nsec >= 1000000000L) {
+    until->tv_sec++;
+    until->tv_nsec -= 1000000000L;
+  }
+}
+
 /* Next value of a per-call xorshift generator: jitter spreads the retries
  * of many clients, and a state per call keeps this thread-safe without a
  * shared generator. */

@@ -1028,16 +1028,8 @@ static void *cgc__driver_main(void *arg) {
       if (isinf(wake)) {
         pthread_cond_wait(&ss->ev, &ss->ev_mu);
       } else {
-        double ms = wake - cgc__now_ms();
         struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        long ns = ms > 0 ? (long)(ms * 1e6) : 0;
-        until.tv_sec += ns / 1000000000L;
-        until.tv_nsec += ns % 1000000000L;
-        if (until.tv_nsec >= 1000000000L) {
-          until.tv_sec++;
-          until.tv_nsec -= 1000000000L;
-        }
+        cgc__clock_after_ms(CLOCK_MONOTONIC, wake - cgc__now_ms(), &until);
         pthread_cond_timedwait(&ss->ev, &ss->ev_mu, &until);
       }
     }

@@ -35,7 +35,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -45,6 +44,7 @@
 #include "cg/limits.h"
 #include "engine_cache.h"
 #include "impl_catalogue.h"
+#include "now.h"
 
 #define CG__DEFAULT_CAPACITY 64
 #define CG__ALIGN 64
@@ -910,12 +910,6 @@ out:
   return rc;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* n elements from src (dtype from) into dst (dtype to), split over the
  * engine's threads. */
 static void convert_parallel(const cg_engine *e, cg_dtype to, void *dst,
@@ -985,7 +979,7 @@ static int run(cg_engine *e, const cg_geom *geom, const char *avoid,
                const void *in0, const void *in1, void *out, cg_run_info *info,
                char *err, size_t errlen) {
   int rc = 0;
-  double t0 = now_ms();
+  double t0 = cg__now_ms();
   cg__key key;
   eng_entry *en;
   int hit;
@@ -1084,7 +1078,7 @@ done:
     info->cache_hit = hit;
     info->runs = en->runs;
     info->impl = en->impl;
-    info->compute_ms = now_ms() - t0;
+    info->compute_ms = cg__now_ms() - t0;
     info->threads = e->threads;
   }
 out:

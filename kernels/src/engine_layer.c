@@ -12,18 +12,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cg/dtype.h"
 #include "cg/engine.h"
+#include "now.h"
 
 #define BLOCK 256
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 /* Element i of a tensor of dtype dt as f32. bf16 is the top half of an
  * f32, inlined here as the loops are bound by it. */
@@ -112,7 +106,7 @@ static int bias_nxc(const cg_geom *g, int threads, size_t rows, const void *dd,
 int cg_engine_bias(cg_engine *e, const cg_geom *geom, const void *diff_dst,
                    void *diff_bias, cg_run_info *info, char *err,
                    size_t errlen) {
-  double t0 = now_ms();
+  double t0 = cg__now_ms();
   if (!e || !geom || !diff_dst || !diff_bias || geom->oc < 1 || geom->nsp < 1 ||
       geom->nsp > CG_MAX_SPATIAL || cg_dtype_size(geom->dtype) == 0)
     return cg_errorf(err, errlen, CG_EINVAL, "engine: invalid bias request");
@@ -138,7 +132,7 @@ int cg_engine_bias(cg_engine *e, const cg_geom *geom, const void *diff_dst,
     info->path = CG_PATH_NATIVE;
     info->cache_hit = 1;
     info->impl = "bias";
-    info->compute_ms = now_ms() - t0;
+    info->compute_ms = cg__now_ms() - t0;
     info->threads = threads;
     info->runs = 0; /* no primitives */
   }
