@@ -31,7 +31,9 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          its workers'), and the step the model of client/python/README.md
          ("When offload pays") predicts from them ("model ms", model_ms)
          with the median of its ratios to the measured step in the same
-         round ("model/"); then local's convolutions' backward per step
+         round ("model/"), and under each offload mode its backward, the
+         server's CPU in it and the step that CPU alone allows (the
+         server-bound floor, print_server_floor); then local's convolutions' backward per step
          (the part an offloaded step replaces: each conv's
          aten::convolution_backward on tensors of its shapes, timed
          in a process beside local's right after local's step each
@@ -128,10 +130,13 @@ class Trainer:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = F.cross_entropy(self.model(x), y)
         t1 = time.perf_counter()
+        s1 = server_cpu_ms(self.server_pid)[0]
         loss.backward()
         t2 = time.perf_counter()
+        s2 = server_cpu_ms(self.server_pid)[0]
         self.opt.step()
-        self.last_parts = ((t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3)
+        self.last_parts = ((t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3,
+                           (t2 - t1) * 1e3, s2 - s1)
         return loss.item()
 
 
@@ -596,6 +601,7 @@ def describe_host(args, info):
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
+    args.server_cores = max(1, len(info["cpus"]))
     print("host: %s, %d cores, load %s; server isa %s (oneDNN), %d workers "
           "x %d threads (%s), cpus %s; trainer cpus %s, torch %s, %d "
           "threads" % (
@@ -718,8 +724,9 @@ def time_steps(steps, trainer, batches, autocast):
         figures.append((wall,) + trainer.last_parts + (
             (time.process_time() - c0) * 1e3, s1[0] - s0[0], s1[1] - s0[1],
             _quota.cpu_quota()[1] - q0))
-    f = dict(zip(("ms", "forward", "optimizer", "cpu", "server_cpu",
-                  "workers_cpu", "throttled"),
+    f = dict(zip(("ms", "forward", "optimizer", "backward",
+                  "server_backward", "cpu", "server_cpu", "workers_cpu",
+                  "throttled"),
                  (statistics.median(x) for x in zip(*figures))))
     if client:
         after = client.stats()
@@ -808,6 +815,8 @@ def print_modes(args, modes, autocast):
         shares = m.call("shares")
         if shares:
             print("    trainer's rows of each call: %s" % shares)
+        if m.server is not None:
+            print_server_floor(args, m, local)
     print("  local: convolutions' backward %.1f ms/step (the part an "
           "offloaded step replaces; aten::convolution_backward of each "
           "conv's shapes; %.0f %% of local's CPU), forward %.1f, optimizer "
@@ -826,6 +835,32 @@ def print_modes(args, modes, autocast):
     print("  bound: offloaded / local >= %.2fx (1 - the convolutions' "
           "backward share of local's CPU: every byte and wait free)"
           % (1 - med(l["conv_cpu"] / l["cpu"] for l in local)), flush=True)
+
+
+def print_server_floor(args, mode, local):
+    """How much of an offload mode's backward its server was busy, and
+    the step that business alone allows: the server gets a step's work
+    only once the backward starts, and the backward ends only once it
+    has computed (and moved) every gradient, so with the trainer's own
+    forward and optimizer step before and after it no step is shorter
+    than forward + optimizer + the server's CPU in the backward over its
+    cores, whatever the link (the trainer's share, local_share, takes
+    work off the server and lowers it)."""
+    med = statistics.median
+    cores = args.server_cores
+    busy = med(x["server_backward"] / (x["backward"] * cores)
+               for x in mode.rounds)
+    floor = med((x["forward"] + x["optimizer"] +
+                 x["server_backward"] / cores) / l["ms"]
+                for x, l in zip(mode.rounds, local))
+    print("    backward %.0f ms (forward %.0f, optimizer %.0f); the server's "
+          "CPU in it %.0f ms, %.0f %% of its %d core%s; the server-bound "
+          "floor, (forward + optimizer + that CPU / cores) / local: %.2fx"
+          % (med(x["backward"] for x in mode.rounds),
+             med(x["forward"] for x in mode.rounds),
+             med(x["optimizer"] for x in mode.rounds),
+             med(x["server_backward"] for x in mode.rounds), 100 * busy,
+             cores, "" if cores == 1 else "s", floor), flush=True)
 
 
 def rel_err(got, ref):
