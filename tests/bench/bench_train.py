@@ -1134,7 +1134,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--steps", type=int, default=1,
                     help="timed steps per mode and round")
-    ap.add_argument("--warmup", type=int, default=2)
+    # A fresh server's store takes its first staged tensors in fresh
+    # memory until it holds its peer share (512 MiB by default: 5 steps
+    # of ResNet-18 224x8's 103 MB), and every buffer of those steps'
+    # backward faults in too (6984 faults a step against 3-313 after,
+    # about 95 ms of a 10 Gbit/s step on this guest): the timed rounds
+    # start after that.
+    ap.add_argument("--warmup", type=int, default=6,
+                    help="untimed steps per mode before the rounds")
     ap.add_argument("--threads", type=int,
                     default=len(os.sched_getaffinity(0)),
                     help="torch threads (default: the cores this process "
