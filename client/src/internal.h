@@ -277,9 +277,9 @@ void cgc__status_from_grpc(cgc_status *st, grpc_status_code code,
 gpr_timespec cgc__deadline(const cgc_channel *ch, int64_t deadline_ms);
 /* Milliseconds since an arbitrary monotonic origin. */
 double cgc__now_ms(void);
-/* Fills until with clock's time ms from now (none when ms <= 0): the
- * deadline of a pthread_cond_timedwait on a condition variable of that
- * clock. ms below about 9e12 (three centuries). */
+/* Fills until with clock's time ms from now (none when ms <= 0, about
+ * 31 years at most): the deadline of a pthread_cond_timedwait on a
+ * condition variable of that clock. */
 void cgc__clock_after_ms(clockid_t clock, double ms, struct timespec *until);
 
 /* Request metadata on a retried attempt: "convgrad-retry-attempt: N", N

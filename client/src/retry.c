@@ -20,8 +20,15 @@ double cgc__now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* The longest wait a deadline stands for, about 31 years: any longer one
+ * (cgc_call_wait takes up to INT64_MAX ms) means the same, and its
+ * nanoseconds would not fit an int64_t. */
+#define CGC__WAIT_MAX_MS 1e12
+
 void cgc__clock_after_ms(clockid_t clock, double ms, struct timespec *until) {
   clock_gettime(clock, until);
+  if (ms > CGC__WAIT_MAX_MS)
+    ms = CGC__WAIT_MAX_MS;
   int64_t ns = ms > 0 ? (int64_t)(ms * 1e6) : 0;
   until->tv_sec += (time_t)(ns / 1000000000);
   until->tv_nsec += (long)(ns % 1000000000);

@@ -373,7 +373,8 @@ static void test_retry_asks_only_missing_outputs(void **state) {
 }
 
 /* A wait that times out leaves the call going (the fake answers after
- * 400 ms); done says so; finish then collects the answer. */
+ * 400 ms); done says so; a wait with the longest timeout there is waits
+ * for the output; finish then collects the answer. */
 static void test_async_wait_timeout(void **state) {
   (void)state;
   cgc_channel *ch = fake_channel("slow-400", 0, 10000);
@@ -390,6 +391,7 @@ static void test_async_wait_timeout(void **state) {
   assert_int_equal(cgc_call_wait(call, 0, 20, &st), CGC_ETIMEDOUT);
   assert_int_equal(st.code, GRPC_STATUS_DEADLINE_EXCEEDED);
   assert_false(cgc_call_done(call));
+  assert_int_equal(cgc_call_wait(call, 0, INT64_MAX, &st), 0);
   assert_int_equal(cgc_call_finish(call, out, &res, &st), 0);
   assert_ptr_equal(out[CG_GRAD_DIFF_SRC].data, buf);
   assert_int_equal(buf[15], 15);
