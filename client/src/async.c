@@ -189,7 +189,10 @@ int cgc_call_wait(cgc_call *c, unsigned grads, int64_t timeout_ms,
     cgc__clock_after_ms(CLOCK_REALTIME, (double)timeout_ms, &until);
   int rc = 0;
   pthread_mutex_lock(&c->mu);
-  while (!cgc__call_settled(c, grads) && rc != ETIMEDOUT)
+  /* Any error ends the wait (ETIMEDOUT, or EINVAL for a deadline the
+   * clock cannot take), which otherwise would come back at once with
+   * the mutex held, for ever. */
+  while (!cgc__call_settled(c, grads) && rc == 0)
     rc = timeout_ms >= 0 ? pthread_cond_timedwait(&c->changed, &c->mu, &until)
                          : pthread_cond_wait(&c->changed, &c->mu);
   if ((c->whole & grads) == grads)
