@@ -33,8 +33,9 @@ torch, and one layer against torch.distributed.rpc (issue 27).
          with the median of its ratios to the measured step in the same
          round ("model/"), and under each offload mode its backward, the
          server's CPU in it and the step that CPU alone allows (the
-         server-bound floor, print_server_floor); then local's convolutions' backward per step
-         (the part an offloaded step replaces: each conv's
+         server-bound floor, print_server_floor); then local's
+         convolutions' backward per step (the part an offloaded step
+         replaces: each conv's
          aten::convolution_backward on tensors of its shapes, timed
          in a process beside local's right after local's step each
          round), forward and optimizer step, and
@@ -129,11 +130,15 @@ class Trainer:
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = F.cross_entropy(self.model(x), y)
+        # Only the server process's total, inside the timed step: not
+        # server_cpu_ms's walk of its threads.
+        stat = None if self.server_pid is None else \
+            "/proc/%d/stat" % self.server_pid
         t1 = time.perf_counter()
-        s1 = server_cpu_ms(self.server_pid)[0]
+        s1 = stat_cpu_ms(stat) if stat else 0.0
         loss.backward()
         t2 = time.perf_counter()
-        s2 = server_cpu_ms(self.server_pid)[0]
+        s2 = stat_cpu_ms(stat) if stat else 0.0
         self.opt.step()
         self.last_parts = ((t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3,
                            (t2 - t1) * 1e3, s2 - s1)
@@ -399,28 +404,30 @@ def conv_backward_ms(calls, reps=2):
     return wall * 1e3, cpu * 1e3
 
 
+def stat_cpu_ms(path):
+    """The CPU (user and system) a /proc stat file counts, in ms."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf(
+        "SC_CLK_TCK")
+
+
 def server_cpu_ms(pid):
     """The CPU server process pid has used so far, in ms, as /proc counts
     it (user and system): every thread's, and its workers' (the threads
     that run the kernels; the others move the bytes); (0, 0) for None."""
     if pid is None:
         return 0.0, 0.0
-
-    def ms(path):
-        with open(path) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * 1e3 / os.sysconf(
-            "SC_CLK_TCK")
     proc = "/proc/%d" % pid
     workers = 0.0
     for tid in os.listdir(proc + "/task"):
         try:
             with open("%s/task/%s/comm" % (proc, tid)) as f:
                 if f.read().startswith("cg-worker"):
-                    workers += ms("%s/task/%s/stat" % (proc, tid))
+                    workers += stat_cpu_ms("%s/task/%s/stat" % (proc, tid))
         except FileNotFoundError:  # a thread that ended
             pass
-    return ms(proc + "/stat"), workers
+    return stat_cpu_ms(proc + "/stat"), workers
 
 
 def bf16_wire(mode):
@@ -592,7 +599,8 @@ def model_ms(f, overlap):
 def describe_host(args, info):
     """What this run ran on: the CPU and oneDNN's ISA, the rig (rate,
     cores, quotas) and the machine's load. Sets args.link_gbits: what a
-    plain socket got through the rig's link (None off a rig)."""
+    plain socket got through the rig's link (None off a rig); and
+    args.server_cores, the cores the server's workers run on."""
     import subprocess
     import torch
     model = ""
